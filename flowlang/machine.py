@@ -1,0 +1,375 @@
+"""How a workflow advances (FLOWLANG.md §6–§8): one transition function, many callers.
+
+:class:`Machine` is bound to a compiled :class:`Graph` and holds no workflow
+state of its own. Every transition takes a :class:`State` (plain JSON data,
+so an engine can store it anywhere), changes it, and returns the actions the
+caller must carry out: tasks to start, the workflow finished or failed. The
+in-memory runner and the Redis lifecycle both drive this same code, and so
+does replay.
+
+A node *instance* is a node at an iteration path: ``(node, (i, j, ...))``,
+one index per enclosing iteration. Its key is ``"node"`` or ``"node.i.j"``.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from flowlang.data import DataError, gather, guard_matches, merge
+from flowlang.graph import Graph, NodeKind
+
+__all__ = ["Failed", "Finished", "Machine", "StartTask", "State", "instance_key", "parse_key"]
+
+RUNNING, FINISHED, FAILED, TERMINATED = "running", "finished", "failed", "terminated"
+Path = tuple[int, ...]
+Arrival = tuple[int, Path, int | None, Any]  # (node, path, predecessor, value)
+Trace = list[tuple[str, str]] | None
+
+
+def instance_key(node: int, path: Path) -> str:
+    if not path:
+        return str(node)
+    return f"{node}." + ".".join(map(str, path))
+
+
+def parse_key(key: str) -> tuple[int, Path]:
+    node, *path = key.split(".")
+    return int(node), tuple(int(i) for i in path)
+
+
+@dataclass(slots=True, frozen=True)
+class StartTask:
+    """Start a task instance: a TASK node, or a URI source/sink to load or store."""
+
+    key: str
+    attempt: int
+    node: int
+    name: str
+    kind: str  # "task", "source" or "sink"
+    input: Any
+    params: Any
+    path: Path
+
+
+@dataclass(slots=True, frozen=True)
+class Finished:
+    output: Any
+
+
+@dataclass(slots=True, frozen=True)
+class Failed:
+    reason: str
+    key: str | None = None
+
+
+Action = StartTask | Finished | Failed
+
+
+@dataclass(slots=True)
+class State:
+    """Everything a workflow's progress needs, as JSON-ready data.
+
+    ``waiting``: activations of instances below their threshold, ``[pred, value]``;
+    ``running``: task instances awaiting their end, key → attempt;
+    ``fanin``: open iterations, key of the iterated instance → ``[left, outputs]``.
+    """
+
+    status: str = RUNNING
+    waiting: dict[str, list[list[Any]]] = field(default_factory=dict)
+    running: dict[str, int] = field(default_factory=dict)
+    fanin: dict[str, list[Any]] = field(default_factory=dict)
+    output: Any = None
+    error: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        data: dict[str, Any] = {"status": self.status}
+        for name in ("waiting", "running", "fanin"):
+            value = getattr(self, name)
+            if value:
+                data[name] = value
+        if self.output is not None:
+            data["output"] = self.output
+        if self.error is not None:
+            data["error"] = self.error
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> State:
+        return cls(
+            status=data.get("status", RUNNING),
+            waiting=data.get("waiting", {}),
+            running=data.get("running", {}),
+            fanin=data.get("fanin", {}),
+            output=data.get("output"),
+            error=data.get("error"),
+        )
+
+
+class _Failure(Exception):
+    def __init__(self, reason: str, key: str | None) -> None:
+        super().__init__(reason)
+        self.reason, self.key = reason, key
+
+
+class Machine:
+    """The transition function of one compiled flow.
+
+    ``trace``, when a list is passed to a transition, receives ``(event, key)``
+    tuples — ``"start"``, ``"skip"``, ``"end"`` — for every node instance, in
+    order: what the runner's traces and the engine's history are made of.
+    """
+
+    def __init__(self, graph: Graph) -> None:
+        self.graph = graph
+        self.nodes = graph.nodes
+        self.successors = [graph.successors(n.id) for n in graph.nodes]
+        self.threshold: list[int] = []
+        self.inner: list[frozenset[int]] = []  # for start kinds: predecessors inside their scope
+        for node in graph.nodes:
+            preds = graph.predecessors(node.id)
+            if node.kind is NodeKind.START:
+                inner = frozenset(preds)
+                threshold = 1
+            elif node.kind is NodeKind.SUBFLOW_START:
+                inner = frozenset(p for p in preds if graph.nodes[p].parent == node.id)
+                threshold = max(1, len(preds) - len(inner))
+            else:
+                inner, threshold = frozenset(), max(1, len(preds))
+            self.inner.append(inner)
+            self.threshold.append(threshold)
+
+    # -- transitions -------------------------------------------------------------
+
+    def start(self, state: State, input: Any = None, trace: Trace = None) -> list[Action]:
+        """Start the workflow. No input (or ``{}``) means the `@flow` parameters."""
+        if input is None or input == {}:
+            input = self.graph.params if self.graph.params is not None else {}
+        return self._run(state, deque(), trace, first=(self.graph.start, (), None, input))
+
+    def task_ended(
+        self, state: State, key: str, attempt: int, output: Any, trace: Trace = None
+    ) -> list[Action]:
+        """A task instance ended. A duplicate or stale end changes nothing and returns []."""
+        if state.status != RUNNING or state.running.get(key) != attempt:
+            return []
+        del state.running[key]
+        node, path = parse_key(key)
+        if output is None:
+            output = {}
+        if trace is not None:
+            trace.append(("end", key))
+        work: deque[Arrival] = deque()
+        if self.nodes[node].iterate:
+            self._collect(state, node, path, output, work, trace)
+        else:
+            self._ended(state, node, path, output, work, trace)
+        return self._run(state, work, trace)
+
+    def task_failed(
+        self,
+        state: State,
+        key: str,
+        attempt: int,
+        reason: str,
+        retry: bool = False,
+        input: Any = None,
+    ) -> list[Action]:
+        """A task instance failed. With ``retry`` it starts again as ``attempt + 1`` with
+        ``input`` (task inputs are not kept in the state: the caller has them)."""
+        if state.status != RUNNING or state.running.get(key) != attempt:
+            return []
+        node, path = parse_key(key)
+        if retry:
+            state.running[key] = attempt + 1
+            return [self._task_action(node, path, key, attempt + 1, input)]
+        del state.running[key]
+        name = self.nodes[node].name or self.nodes[node].kind
+        return self._fail(state, _Failure(f"task {name} ({key}) failed: {reason}", key))
+
+    def terminate(self, state: State, reason: str = "terminated") -> None:
+        if state.status == RUNNING:
+            state.status, state.error = TERMINATED, reason
+            state.running.clear()
+
+    # -- internals ---------------------------------------------------------------
+
+    def _run(
+        self, state: State, queue: deque[Arrival], trace: Trace, first: Arrival | None = None
+    ) -> list[Action]:
+        """Deliver arrivals until none is left; then check whether the workflow is done."""
+        actions: list[Action] = []
+        try:
+            if first is not None:
+                node, path, _, value = first
+                self._start(state, node, path, [value], queue, actions, trace)
+            while queue:
+                node, path, pred, value = queue.popleft()
+                self._arrive(state, node, path, pred, value, queue, actions, trace)
+        except _Failure as failure:
+            return [a for a in actions if not isinstance(a, StartTask)] + self._fail(state, failure)
+        if state.status == RUNNING and not state.running:
+            state.status = FINISHED
+            actions.append(Finished(state.output))
+        return actions
+
+    def _arrive(
+        self,
+        state: State,
+        node: int,
+        path: Path,
+        pred: int | None,
+        value: Any,
+        queue: deque[Arrival],
+        actions: list[Action],
+        trace: Trace,
+    ) -> None:
+        if pred in self.inner[node] or self.threshold[node] == 1:
+            self._start(state, node, path, [value], queue, actions, trace)
+            return
+        key = instance_key(node, path)
+        waiting = state.waiting.setdefault(key, [])
+        waiting.append([pred, value])
+        threshold = self.threshold[node]
+        if len(waiting) < threshold:
+            return
+        taken = sorted(waiting[:threshold], key=lambda arrival: arrival[0])
+        if len(waiting) > threshold:
+            state.waiting[key] = waiting[threshold:]
+        else:
+            del state.waiting[key]
+        self._start(state, node, path, [v for _, v in taken], queue, actions, trace)
+
+    def _start(
+        self,
+        state: State,
+        node: int,
+        path: Path,
+        values: list[Any],
+        queue: deque[Arrival],
+        actions: list[Action],
+        trace: Trace,
+    ) -> None:
+        spec = self.nodes[node]
+        key = instance_key(node, path)
+        value = gather(values)
+        try:
+            if spec.merge:
+                value = merge(value)
+            skip = spec.guard is not None and not guard_matches(spec.guard, value)
+        except DataError as error:
+            raise _Failure(self._where(node, key, str(error)), key) from None
+        if skip:
+            if trace is not None:
+                trace.append(("skip", key))
+            target = spec.pair if spec.kind is NodeKind.SUBFLOW_START else node
+            assert target is not None
+            self._ended(state, target, path, value, queue, trace)
+            return
+        if trace is not None:
+            trace.append(("start", key))
+        kind = spec.kind
+        if (
+            kind is NodeKind.TASK
+            or (kind is NodeKind.SOURCE and spec.name)
+            or kind is NodeKind.SINK
+        ):
+            if spec.iterate:
+                self._fan_out(state, node, path, value, queue, actions, trace)
+            else:
+                state.running[key] = 1
+                actions.append(self._task_action(node, path, key, 1, value))
+        elif kind is NodeKind.SOURCE:
+            self._ended(
+                state, node, path, spec.params if spec.params is not None else {}, queue, trace
+            )
+        elif kind is NodeKind.SUBFLOW_START and spec.iterate:
+            self._fan_out(state, node, path, value, queue, actions, trace)
+        elif kind is NodeKind.SUBFLOW_END and self.nodes[spec.pair or 0].iterate:
+            self._collect(state, node, path, value, queue, trace)
+        else:
+            if kind is NodeKind.END:
+                state.output = value
+            self._ended(state, node, path, value, queue, trace)
+
+    def _fan_out(
+        self,
+        state: State,
+        node: int,
+        path: Path,
+        value: Any,
+        queue: deque[Arrival],
+        actions: list[Action],
+        trace: Trace,
+    ) -> None:
+        spec = self.nodes[node]
+        key = instance_key(node, path)
+        if not isinstance(value, list):
+            raise _Failure(
+                self._where(node, key, f"cannot iterate over {_kind_of(value)}: * needs a list"),
+                key,
+            )
+        collector = spec.pair if spec.kind is NodeKind.SUBFLOW_START else node
+        assert collector is not None
+        if not value:
+            self._ended(state, collector, path, [], queue, trace)
+            return
+        state.fanin[instance_key(collector, path)] = [len(value), [None] * len(value)]
+        for index, item in enumerate(value):
+            item_path = (*path, index)
+            if spec.kind is NodeKind.SUBFLOW_START:
+                self._ended(state, node, item_path, item, queue, trace)
+            else:
+                item_key = instance_key(node, item_path)
+                state.running[item_key] = 1
+                actions.append(self._task_action(node, item_path, item_key, 1, item))
+
+    def _collect(
+        self,
+        state: State,
+        node: int,
+        item_path: Path,
+        output: Any,
+        queue: deque[Arrival],
+        trace: Trace,
+    ) -> None:
+        """One item of an iteration ended; when it is the last, the iterated step ends."""
+        path, index = item_path[:-1], item_path[-1]
+        key = instance_key(node, path)
+        entry = state.fanin[key]
+        entry[0] -= 1
+        entry[1][index] = output
+        if entry[0] == 0:
+            del state.fanin[key]
+            self._ended(state, node, path, entry[1], queue, trace)
+
+    def _ended(
+        self, state: State, node: int, path: Path, output: Any, queue: deque[Arrival], trace: Trace
+    ) -> None:
+        for successor in self.successors[node]:
+            queue.append((successor, path, node, output))
+
+    def _task_action(self, node: int, path: Path, key: str, attempt: int, value: Any) -> StartTask:
+        spec = self.nodes[node]
+        return StartTask(
+            key, attempt, node, spec.name or "", str(spec.kind), value, spec.params, path
+        )
+
+    def _where(self, node: int, key: str, message: str) -> str:
+        spec = self.nodes[node]
+        name = spec.name or str(spec.kind)
+        return f"{spec.line}:{spec.column}: {name} ({key}): {message}"
+
+    @staticmethod
+    def _fail(state: State, failure: _Failure) -> list[Action]:
+        state.status, state.error = FAILED, failure.reason
+        return [Failed(failure.reason, failure.key)]
+
+
+def _kind_of(value: Any) -> str:
+    if isinstance(value, dict):
+        return "an object"
+    if value is None:
+        return "null"
+    return f"{type(value).__name__} {value!r}"

