@@ -350,6 +350,11 @@ class Machine:
         for successor in self.successors[node]:
             queue.append((successor, path, node, output))
 
+    def task_action(self, key: str, attempt: int, input: Any) -> StartTask:
+        """The StartTask for an attempt already recorded as running (a delayed retry)."""
+        node, path = parse_key(key)
+        return self._task_action(node, path, key, attempt, input)
+
     def _task_action(self, node: int, path: Path, key: str, attempt: int, value: Any) -> StartTask:
         spec = self.nodes[node]
         return StartTask(

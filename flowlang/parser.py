@@ -189,7 +189,15 @@ class _ToAst(Transformer[Token, ast.Flow]):
                     )
                 tasks[item.name] = item
         if not statements:
-            raise FlowStructureError("the flow has no statement", 1, 1)
+            bodies = [t for t in tasks.values() if t.body is not None]
+            hint = ""
+            if bodies:
+                last = bodies[-1]
+                hint = (
+                    f" (the '{{ ... }}' after @task {last.name} at {last.pos} is read as its body;"
+                    " end the declaration with ';' to make it a statement)"
+                )
+            raise FlowStructureError("the flow has no statement" + hint, 1, 1)
         return ast.Flow(tuple(statements), flow_decl, tasks)
 
     def declaration(self, keyword: Token, name: Token, *rest: Any) -> Any:

@@ -81,7 +81,8 @@ def run(
     absorb(machine.start(state, input, result.trace))
     while pending and state.status == "running" and len(result.calls) < max_tasks:
         task = pending.popleft()
-        call = TaskCall(task.name, task.input, task.params, task.key, task.attempt, task.kind)
+        params = task.params if task.params is not None else {}  # as the engine sends them
+        call = TaskCall(task.name, task.input, params, task.key, task.attempt, task.kind)
         result.calls.append(call)
         try:
             output = call_task(call)

@@ -1,0 +1,1 @@
+"""lifecycle: runs workflows on Redis — the worker, submission, inspection, replay."""

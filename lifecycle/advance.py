@@ -1,0 +1,385 @@
+"""Advance workflows from a batch of lifecycle events: compute with the Machine, commit atomically.
+
+For each workflow in the batch: load its version and state (one pipelined
+round trip for the whole batch), apply its events in order with
+:class:`flowlang.machine.Machine`, then commit with ``advance.lua`` — new
+state, task instance records, start-task events, timers and the
+acknowledgement of the events, all in one script that first checks the
+version. When another worker advanced the workflow in between, nothing is
+written and the workflow is recomputed from fresh state. Duplicate and
+stale events change nothing (the machine ignores an end for an attempt that
+is not running), so redelivery after a crash is harmless.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+import redis
+
+from flowlang.machine import Failed, Finished, Machine, StartTask, State
+from lifecycle import events as ev
+from lifecycle.errors import BadEvent, FlowNotStored, LifecycleError
+from lifecycle.keys import Keys, task_kind
+from lifecycle.policy import Policy, split_params
+from lifecycle.store import GraphCache
+
+__all__ = ["Advancer", "BatchResult"]
+
+log = logging.getLogger(__name__)
+
+_SCRIPT = (Path(__file__).parent / "scripts" / "advance.lua").read_text()
+_MAX_CONFLICTS = 50
+_dumps = orjson.dumps
+
+
+def _ms() -> int:
+    return int(time.time() * 1000)
+
+
+@dataclass
+class BatchResult:
+    committed: int = 0  # workflows advanced
+    duplicates: list[str] = field(default_factory=list)  # event ids that changed nothing
+    rejected: list[tuple[str, str]] = field(default_factory=list)  # (event id, reason)
+    conflicts: int = 0  # recomputations after another worker won
+
+
+@dataclass
+class _Pending:
+    """One workflow's events in this batch and what they produce."""
+
+    workflow: str
+    events: list[tuple[str, str, Any]]  # (event id, kind, parsed event)
+    version: str = ""
+    state: State | None = None
+    digest: str | None = None
+    inputs: dict[str, Any] = field(default_factory=dict)  # task inputs loaded for retries
+
+
+class _Commit:
+    """The arguments of one advance.lua call, built up as actions are carried out."""
+
+    def __init__(self, keys: Keys, workflow: str) -> None:
+        self.keys = keys
+        self.stream_keys = [keys.workflow(workflow), keys.lifecycle, keys.timers, keys.workflows]
+        self.stream_index: dict[str, int] = {}
+        self.acks: list[str] = []
+        self.fields: list[Any] = []
+        self.events: list[Any] = []
+        self.event_count = 0
+        self.timers: list[Any] = []
+        self.cancels: list[str] = []
+        self.created = ""
+
+    def set(self, name: str, value: Any) -> None:
+        self.fields += (name, value)
+
+    def append(self, stream: str, event: dict[str, Any]) -> None:
+        index = 2 if stream == self.keys.lifecycle else self.stream_index.get(stream)
+        if index is None:
+            self.stream_keys.append(stream)
+            index = self.stream_index[stream] = len(self.stream_keys)
+        self.events += (index, len(event))
+        for name, value in event.items():
+            self.events += (name, _dumps(value))
+        self.event_count += 1
+
+    def args(self, group: str, version: str) -> list[Any]:
+        return [
+            group,
+            version,
+            len(self.acks),
+            *self.acks,
+            len(self.fields) // 2,
+            *self.fields,
+            self.event_count,
+            *self.events,
+            len(self.timers) // 2,
+            *self.timers,
+            len(self.cancels),
+            *self.cancels,
+            self.created,
+        ]
+
+
+def _keys_needing_input(item: _Pending) -> list[str]:
+    """Task instances whose input a retry may need: failures, timeouts, retries."""
+    return [
+        event.key
+        for _, kind, event in item.events
+        if kind in (ev.RETRY_TASK, ev.TIMEOUT_TASK) or (kind == ev.END_TASK and not event.success)
+    ]
+
+
+def _timer_member(kind: str, workflow: str, key: str, attempt: int) -> str:
+    return _dumps({"kind": kind, "workflow": workflow, "key": key, "attempt": attempt}).decode()
+
+
+class Advancer:
+    """Turns lifecycle events into committed workflow transitions."""
+
+    def __init__(
+        self,
+        client: redis.Redis,
+        keys: Keys | None = None,
+        clock: Callable[[], int] = _ms,
+    ) -> None:
+        self.client = client
+        self.keys = keys or Keys()
+        self.clock = clock
+        self.graphs = GraphCache(client, self.keys)
+        self.script = client.register_script(_SCRIPT)
+        self._policies: dict[tuple[str, int], tuple[Any, Policy]] = {}
+
+    # -- public ------------------------------------------------------------------
+
+    def apply(self, entries: list[tuple[str, dict[str, Any]]]) -> BatchResult:
+        """Apply lifecycle events (entry id, decoded event). The caller acknowledges
+        ``duplicates`` and dead-letters ``rejected``; committed events are acked here."""
+        result = BatchResult()
+        pending = self._group(entries, result)
+        rounds = 0
+        while pending:
+            self._load(pending)
+            commits = []
+            for item in pending:
+                commit = self._compute(item, result)
+                if commit is not None:
+                    commits.append((item, commit))
+            outcome = self._commit(commits)
+            retry = [item for (item, _), won in zip(commits, outcome, strict=True) if not won]
+            result.committed += len(commits) - len(retry)
+            result.conflicts += len(retry)
+            pending = retry
+            rounds += 1
+            if rounds > _MAX_CONFLICTS and pending:
+                raise LifecycleError(
+                    f"workflow {pending[0].workflow}: gave up after {rounds} conflicts"
+                )
+        return result
+
+    # -- steps -------------------------------------------------------------------
+
+    def _group(
+        self, entries: list[tuple[str, dict[str, Any]]], result: BatchResult
+    ) -> list[_Pending]:
+        by_workflow: dict[str, _Pending] = {}
+        for event_id, event in entries:
+            kind = event.get("kind")
+            try:
+                parsed = self._parse(event_id, kind, event)
+            except BadEvent as error:
+                result.rejected.append((event_id, str(error)))
+                continue
+            if parsed is None:
+                result.duplicates.append(event_id)  # not a lifecycle input: nothing to do
+                continue
+            workflow = parsed.workflow if not isinstance(parsed, tuple) else parsed[0]
+            item = by_workflow.get(workflow)
+            if item is None:
+                item = by_workflow[workflow] = _Pending(workflow, [])
+            item.events.append((event_id, kind, parsed))
+        return list(by_workflow.values())
+
+    @staticmethod
+    def _parse(event_id: str, kind: Any, event: dict[str, Any]) -> Any:
+        if kind == ev.END_TASK:
+            return ev.parse_end_task(event_id, event)
+        if kind == ev.START_WORKFLOW:
+            return ev.parse_start_workflow(event_id, event)
+        if kind in (ev.RETRY_TASK, ev.TIMEOUT_TASK):
+            return ev.parse_task_timer(event_id, event)
+        if kind == ev.TERMINATE_WORKFLOW:
+            return ev.parse_terminate(event_id, event)
+        return None
+
+    def _load(self, pending: list[_Pending]) -> None:
+        pipe = self.client.pipeline(transaction=False)
+        for item in pending:
+            fields = [f"n:{key}" for key in _keys_needing_input(item)]
+            pipe.hmget(self.keys.workflow(item.workflow), "v", "s", "g", *fields)
+        for item, values in zip(pending, pipe.execute(), strict=True):
+            version, state, digest, *inputs = values
+            item.version = version.decode() if version else ""
+            item.state = State.from_dict(orjson.loads(state)) if state else None
+            item.digest = digest.decode() if digest else None
+            item.inputs = {
+                key: orjson.loads(raw)[2]
+                for key, raw in zip(_keys_needing_input(item), inputs, strict=True)
+                if raw is not None
+            }
+
+    def _commit(self, commits: list[tuple[_Pending, _Commit]]) -> list[bool]:
+        if not commits:
+            return []
+        pipe = self.client.pipeline(transaction=False)
+        group = self.keys.lifecycle_group
+        for item, commit in commits:
+            self.script(keys=commit.stream_keys, args=commit.args(group, item.version), client=pipe)
+        return [bool(won) for won in pipe.execute()]
+
+    # -- one workflow ------------------------------------------------------------
+
+    def _compute(self, item: _Pending, result: BatchResult) -> _Commit | None:
+        commit = _Commit(self.keys, item.workflow)
+        now = self.clock()
+        state = item.state
+        machine: Machine | None = None
+        changed = False
+        for event_id, kind, event in item.events:
+            if kind == ev.START_WORKFLOW:
+                if state is not None:
+                    result.duplicates.append(event_id)
+                    continue
+                try:
+                    machine = self.graphs.machine(event.graph)
+                except FlowNotStored as error:
+                    result.rejected.append((event_id, f"event {event_id}: {error}"))
+                    continue
+                state = State()
+                item.digest = event.graph
+                commit.created = str(now)
+                commit.set("g", event.graph)
+                commit.set("created", now)
+                if machine.graph.name:
+                    commit.set("name", machine.graph.name)
+                commit.set("input", _dumps(event.input))
+                actions = machine.start(state, event.input)
+            else:
+                if state is None or item.digest is None:
+                    result.rejected.append(
+                        (event_id, f"event {event_id}: no workflow {item.workflow!r}")
+                    )
+                    continue
+                machine = machine or self.graphs.machine(item.digest)
+                actions = self._apply(machine, state, item, kind, event, commit, now)
+                if actions is None:
+                    result.duplicates.append(event_id)
+                    continue
+            commit.acks.append(event_id)
+            changed = True
+            self._carry_out(machine, state, item, actions, commit, now)
+        if not changed or state is None:
+            return None
+        commit.set("s", _dumps(state.to_dict()))
+        commit.set("v", int(item.version or 0) + 1)
+        return commit
+
+    def _apply(
+        self,
+        machine: Machine,
+        state: State,
+        item: _Pending,
+        kind: str,
+        event: Any,
+        commit: _Commit,
+        now: int,
+    ) -> list[Any] | None:
+        """One event against the state; None when it changes nothing."""
+        if kind == ev.TERMINATE_WORKFLOW:
+            if state.status != "running":
+                return None
+            machine.terminate(state, event[1])
+            commit.set("ended", now)
+            commit.append(
+                self.keys.lifecycle,
+                {
+                    "kind": ev.FAILED_WORKFLOW,
+                    "workflow": item.workflow,
+                    "reason": state.error,
+                    "status": "terminated",
+                },
+            )
+            return []
+        key = event.key
+        attempt = event.attempt if event.attempt is not None else state.running.get(key)
+        if attempt is None or state.running.get(key) != attempt:
+            return None
+        policy = self._policy(item, machine, key)[1]
+        if kind == ev.RETRY_TASK:
+            return [machine.task_action(key, attempt, item.inputs.get(key))]
+        if policy.timeout:
+            commit.cancels.append(_timer_member(ev.TIMEOUT_TASK, item.workflow, key, attempt))
+        if kind == ev.END_TASK and event.success:
+            commit.set(f"o:{key}", _dumps([now, True, event.output, None, event.worker]))
+            return machine.task_ended(state, key, attempt, event.output)
+        if kind == ev.END_TASK:
+            reason, worker = event.error or "failed", event.worker
+        else:
+            reason, worker = f"timed out after {policy.timeout}s", None
+        commit.set(f"o:{key}", _dumps([now, False, None, reason, worker]))
+        retry = attempt <= policy.retries
+        actions = machine.task_failed(state, key, attempt, reason, retry, item.inputs.get(key))
+        delay = policy.retry_delay(attempt) if retry else 0
+        if retry and delay > 0:
+            member = _timer_member(ev.RETRY_TASK, item.workflow, key, attempt + 1)
+            commit.timers += (now + int(delay * 1000), member)
+            return []
+        return actions
+
+    def _carry_out(
+        self,
+        machine: Machine,
+        state: State,
+        item: _Pending,
+        actions: list[Any],
+        commit: _Commit,
+        now: int,
+    ) -> None:
+        workflow = item.workflow
+        for action in actions:
+            if isinstance(action, StartTask):
+                params, policy = self._policy(item, machine, action.key)
+                task_id = ev.task_instance_id(workflow, action.key, action.attempt)
+                commit.set(f"n:{action.key}", _dumps([action.attempt, now, action.input]))
+                commit.append(
+                    self.keys.tasks(task_kind(action.name, action.kind)),
+                    {
+                        "kind": ev.START_TASK,
+                        "workflow": workflow,
+                        "name": action.name,
+                        "index": action.node,
+                        "key": action.key,
+                        "attempt": action.attempt,
+                        "id": task_id,
+                        "input": action.input,
+                        "parameters": params if params is not None else {},
+                    },
+                )
+                if policy.timeout:
+                    member = _timer_member(ev.TIMEOUT_TASK, workflow, action.key, action.attempt)
+                    commit.timers += (now + int(policy.timeout * 1000), member)
+            elif isinstance(action, Finished):
+                commit.set("ended", now)
+                commit.append(
+                    self.keys.lifecycle,
+                    {"kind": ev.END_WORKFLOW, "workflow": workflow, "output": action.output},
+                )
+            elif isinstance(action, Failed):
+                commit.set("ended", now)
+                commit.append(
+                    self.keys.lifecycle,
+                    {"kind": ev.FAILED_WORKFLOW, "workflow": workflow, "reason": action.reason},
+                )
+
+    def _policy(self, item: _Pending, machine: Machine, key: str) -> tuple[Any, Policy]:
+        """(parameters the task sees, retry/timeout policy) of a node, cached per graph."""
+        node = int(key.split(".", 1)[0])
+        cache_key = (item.digest or "", node)
+        found = self._policies.get(cache_key)
+        if found is None:
+            try:
+                found = split_params(machine.nodes[node].params)
+            except LifecycleError as error:
+                # `lifecycle run` refuses such flows; one stored by other means still runs.
+                log.warning("workflow %s node %s: %s; no retry policy", item.workflow, node, error)
+                found = (machine.nodes[node].params, Policy())
+            self._policies[cache_key] = found
+        return found

@@ -1,0 +1,21 @@
+"""The one error hierarchy of the lifecycle package."""
+
+
+class LifecycleError(Exception):
+    """Base of every error the lifecycle raises on purpose."""
+
+
+class BadEvent(LifecycleError):
+    """Raised when an event lacks a field or has one of the wrong type.
+
+    The message names the event id and the field, e.g.
+    ``event 1700000000000-0 (end-task): field 'workflow' is missing``.
+    """
+
+
+class UnknownWorkflow(LifecycleError):
+    """Raised when a workflow id has no record in Redis."""
+
+
+class FlowNotStored(LifecycleError):
+    """Raised when a workflow names a compiled graph that is not in Redis."""

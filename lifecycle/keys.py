@@ -1,0 +1,82 @@
+"""Every Redis key, stream and group name the engine uses — the one place they are spelled.
+
+All keys share one hash tag, ``{flow}`` by default: a workflow's record, the
+lifecycle stream, the task streams and the timers live in one slot, so the
+atomic advance (one Lua script) only ever touches keys of one slot. A Redis
+Cluster deployment later splits the engine into several partitions, each
+with its own tag; nothing else about the layout changes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["DEFAULT_KIND", "Keys", "task_kind"]
+
+DEFAULT_KIND = "default"  # the kind of task names without a ``kind:`` prefix
+RESOURCE_KIND = "resource"  # URI sources and sinks
+LIFECYCLE_GROUP = "lifecycle"
+# Consumer groups live inside a stream, so one name serves every kind: the
+# group on {flow}:tasks:<kind> is that kind's group, shared by its workers.
+TASK_GROUP = "workers"
+
+
+def task_kind(name: str, node_kind: str = "task") -> str:
+    """The stream a task is routed to: its name's prefix before the first ``:``."""
+    if node_kind != "task":
+        return RESOURCE_KIND
+    prefix, colon, _ = name.partition(":")
+    return prefix if colon else DEFAULT_KIND
+
+
+@dataclass(frozen=True, slots=True)
+class Keys:
+    """Key names under one partition tag (``prefix``), e.g. ``{flow}``."""
+
+    prefix: str = "{flow}"
+
+    @property
+    def lifecycle(self) -> str:
+        """Stream of workflow events: start-workflow, end-task, end-workflow, ..."""
+        return f"{self.prefix}:lifecycle"
+
+    @property
+    def lifecycle_group(self) -> str:
+        return LIFECYCLE_GROUP
+
+    def tasks(self, kind: str) -> str:
+        """Stream of start-task events for one task kind."""
+        return f"{self.prefix}:tasks:{kind}"
+
+    @staticmethod
+    def task_group(kind: str) -> str:
+        """The consumer group that every worker of ``kind`` shares (on that kind's stream)."""
+        return TASK_GROUP
+
+    @property
+    def kinds(self) -> str:
+        """Set of the task kinds that have a stream (for the receipts worker and tools)."""
+        return f"{self.prefix}:kinds"
+
+    def workflow(self, workflow_id: str) -> str:
+        """Hash of one workflow: record fields, machine state, one field per node instance.
+
+        Fields: ``g`` graph hash, ``name``, ``status``, ``created``/``ended`` (ms),
+        ``input``, ``output``, ``error``, ``s`` machine state, ``v`` version,
+        ``n:<key>`` task instance start record, ``o:<key>`` its end record.
+        """
+        return f"{self.prefix}:wf:{workflow_id}"
+
+    @property
+    def workflows(self) -> str:
+        """Sorted set of workflow ids by creation time (ms)."""
+        return f"{self.prefix}:workflows"
+
+    @property
+    def timers(self) -> str:
+        """Sorted set of durable timers, scored by due time (ms)."""
+        return f"{self.prefix}:timers"
+
+    def graph(self, content_hash: str) -> str:
+        """A compiled graph's canonical JSON, stored once per content hash, shared."""
+        return f"{self.prefix}:graph:{content_hash}"

@@ -1,0 +1,68 @@
+-- advance.lua: commit one workflow's transition atomically, if nobody else did first.
+--
+-- KEYS[1]  the workflow hash            ({flow}:wf:<id>)
+-- KEYS[2]  the lifecycle stream         ({flow}:lifecycle)
+-- KEYS[3]  the timers sorted set        ({flow}:timers)
+-- KEYS[4]  the workflows index          ({flow}:workflows)
+-- KEYS[5…] task streams named by the XADD section
+--
+-- ARGV[1]  the lifecycle consumer group
+-- ARGV[2]  the version the transition was computed from ('' = the workflow must not exist)
+-- then five sections, each led by its count:
+--   acks    n, entry id × n                          XACK on KEYS[2]
+--   fields  n, (field, value) × n                    HSET on KEYS[1] (includes the new 'v')
+--   events  n, (key index, m, (field, value) × m) × n  XADD key * fields
+--   timers  n, (score, member) × n                   ZADD on KEYS[3]
+--   cancels n, member × n                            ZREM on KEYS[3]
+-- and last: the creation time for KEYS[4], or '' when the workflow already exists.
+--
+-- Returns 1 when committed, 0 when the version moved (another worker advanced
+-- the workflow first: nothing is written, the caller reloads and recomputes).
+
+local version = redis.call('HGET', KEYS[1], 'v')
+if ARGV[2] == '' then
+  if version then return 0 end
+elseif version ~= ARGV[2] then
+  return 0
+end
+
+-- Calls cmd(head..., ARGV[from .. from + count*width - 1]) in slices, since
+-- unpack() of a few thousand values overflows Lua's C stack.
+local function sliced(head, from, count, width)
+  local slice = 256
+  for first = 0, count - 1, slice do
+    local last = math.min(count, first + slice)
+    local args = {unpack(head)}
+    for k = from + first * width, from + last * width - 1 do
+      args[#args + 1] = ARGV[k]
+    end
+    redis.call(unpack(args))
+  end
+  return from + count * width
+end
+
+local i = 3
+local n = tonumber(ARGV[i]); i = i + 1
+i = sliced({'XACK', KEYS[2], ARGV[1]}, i, n, 1)
+
+n = tonumber(ARGV[i]); i = i + 1
+i = sliced({'HSET', KEYS[1]}, i, n, 2)
+
+n = tonumber(ARGV[i]); i = i + 1
+for _ = 1, n do
+  local key = KEYS[tonumber(ARGV[i])]
+  local m = tonumber(ARGV[i + 1])
+  redis.call('XADD', key, '*', unpack(ARGV, i + 2, i + 1 + 2 * m))
+  i = i + 2 + 2 * m
+end
+
+n = tonumber(ARGV[i]); i = i + 1
+i = sliced({'ZADD', KEYS[3]}, i, n, 2)
+
+n = tonumber(ARGV[i]); i = i + 1
+i = sliced({'ZREM', KEYS[3]}, i, n, 1)
+
+if ARGV[i] ~= '' then
+  redis.call('ZADD', KEYS[4], ARGV[i], string.match(KEYS[1], ':wf:(.*)$'))
+end
+return 1

@@ -1,0 +1,100 @@
+"""Compiled graphs and workflow records in Redis (read side, and graph storage)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+import redis
+
+from flowlang.graph import Graph
+from flowlang.machine import Machine, State
+from lifecycle.errors import FlowNotStored, UnknownWorkflow
+from lifecycle.keys import Keys
+
+__all__ = ["GraphCache", "WorkflowRecord", "load_workflow", "store_graph"]
+
+
+def store_graph(client: redis.Redis, keys: Keys, graph: Graph) -> str:
+    """Store a compiled graph once under its content hash; return the hash."""
+    digest = graph.content_hash()
+    client.set(keys.graph(digest), graph.to_json(), nx=True)
+    return digest
+
+
+class GraphCache:
+    """Graphs and their machines by content hash, loaded from Redis once per process.
+
+    A content hash names immutable data, so entries never go stale.
+    """
+
+    def __init__(self, client: redis.Redis, keys: Keys) -> None:
+        self.client = client
+        self.keys = keys
+        self._machines: dict[str, Machine] = {}
+
+    def machine(self, digest: str) -> Machine:
+        found = self._machines.get(digest)
+        if found is None:
+            data = self.client.get(self.keys.graph(digest))
+            if data is None:
+                raise FlowNotStored(f"compiled flow {digest} is not stored in Redis")
+            found = self._machines[digest] = Machine(Graph.from_json(data))
+        return found
+
+
+@dataclass
+class WorkflowRecord:
+    """A workflow as stored: what ``inspect`` and ``list`` show."""
+
+    id: str
+    graph: str
+    name: str | None
+    status: str
+    created: int | None
+    ended: int | None
+    input: Any
+    output: Any
+    error: str | None
+    state: State
+    starts: dict[str, list[Any]] = field(default_factory=dict)  # key -> [attempt, t0, input]
+    ends: dict[str, list[Any]] = field(
+        default_factory=dict
+    )  # key -> [t1, ok, output, error, worker]
+
+
+def _text(value: bytes | None) -> str | None:
+    return value.decode() if value is not None else None
+
+
+def _json(value: bytes | None) -> Any:
+    return orjson.loads(value) if value is not None else None
+
+
+def load_workflow(client: redis.Redis, keys: Keys, workflow_id: str) -> WorkflowRecord:
+    raw: dict[bytes, bytes] = client.hgetall(keys.workflow(workflow_id))
+    if not raw:
+        raise UnknownWorkflow(f"no workflow {workflow_id!r}")
+    starts, ends = {}, {}
+    for name, value in raw.items():
+        if name.startswith(b"n:"):
+            starts[name[2:].decode()] = orjson.loads(value)
+        elif name.startswith(b"o:"):
+            ends[name[2:].decode()] = orjson.loads(value)
+    state = State.from_dict(_json(raw.get(b"s")) or {})
+    created, ended = raw.get(b"created"), raw.get(b"ended")
+    return WorkflowRecord(
+        id=workflow_id,
+        graph=_text(raw.get(b"g")) or "",
+        name=_text(raw.get(b"name")) or None,
+        status=state.status,
+        created=int(created) if created else None,
+        ended=int(ended) if ended else None,
+        input=_json(raw.get(b"input")),
+        output=state.output if state.status == "finished" else None,
+        error=state.error,
+        state=state,
+        starts=starts,
+        ends=ends,
+    )

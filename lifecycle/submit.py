@@ -1,0 +1,81 @@
+"""Starting and terminating workflows: store the compiled graph, send the event."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import orjson
+import redis
+
+from flowlang.graph import Graph, NodeKind
+from lifecycle import events as ev
+from lifecycle.keys import Keys, task_kind
+from lifecycle.policy import split_params
+from lifecycle.store import store_graph
+
+__all__ = [
+    "graph_task_kinds",
+    "new_workflow_id",
+    "start_workflow",
+    "terminate_workflow",
+    "validate_policies",
+]
+
+
+def new_workflow_id(graph: Graph) -> str:
+    """``<flow name or 'workflow'>-<uuid4>``: readable in listings, unique everywhere."""
+    return f"{graph.name or 'workflow'}-{uuid.uuid4()}"
+
+
+def validate_policies(graph: Graph) -> None:
+    """Raise LifecycleError for a bad ``$retries``/``$backoff``/``$timeout`` in any task."""
+    for node in graph.nodes:
+        if node.kind in (NodeKind.TASK, NodeKind.SOURCE, NodeKind.SINK):
+            split_params(node.params)
+
+
+def graph_task_kinds(graph: Graph) -> set[str]:
+    """The task kinds (streams) a graph's tasks, URI sources and sinks are routed to."""
+    return {
+        task_kind(n.name or "", str(n.kind))
+        for n in graph.nodes
+        if n.kind in (NodeKind.TASK, NodeKind.SINK) or (n.kind is NodeKind.SOURCE and n.name)
+    }
+
+
+def _encode(event: dict[str, Any]) -> dict[str, bytes]:
+    return {name: orjson.dumps(value) for name, value in event.items()}
+
+
+def start_workflow(
+    client: redis.Redis,
+    graph: Graph,
+    input: Any = None,
+    workflow_id: str | None = None,
+    keys: Keys | None = None,
+) -> str:
+    """Store ``graph`` (once per content hash) and ask the lifecycle to start it.
+
+    Starting the same ``workflow_id`` twice starts it once.
+    """
+    keys = keys or Keys()
+    validate_policies(graph)
+    digest = store_graph(client, keys, graph)
+    workflow_id = workflow_id or new_workflow_id(graph)
+    kinds = graph_task_kinds(graph)
+    pipe = client.pipeline(transaction=False)
+    if kinds:
+        pipe.sadd(keys.kinds, *sorted(kinds))
+    event = {"kind": ev.START_WORKFLOW, "workflow": workflow_id, "graph": digest, "input": input}
+    pipe.xadd(keys.lifecycle, _encode(event))
+    pipe.execute()
+    return workflow_id
+
+
+def terminate_workflow(
+    client: redis.Redis, workflow_id: str, reason: str = "terminated", keys: Keys | None = None
+) -> None:
+    keys = keys or Keys()
+    event = {"kind": ev.TERMINATE_WORKFLOW, "workflow": workflow_id, "reason": reason}
+    client.xadd(keys.lifecycle, _encode(event))

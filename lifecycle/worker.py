@@ -1,0 +1,54 @@
+"""The lifecycle worker: reads the lifecycle stream, advances workflows, fires timers.
+
+Several may run against one Redis: they share the ``lifecycle`` consumer
+group, so each event is delivered to one of them, and the advance script's
+version check makes concurrent transitions of one workflow safe. A worker
+killed at any point leaves its events pending; another claims them after
+``claim_idle`` and, because a transition commits together with the
+acknowledgement of its events, each takes effect exactly once.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from lifecycle.advance import Advancer
+from lifecycle.events import LIFECYCLE_INPUTS
+from lifecycle.keys import Keys
+from lifecycle.timers import TimerPump
+from rqse import EventListener
+
+__all__ = ["LifecycleWorker"]
+
+log = logging.getLogger(__name__)
+
+
+class LifecycleWorker(EventListener):
+    """``EventListener`` on the lifecycle stream that handles whole batches at once."""
+
+    def __init__(self, keys: Keys | None = None, *, timers: bool = True, **options: Any) -> None:
+        self.keys = keys or Keys()
+        options.setdefault("batch_size", 200)
+        options.setdefault("claim_idle", 10.0)
+        super().__init__(
+            self.keys.lifecycle, self.keys.lifecycle_group, LIFECYCLE_INPUTS, **options
+        )
+        self.advancer = Advancer(self.connection, self.keys)
+        self.timers = TimerPump(self.connection, self.keys) if timers else None
+
+    def onStart(self) -> None:  # noqa: N802 - rqse hook name
+        if self.timers is not None:
+            self.timers.start()
+
+    def onStop(self) -> None:  # noqa: N802
+        if self.timers is not None:
+            self.timers.stop()
+
+    def process_batch(self, batch: list[tuple[str, dict[str, Any]]]) -> None:
+        result = self.advancer.apply(batch)
+        for event_id, reason in result.rejected:
+            log.warning("lifecycle: rejected %s", reason)
+            self.reject(event_id, reason)
+        if result.conflicts:
+            log.debug("lifecycle: %d recomputations after concurrent advances", result.conflicts)

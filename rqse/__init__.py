@@ -1,0 +1,51 @@
+"""rqse: events on Redis Streams (client, listeners, receipts).
+
+The public API keeps the shape of rqse 0.5::
+
+    from rqse import EventClient, EventListener, ReceiptListener, message, receipt_for
+
+Wire format, delivery guarantees and trimming: ``docs/events.md``.
+"""
+
+from rqse.backoff import Backoff
+from rqse.batch import ListenerStats
+from rqse.client import EventClient
+from rqse.connection import RedisSettings, mask_url
+from rqse.errors import (
+    ArchiveError,
+    ConfigurationError,
+    EventEncodingError,
+    MalformedEntry,
+    RedisCommandError,
+    RedisUnavailable,
+    RqseError,
+)
+from rqse.events import message, receipt_for
+from rqse.keys import RECEIPT_GROUP, dead_letter_key
+from rqse.listener import EventListener
+from rqse.receipts import JsonLinesArchive, ReceiptListener
+from rqse.trim import TrimResult, trim_acknowledged
+
+__all__ = [
+    "RECEIPT_GROUP",
+    "ArchiveError",
+    "Backoff",
+    "ConfigurationError",
+    "EventClient",
+    "EventEncodingError",
+    "EventListener",
+    "JsonLinesArchive",
+    "ListenerStats",
+    "MalformedEntry",
+    "ReceiptListener",
+    "RedisCommandError",
+    "RedisSettings",
+    "RedisUnavailable",
+    "RqseError",
+    "TrimResult",
+    "dead_letter_key",
+    "mask_url",
+    "message",
+    "receipt_for",
+    "trim_acknowledged",
+]

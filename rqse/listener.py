@@ -1,0 +1,444 @@
+"""EventListener: consume streams through a consumer group, at least once.
+
+One loop, one thread (``listen()``):
+
+1. establish: create the group on every stream (MKSTREAM; BUSYGROUP from a
+   concurrent creator is fine), call ``onEstablished()``, then re-process this
+   consumer's own pending entries (XREADGROUP from id 0);
+2. every ``claim_idle / 2`` seconds, take over entries idle longer than
+   ``claim_idle`` from any consumer, this one included (XAUTOCLAIM) - that is
+   how crashed consumers' work is recovered and how failed entries are retried;
+3. read new entries (XREADGROUP ``>`` COUNT ``batch_size`` BLOCK ``block_ms``);
+   the read returns as soon as an entry arrives, so an idle listener costs one
+   command per ``block_ms`` and wakes at once;
+4. per entry: decode (malformed -> dead letter), skip kinds not in ``select``,
+   call ``process()``; then acknowledge the batch, with whatever ``emit()``
+   queued, in one transaction (:mod:`rqse.outbox`).
+
+``process()`` returning truthy acknowledges (processed), falsy acknowledges as
+declined ("not mine"), raising leaves the entry pending: it is retried after
+``claim_idle`` and moved to the dead-letter stream once it has been delivered
+``max_deliveries`` times. Redis errors that go away by themselves
+(:func:`rqse.connection.is_transient`) make the loop back off and re-establish;
+no entry is lost because nothing is acknowledged before it was handled.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import secrets
+import socket
+import threading
+import warnings
+from collections.abc import Iterable, Mapping, Sequence
+from time import monotonic
+from typing import Any
+
+import redis
+
+from rqse.backoff import Backoff
+from rqse.batch import ListenerStats
+from rqse.client import EventClient, _xadd_options
+from rqse.connection import is_transient, translate_errors
+from rqse.errors import ConfigurationError, RedisCommandError
+from rqse.events import KIND, encode_event, stream_items
+from rqse.lease import Lease
+from rqse.outbox import Outbox
+from rqse.recovery import Recovery
+from rqse.shutdown import SignalHandlers
+
+__all__ = ["EventListener", "ListenerStats", "default_consumer_name"]
+
+logger = logging.getLogger(__name__)
+
+# Options of rqse 0.5's polling loop; accepted so old subclasses still construct.
+_LEGACY_OPTIONS = frozenset({"wait", "pause", "block", "idle_count", "backoff"})
+
+# Errors meaning the stream or the group is gone (deleted; Redis 7 answers a
+# blocked read on a deleted stream with UNBLOCKED, Valkey with NOGROUP).
+_GONE = ("NOGROUP", "UNBLOCKED")
+
+
+def default_consumer_name() -> str:
+    """``<hostname>-<pid>-<random>``: unique per process, so never shared by accident."""
+    return f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
+
+
+class EventListener(Recovery, EventClient):
+    """Listen to ``key`` (a stream, or several) as consumer ``consumer`` of ``group``.
+
+    Subclasses override :meth:`process` and optionally the ``onStart``,
+    ``onEstablished`` and ``onStop`` hooks. Options (keyword only):
+
+    ``select``           kinds to process; others are acknowledged unseen (all when empty)
+    ``consumer``         stable name: a restarted consumer first re-processes what it held
+    ``batch_size``       entries per read and per acknowledging transaction
+    ``block_ms``         longest wait of one read (stop() and signals cut it short)
+    ``max_deliveries``   deliveries before a failing entry is dead-lettered
+    ``claim_idle``       seconds before another consumer takes an unacknowledged entry
+    ``max_entry_bytes``  larger entries are dead-lettered as ``oversize``
+    ``reconnect``        :class:`rqse.backoff.Backoff` between reconnection attempts
+    ``handle_signals``   install SIGINT/SIGTERM handlers when listening in the main thread
+    """
+
+    def __init__(
+        self,
+        key: str | Sequence[str],
+        group: str,
+        select: Iterable[str] | None = None,
+        consumer: str | None = None,
+        *,
+        url: str | None = None,
+        host: str | None = None,
+        port: int | str | None = None,
+        username: str | None = None,
+        password: str | None = None,
+        pool: redis.ConnectionPool | None = None,
+        select_attribute: str = KIND,
+        batch_size: int = 100,
+        block_ms: int = 1000,
+        max_deliveries: int = 5,
+        claim_idle: float = 60.0,
+        max_entry_bytes: int = 8 * 1024 * 1024,
+        reconnect: Backoff | None = None,
+        handle_signals: bool = True,
+        **legacy: Any,
+    ) -> None:
+        streams = (key,) if isinstance(key, str) else tuple(key)
+        if not streams or not all(isinstance(s, str) and s for s in streams):
+            raise ValueError(f"key must be a stream name or a list of them, got {key!r}")
+        super().__init__(streams[0], url, host, port, username, password, pool)
+        if not group or not isinstance(group, str):
+            raise ValueError(f"group must be a non-empty string, got {group!r}")
+        unknown = set(legacy) - _LEGACY_OPTIONS
+        if unknown:
+            raise TypeError(f"unexpected keyword arguments: {', '.join(sorted(unknown))}")
+        if legacy:
+            warnings.warn(
+                f"rqse 0.5 polling options {sorted(legacy)} are ignored "
+                "(the listener blocks on the stream instead)",
+                DeprecationWarning,
+                stacklevel=2,
+            )
+        self._check_options(batch_size, block_ms, max_deliveries, claim_idle, max_entry_bytes)
+        self._streams = streams
+        self._group = group
+        self._consumer = consumer or default_consumer_name()
+        self._select = frozenset(select) if select else None
+        self._select_attribute = select_attribute
+        self._batch_size = batch_size
+        self._block_ms = block_ms
+        self._max_deliveries = max_deliveries
+        self._claim_idle = claim_idle
+        self._max_entry_bytes = max_entry_bytes
+        self._reconnect = reconnect or Backoff()
+        self._handle_signals = handle_signals
+        self.stats = ListenerStats()
+        self._outbox = Outbox()
+        self._lease = Lease(self._redis, group, self._consumer, interval=claim_idle / 3)
+        self._stopping = threading.Event()
+        self._signals = SignalHandlers(self._on_signal)
+        self._reader: redis.Redis | None = None
+        self._reader_id: int | None = None
+        self._blocking = False
+        self._running = False
+        self._established = False
+        self._in_batch = False
+        self._current_stream: str | None = None
+        self._next_claim = 0.0
+        self._limit: int | None = None  # stats.handled at which listen() returns
+        self._claim_cursors = {stream: "0-0" for stream in streams}
+        self._new_offsets: dict[Any, Any] = {stream: ">" for stream in streams}
+        self._names = {stream.encode(): stream for stream in streams}
+
+    def _check_options(
+        self, batch_size: int, block_ms: int, max_deliveries: int, claim_idle: float,
+        max_entry_bytes: int,
+    ) -> None:
+        for name, value in (("batch_size", batch_size), ("block_ms", block_ms),
+                            ("max_deliveries", max_deliveries), ("claim_idle", claim_idle),
+                            ("max_entry_bytes", max_entry_bytes)):
+            if not value > 0:
+                raise ConfigurationError(f"{name} must be positive, got {value!r}")
+        timeout = self._pool.connection_kwargs.get("socket_timeout")
+        if timeout is not None and block_ms >= timeout * 1000:
+            raise ConfigurationError(
+                f"block_ms={block_ms} must be below the pool's socket_timeout ({timeout}s), "
+                "or every idle read would time out"
+            )
+
+    # -- what subclasses see -------------------------------------------------------
+    @property
+    def group(self) -> str:
+        return self._group
+
+    @property
+    def consumer(self) -> str:
+        return self._consumer
+
+    @property
+    def streams(self) -> tuple[str, ...]:
+        return self._streams
+
+    @property
+    def current_stream(self) -> str | None:
+        """The stream of the entry being processed (None outside ``process``)."""
+        return self._current_stream
+
+    @property
+    def running(self) -> bool:
+        return self._running
+
+    @property
+    def established(self) -> bool:
+        return self._established
+
+    @property
+    def listening(self) -> bool:
+        """False once a stop was requested."""
+        return not self._stopping.is_set()
+
+    def process(self, event_id: str, event: dict[str, Any]) -> bool:
+        """Handle one event: True = handled, False = not mine; raise to retry later."""
+        return True
+
+    def onStart(self) -> None:  # noqa: N802 - names kept from rqse 0.5
+        """Called when ``listen()`` starts, before connecting."""
+
+    def onEstablished(self) -> None:  # noqa: N802
+        """Called each time the groups exist and the loop is about to read (also after a
+        reconnect)."""
+
+    def onStop(self) -> None:  # noqa: N802
+        """Called when ``listen()`` ends (not after a forced exit on a second signal)."""
+
+    def emit(
+        self,
+        event: Mapping[str, Any],
+        key: str | None = None,
+        *,
+        maxlen: int | None = None,
+        minid: str | None = None,
+        approximate: bool = True,
+    ) -> None:
+        """Append ``event`` to ``key`` (default: this listener's stream) together with
+        the acknowledgement of the current batch, in one transaction.
+
+        Either both happen or neither: if the listener dies first, the entry is
+        processed again and emits again. Outside ``process`` it is written at once.
+        Use :meth:`append` instead when the id is needed or the event must be
+        visible before ``process`` returns (e.g. a receipt before a long task).
+        """
+        fields = encode_event(event)
+        stream = key or self.key
+        options = _xadd_options(maxlen, minid, approximate)
+        if not self._in_batch:
+            with translate_errors("XADD", f"{stream!r} at {self.location}"):
+                self._redis.xadd(stream, fields, **options)
+            return
+        self._outbox.add(stream, fields, options)
+
+    def sleep(self, seconds: float) -> bool:
+        """Wait ``seconds`` or until a stop is requested; True if stopping."""
+        return self._stopping.wait(seconds)
+
+    def stop(self) -> None:
+        """Ask ``listen()`` to return after the event in hand; thread-safe, idempotent."""
+        if self._stopping.is_set():
+            return
+        self._stopping.set()
+        self._wake()
+
+    # -- the loop ------------------------------------------------------------------
+    def listen(self, max_events: int | None = None, idle_timeout: float | None = None) -> int:
+        """Process events until stopped; return how many were handled.
+
+        ``max_events``: return after handling that many entries (acknowledged or
+        dead-lettered; with several streams one read may bring up to ``batch_size``
+        from each, all handled). ``idle_timeout``: return once no entry arrived for that
+        many seconds. Both are for tests, scripts and benchmarks; a worker passes
+        neither. A stop requested before ``listen()`` makes it return at once.
+        """
+        if self._running:
+            raise RuntimeError(f"listener {self._consumer} is already listening")
+        self._running = True
+        start = self.stats.handled
+        forced = False
+        if self._handle_signals:
+            self._signals.install()
+        self._lease.start()
+        try:
+            self.onStart()
+            logger.info(
+                "consumer %s: listening to %s as group %s at %s",
+                self._consumer, ", ".join(self._streams), self._group, self.location,
+            )
+            self._loop(max_events, idle_timeout, start)
+        except BaseException as e:
+            forced = not isinstance(e, Exception)
+            raise
+        finally:
+            self._lease.stop()
+            self._signals.restore()
+            self._close_reader()
+            self._running = False
+            self._established = False
+            if self._signals.received:
+                logger.info("consumer %s: stopped on signal %s", self._consumer,
+                            self._signals.received)
+            self._signals.received = None
+            self._stopping.clear()
+            if not forced:
+                self.onStop()
+        return self.stats.handled - start
+
+    def _loop(self, max_events: int | None, idle_timeout: float | None, start: int) -> None:
+        self._limit = None if max_events is None else start + max_events
+        last_entry = monotonic()
+        # One step per turn, so the room left under max_events is checked before each.
+        while not self._stopping.is_set() and self._room() > 0:
+            received = self.stats.received
+            try:
+                if not self._established:
+                    self._establish()
+                elif monotonic() >= self._next_claim:
+                    self._claim()
+                else:
+                    self._read_new(self._block_time(idle_timeout, last_entry))
+                self._reconnect.reset()
+            except Exception as e:
+                self._on_error(e)
+                continue
+            now = monotonic()
+            if self.stats.received != received:
+                last_entry = now
+            elif idle_timeout is not None and now - last_entry >= idle_timeout:
+                return
+
+    def _room(self) -> int:
+        """Entries the next read may return: batch_size, or fewer under max_events."""
+        if self._limit is None:
+            return self._batch_size
+        return min(self._batch_size, self._limit - self.stats.handled)
+
+    def _block_time(self, idle_timeout: float | None, last_entry: float) -> int | None:
+        """Milliseconds the next read may block: at most until a claim scan or the idle
+        deadline is due; None means do not block."""
+        now = monotonic()
+        limit = min(self._block_ms / 1000, self._next_claim - now)
+        if idle_timeout is not None:
+            limit = min(limit, last_entry + idle_timeout - now)
+        block = int(limit * 1000)
+        return block if block >= 1 else None
+
+    def _on_error(self, error: Exception) -> None:
+        self._outbox.clear()
+        self._lease.clear()
+        self._established = False
+        self._close_reader()
+        if isinstance(error, redis.ResponseError) and str(error).startswith(_GONE):
+            # Stream or group deleted under us: create them again, no backoff needed.
+            logger.warning("consumer %s: %s; re-creating the group", self._consumer, error)
+            return
+        if not is_transient(error):
+            if isinstance(error, redis.RedisError):
+                raise RedisCommandError(
+                    f"consumer {self._consumer} of group {self._group} on "
+                    f"{', '.join(self._streams)} at {self.location}: {error}"
+                ) from error
+            raise error  # not from Redis: a hook's own exception
+        self.stats.reconnects += 1
+        delay = self._reconnect.next_delay()
+        logger.warning(
+            "consumer %s: Redis at %s unavailable (%s: %s); retrying in %.2fs",
+            self._consumer, self.location, type(error).__name__, error, delay,
+        )
+        self._stopping.wait(delay)
+
+    def _establish(self) -> None:
+        if self._reader is None:
+            # Its own connection, held for the blocking reads (CLIENT UNBLOCK needs its id);
+            # created here, inside the retry loop, as connecting may fail.
+            self._reader = redis.Redis(connection_pool=self._pool, single_connection_client=True)
+        for stream in self._streams:
+            try:
+                self._redis.xgroup_create(stream, self._group, id="0", mkstream=True)
+            except redis.ResponseError as e:
+                if not str(e).startswith("BUSYGROUP"):  # a concurrent creator won: fine
+                    raise
+        self._established = True
+        logger.info("consumer %s: group %s established", self._consumer, self._group)
+        self.onEstablished()
+        self._recover_own()
+
+    def _read_new(self, block_ms: int | None) -> None:
+        reader = self._reader
+        assert reader is not None
+        if block_ms is None:
+            reply = reader.xreadgroup(
+                self._group, self._consumer, self._new_offsets, count=self._room()
+            )
+        else:
+            if self._reader_id is None:
+                self._reader_id = int(reader.client_id())
+            # Sent by hand so that _blocking turns True only once the command is on
+            # its way: a CLIENT UNBLOCK from stop() then finds it blocked.
+            connection = reader.connection
+            assert connection is not None
+            connection.send_command(  # type: ignore[no-untyped-call]
+                "XREADGROUP", "GROUP", self._group, self._consumer, "COUNT", self._room(),
+                "BLOCK", block_ms, "STREAMS", *self._streams, *[">"] * len(self._streams),
+            )
+            self._blocking = True
+            try:
+                if self._stopping.is_set():
+                    self._wake()
+                reply = reader.parse_response(  # type: ignore[no-untyped-call]
+                    connection, "XREADGROUP"
+                )
+            except BaseException:
+                connection.disconnect()  # type: ignore[no-untyped-call]  # reply half read?
+                raise
+            finally:
+                self._blocking = False
+        for name, entries in stream_items(reply):
+            if entries:
+                self._handle(self._names[name], entries, None)
+
+    # -- waking and stopping -------------------------------------------------------
+    def _wake(self) -> None:
+        """Cut a blocking read short (CLIENT UNBLOCK); best effort, block_ms bounds it.
+
+        The read is sent before ``_blocking`` is set, but on another connection
+        than this command: if Redis has not seen it yet, try twice more shortly.
+        """
+        pause = threading.Event()
+        for _ in range(3):
+            reader_id = self._reader_id
+            if reader_id is None or not self._blocking:
+                return
+            try:
+                if self._redis.client_unblock(reader_id):
+                    return
+            except redis.RedisError as e:
+                logger.debug("consumer %s: CLIENT UNBLOCK failed: %s", self._consumer, e)
+                return
+            pause.wait(0.002)
+
+    def _on_signal(self, signum: int) -> None:
+        """First signal: stop after the event in hand. Second: exit now."""
+        if self._stopping.is_set() and self._signals.received:
+            raise SystemExit(128 + signum)
+        self._signals.received = signum
+        self._stopping.set()
+        # Not from the handler itself: it may have interrupted this thread
+        # inside the connection pool.
+        threading.Thread(target=self._wake, name="rqse-wake", daemon=True).start()
+
+    def _close_reader(self) -> None:
+        reader, self._reader, self._reader_id = self._reader, None, None
+        if reader is not None:
+            with contextlib.suppress(redis.RedisError):
+                reader.close()

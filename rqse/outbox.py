@@ -1,0 +1,72 @@
+"""Outbox: what a listener writes when it finishes a batch, in one transaction.
+
+Acknowledgements, events emitted by ``process()`` (``EventListener.emit``),
+dead letters and deletions collected while a batch is handled go to Redis in
+one MULTI/EXEC pipeline: one round trip per batch, and either all of it
+happens or none does (a lost connection leaves the batch pending, to be
+processed again).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import redis
+
+from rqse.events import Fields
+
+__all__ = ["Outbox"]
+
+
+class Outbox:
+    """Writes pending for the batch in hand."""
+
+    __slots__ = ("acks", "adds", "deletes")
+
+    def __init__(self) -> None:
+        self.acks: dict[str, list[bytes]] = {}
+        self.adds: list[tuple[str, Fields, dict[str, Any]]] = []
+        self.deletes: list[tuple[str, tuple[str | bytes, ...]]] = []
+
+    def acks_for(self, stream: str) -> list[bytes]:
+        """The list to append acknowledged ids of ``stream`` to (hot path: no call per id)."""
+        acks = self.acks.get(stream)
+        if acks is None:
+            acks = self.acks[stream] = []
+        return acks
+
+    def add(self, stream: str, fields: Fields, options: dict[str, Any]) -> None:
+        self.adds.append((stream, fields, options))
+
+    def delete(self, stream: str, *ids: str | bytes) -> None:
+        self.deletes.append((stream, ids))
+
+    def __bool__(self) -> bool:
+        return bool(self.adds or self.deletes or any(self.acks.values()))
+
+    def clear(self) -> None:
+        self.acks.clear()
+        self.adds.clear()
+        self.deletes.clear()
+
+    def flush(self, client: redis.Redis, group: str) -> None:
+        """Write everything in one transaction, then forget it (also on failure).
+
+        Appends go first, so an event emitted while processing an entry is in
+        its stream before that entry's acknowledgement is visible.
+        """
+        try:
+            commands = len(self.adds) + len(self.deletes) + sum(1 for a in self.acks.values() if a)
+            if not commands:
+                return
+            pipe = client.pipeline(transaction=commands > 1)
+            for stream, fields, options in self.adds:
+                pipe.xadd(stream, fields, **options)
+            for stream, ids in self.deletes:
+                pipe.xdel(stream, *ids)
+            for stream, acks in self.acks.items():
+                if acks:
+                    pipe.xack(stream, group, *acks)
+            pipe.execute()
+        finally:
+            self.clear()

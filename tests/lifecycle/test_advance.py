@@ -1,0 +1,126 @@
+"""The atomic advance against a real Redis, driven step by step."""
+
+from typing import Any
+
+import orjson
+
+from flowlang.compiler import compile_text
+from flowlang.runner import TaskCall, run
+from lifecycle.keys import Keys
+from lifecycle.store import load_workflow
+from tests.lifecycle.harness import Harness, decode
+
+
+def echo(call: TaskCall) -> Any:
+    return {call.name: call.input}
+
+
+def test_a_chain_runs_to_the_end_and_records_every_task(harness: Harness) -> None:
+    record = harness.run(compile_text("A → B → C"), echo, {"x": 1})
+    assert record.status == "finished"
+    assert record.output == {"C": {"B": {"A": {"x": 1}}}}
+    assert sorted(record.starts) == ["1", "2", "3"] and sorted(record.ends) == ["1", "2", "3"]
+
+
+def test_joins_subflows_iteration_and_guards_give_the_runner_output(harness: Harness) -> None:
+    text = "A → * { B → ? `$.B` C } → :x D; E → :x"
+
+    def task(call: TaskCall) -> Any:
+        if call.name == "A":
+            return [1, 2, 3]
+        return {call.name: call.input}
+
+    expected = run(compile_text(text), task, {"in": 1})
+    record = harness.run(compile_text(text), task, {"in": 1})
+    assert expected.status == "finished"
+    assert (record.status, record.output) == (expected.status, expected.output)
+
+
+def test_tasks_are_routed_to_the_stream_of_their_kind(harness: Harness, redis_client) -> None:
+    harness.submit(compile_text("ml:train → notify:email → plain"))
+    harness.advance()
+    keys = Keys()
+    assert redis_client.xlen(keys.tasks("ml")) == 1
+    assert redis_client.xlen(keys.tasks("notify")) == 0
+    event = decode(redis_client.xrange(keys.tasks("ml"))[0][1])
+    assert {"workflow", "name", "index", "input", "parameters", "key", "attempt", "id"} <= set(
+        event
+    )
+    assert event["id"] == f"{event['workflow']}/1/1"
+
+
+def test_a_replayed_end_task_changes_nothing(harness: Harness, redis_client) -> None:
+    keys = Keys()
+    workflow = harness.submit(compile_text("A → B"))
+    harness.advance()
+    harness.work(echo)
+    end = redis_client.xrange(keys.lifecycle)[-1][1]
+    harness.advance()
+    before = redis_client.hgetall(keys.workflow(workflow))
+    redis_client.xadd(keys.lifecycle, end)  # the same end-task again
+    assert harness.advance() == 1
+    assert redis_client.hgetall(keys.workflow(workflow)) == before
+    assert redis_client.xlen(keys.tasks("default")) == 2  # A and B, B not started twice
+    assert redis_client.xpending(keys.lifecycle, keys.lifecycle_group)["pending"] == 0
+
+
+def test_a_duplicated_start_workflow_starts_it_once(harness: Harness, redis_client) -> None:
+    graph = compile_text("A")
+    harness.submit(graph, workflow_id="w1")
+    harness.submit(graph, workflow_id="w1")
+    harness.advance()
+    assert redis_client.xlen(Keys().tasks("default")) == 1
+
+
+def test_a_failing_task_is_retried_per_its_policy_then_fails_the_workflow(harness: Harness) -> None:
+    attempts: list[int] = []
+
+    def flaky(call: TaskCall) -> Any:
+        attempts.append(call.attempt)
+        assert "$retries" not in call.params
+        raise RuntimeError("disk full")
+
+    record = harness.run(compile_text("A (- {$retries: 2, size: 1} -) → B"), flaky)
+    assert attempts == [1, 2, 3]
+    assert record.status == "failed"
+    assert "disk full" in record.error
+
+
+def test_an_end_task_for_an_unknown_workflow_is_rejected_with_its_id(
+    harness: Harness, redis_client
+) -> None:
+    keys = Keys()
+    redis_client.xadd(keys.lifecycle, {"kind": b'"end-task"', "workflow": b'"nope"', "key": b'"1"'})
+    reply = redis_client.xreadgroup(keys.lifecycle_group, "t", {keys.lifecycle: ">"})
+    entries = [(i.decode(), decode(f)) for _, items in reply for i, f in items]
+    result = harness.advancer.apply(entries)
+    assert result.rejected and "no workflow 'nope'" in result.rejected[0][1]
+
+
+def test_a_malformed_end_task_names_the_event_and_field(harness: Harness) -> None:
+    result = harness.advancer.apply([("5-0", {"kind": "end-task", "workflow": 7})])
+    assert result.rejected == [("5-0", "event 5-0 (end-task): field 'workflow' is 7, expected str")]
+
+
+def test_the_graph_is_stored_once_for_all_its_workflows(harness: Harness, redis_client) -> None:
+    graph = compile_text("A → B")
+    for _ in range(3):
+        harness.submit(graph)
+    assert len(list(redis_client.scan_iter(match="{flow}:graph:*"))) == 1
+
+
+def test_terminate_ends_a_running_workflow(harness: Harness, redis_client) -> None:
+    from lifecycle.submit import terminate_workflow
+
+    workflow = harness.submit(compile_text("A → B"))
+    harness.advance()
+    terminate_workflow(redis_client, workflow, "operator said so")
+    harness.advance()
+    record = load_workflow(redis_client, Keys(), workflow)
+    assert (record.status, record.error) == ("terminated", "operator said so")
+    harness.work(echo)
+    harness.advance()
+    assert load_workflow(redis_client, Keys(), workflow).status == "terminated"
+    kinds = [decode(f)["kind"] for _, f in redis_client.xrange(Keys().lifecycle)]
+    assert kinds.count("failed-workflow") == 1 and "end-workflow" not in kinds
+    assert orjson.loads(redis_client.hget(Keys().workflow(workflow), "s"))["status"] == "terminated"

@@ -1,0 +1,151 @@
+"""Real processes: several lifecycle and task workers, and lifecycle workers killed with SIGKILL.
+
+Each test submits 1,000 workflows with joins, a subflow and iteration, then
+checks from Redis alone: every workflow finished with the in-memory runner's
+output, exactly one end-workflow event each, and every task attempt started
+exactly once.
+"""
+
+from __future__ import annotations
+
+import random
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Iterator
+
+import orjson
+import pytest
+import redis
+
+from flowlang.compiler import compile_text
+from flowlang.runner import run
+from lifecycle.keys import Keys
+from lifecycle.submit import start_workflow
+
+FLOW = "A :x → * { B → C } → :y D; :x → E → :y; D → F|G"
+WORKFLOWS = 1000
+KEYS = Keys()
+
+
+class Processes:
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.procs: list[subprocess.Popen[bytes]] = []
+
+    def start(self, *command: str) -> subprocess.Popen[bytes]:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", *command, "--redis-url", self.url],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        self.procs.append(proc)
+        return proc
+
+    def lifecycle(self, consumer: str, claim_idle: float = 2.0) -> subprocess.Popen[bytes]:
+        return self.start(
+            "lifecycle", "worker", "--consumer", consumer, "--claim-idle", str(claim_idle)
+        )
+
+    def noop(self, consumer: str) -> subprocess.Popen[bytes]:
+        return self.start("workers", "noop", "--kinds", "default", "--consumer", consumer)
+
+    def stop_all(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc in self.procs:
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+@pytest.fixture
+def processes(redis_url: str, redis_client: redis.Redis) -> Iterator[Processes]:
+    group = Processes(redis_url)
+    try:
+        yield group
+    finally:
+        group.stop_all()
+
+
+def submit_all(client: redis.Redis) -> tuple[list[str], object]:
+    graph = compile_text(FLOW)
+    ids = [start_workflow(client, graph, [i, i + 1, i + 2], f"w{i}") for i in range(WORKFLOWS)]
+    expected = {
+        f"w{i}": run(graph, lambda c: c.input, [i, i + 1, i + 2]).output for i in range(WORKFLOWS)
+    }
+    return ids, expected
+
+
+def wait_until_all_ended(client: redis.Redis, ids: list[str], timeout: float, during=None) -> dict:
+    deadline = time.monotonic() + timeout
+    while True:
+        pipe = client.pipeline(transaction=False)
+        for workflow in ids:
+            pipe.hget(KEYS.workflow(workflow), "s")
+        states = {w: orjson.loads(s) if s else {} for w, s in zip(ids, pipe.execute(), strict=True)}
+        if all(s.get("status") in ("finished", "failed") for s in states.values()):
+            return states
+        if time.monotonic() > deadline:
+            stuck = [w for w, s in states.items() if s.get("status") not in ("finished", "failed")]
+            raise AssertionError(f"{len(stuck)} workflows did not end, e.g. {stuck[:3]}")
+        if during is not None:
+            during()
+        time.sleep(0.2)
+
+
+def check_exactly_once(client: redis.Redis, states: dict, expected: dict) -> None:
+    assert {w: s.get("output") for w, s in states.items()} == expected
+    ends = Counter()
+    for _, fields in client.xrange(KEYS.lifecycle):
+        if orjson.loads(fields[b"kind"]) in ("end-workflow", "failed-workflow"):
+            ends[orjson.loads(fields[b"workflow"])] += 1
+    assert set(ends) == set(expected) and set(ends.values()) == {1}
+    starts = Counter(orjson.loads(f[b"id"]) for _, f in client.xrange(KEYS.tasks("default")))
+    assert starts and max(starts.values()) == 1
+    calls = len(run(compile_text(FLOW), lambda c: c.input, [0, 1, 2]).calls)
+    assert len(starts) == calls * len(expected)  # no task instance missing either
+
+
+def test_three_lifecycle_and_four_task_workers_run_each_task_once(
+    processes: Processes, redis_client: redis.Redis
+) -> None:
+    ids, expected = submit_all(redis_client)
+    for n in range(3):
+        processes.lifecycle(f"lifecycle-{n}")
+    for n in range(4):
+        processes.noop(f"noop-{n}")
+    states = wait_until_all_ended(redis_client, ids, timeout=120)
+    check_exactly_once(redis_client, states, expected)
+
+
+def test_a_lifecycle_worker_killed_again_and_again_loses_and_repeats_nothing(
+    processes: Processes, redis_client: redis.Redis
+) -> None:
+    ids, expected = submit_all(redis_client)
+    steady = processes.lifecycle("steady", claim_idle=1.0)
+    victim = [processes.lifecycle("victim", claim_idle=1.0)]
+    for n in range(2):
+        processes.noop(f"noop-{n}")
+    chance = random.Random(7)
+    kills = [0]
+    next_kill = [time.monotonic() + chance.uniform(0.2, 0.6)]
+
+    def kill_and_restart() -> None:
+        if time.monotonic() < next_kill[0]:
+            return
+        victim[0].kill()  # SIGKILL: no cleanup, events in hand stay pending
+        victim[0].wait()
+        kills[0] += 1
+        victim[0] = processes.lifecycle("victim", claim_idle=1.0)
+        next_kill[0] = time.monotonic() + chance.uniform(0.2, 0.6)
+
+    states = wait_until_all_ended(redis_client, ids, timeout=180, during=kill_and_restart)
+    assert kills[0] >= 2, "the run ended before the worker was killed twice"
+    assert steady.poll() is None
+    check_exactly_once(redis_client, states, expected)

@@ -1,0 +1,1 @@
+"""Task workers: one EventListener per task kind, built-in tasks, simulators."""
