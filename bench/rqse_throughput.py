@@ -44,8 +44,13 @@ STREAM, GROUP = "bench:events", "bench"
 def sample_event(index: int) -> dict[str, Any]:
     """A start-task event of realistic shape (about 200 bytes on the wire)."""
     return message(
-        {"workflow": "workflow:bench-2f1c", "name": "compute:step", "index": index,
-         "input": {"path": "/data/in.csv", "rows": 1200}, "parameters": {"for": 0}},
+        {
+            "workflow": "workflow:bench-2f1c",
+            "name": "compute:step",
+            "index": index,
+            "input": {"path": "/data/in.csv", "rows": 1200},
+            "parameters": {"for": 0},
+        },
         kind="start-task",
     )
 
@@ -79,12 +84,13 @@ def rqse_rate(url: str, events: int, batch: int) -> float:
     """Events/s through append_many -> listen -> process -> acknowledge."""
     with EventClient(STREAM, url=url) as client:
         client.delete_stream()
-        listener = Sink(STREAM, GROUP, consumer="bench", url=url, batch_size=batch,
-                        handle_signals=False)
+        listener = Sink(
+            STREAM, GROUP, consumer="bench", url=url, batch_size=batch, handle_signals=False
+        )
         prepared = [sample_event(i) for i in range(events)]
         started = time.perf_counter()
         for offset in range(0, events, batch):
-            client.append_many(prepared[offset:offset + batch])
+            client.append_many(prepared[offset : offset + batch])
         handled = listener.listen(max_events=events)
         elapsed = time.perf_counter() - started
         listener.close()
@@ -175,9 +181,11 @@ def main(argv: list[str] | None = None) -> int:
 
     ratio = ours / ceiling
     p50, p99 = percentile(times, 0.50) * 1000, percentile(times, 0.99) * 1000
-    print(f"server {mask_url(url)} (version {version}); {args.events} events of "
-          f"{sum(map(len, encode_event(sample_event(0)).values()))} value bytes, "
-          f"batch {args.batch}, best of {args.runs}; {args.samples} latency samples")
+    print(
+        f"server {mask_url(url)} (version {version}); {args.events} events of "
+        f"{sum(map(len, encode_event(sample_event(0)).values()))} value bytes, "
+        f"batch {args.batch}, best of {args.runs}; {args.samples} latency samples"
+    )
     rows = [
         ("raw redis-py ceiling (XADD, XREADGROUP, XACK)", f"{ceiling:,.0f} events/s"),
         ("rqse append_many -> listen -> process -> ack", f"{ours:,.0f} events/s"),

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from flowlang import ast
-from flowlang.errors import FlowDeclarationError, FlowError, FlowLabelError
+from flowlang.errors import FlowDeclarationError, FlowError, FlowLabelError, FlowStructureError
 from flowlang.graph import Graph, Node, NodeKind
 from flowlang.parser import parse
 
@@ -31,6 +31,10 @@ def compile_flow(flow: ast.Flow, file: str | None = None) -> Graph:
         return _Compiler(flow).build()
     except FlowError as error:
         raise error.located(file) from None
+    except RecursionError:
+        raise FlowStructureError(
+            "subflows are nested too deeply for this Python's recursion limit", 1, 1
+        ).located(file) from None
 
 
 def merge_params(default: Any, invocation: Any, where: ast.Pos, declared_at: ast.Pos) -> Any:

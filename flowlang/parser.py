@@ -69,11 +69,21 @@ def parse(text: str, file: str | None = None) -> ast.Flow:
         raise _syntax_error(error, text).located(file) from None
     except FlowError as error:
         raise error.located(file) from None
+    except RecursionError:
+        raise _too_deep().located(file) from None
     except Exception as error:  # a FlowError wrapped by Lark's transformer
         inner = getattr(error, "orig_exc", None)
         if isinstance(inner, FlowError):
             raise inner.located(file) from None
+        if isinstance(inner, RecursionError):
+            raise _too_deep().located(file) from None
         raise
+
+
+def _too_deep() -> FlowStructureError:
+    return FlowStructureError(
+        "subflows are nested too deeply for this Python's recursion limit (about 150 levels)", 1, 1
+    )
 
 
 def _describe(token: Token) -> str:
@@ -125,17 +135,17 @@ def _syntax_error(error: UnexpectedInput, text: str) -> FlowSyntaxError:
 
 
 def _end_error(error: UnexpectedInput, text: str) -> FlowSyntaxError:
-    lines = text.rstrip().splitlines() or [""]
-    line, column = len(lines), len(lines[-1]) + 1
+    # Lines are counted as Lark counts them: by "\n" only.
+    content = text.rstrip()
+    line = content.count("\n") + 1
+    last_line = content[content.rfind("\n") + 1 :]
+    column = len(last_line) + 1
     expected = set(getattr(error, "expected", ()) or ())
     if "RBRACE" in expected and "NAME" in expected:
         message = "unexpected end of file: a '{' is never closed"
-    elif text.rstrip().endswith(("→", "->")):
+    elif content.endswith(("→", "->")):
         message = "stray arrow: the statement ends with an arrow"
-        line, column = (
-            line,
-            len(lines[-1].rstrip()) - (0 if lines[-1].rstrip().endswith("→") else 1),
-        )
+        column -= 1 if content.endswith("→") else 2
     else:
         message = f"unexpected end of file (expected {_expected(expected)})"
     return FlowSyntaxError(message, line, column)

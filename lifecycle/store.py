@@ -13,14 +13,7 @@ from flowlang.machine import Machine, State
 from lifecycle.errors import FlowNotStored, UnknownWorkflow
 from lifecycle.keys import Keys
 
-__all__ = ["GraphCache", "WorkflowRecord", "load_workflow", "store_graph"]
-
-
-def store_graph(client: redis.Redis, keys: Keys, graph: Graph) -> str:
-    """Store a compiled graph once under its content hash; return the hash."""
-    digest = graph.content_hash()
-    client.set(keys.graph(digest), graph.to_json(), nx=True)
-    return digest
+__all__ = ["GraphCache", "WorkflowRecord", "load_workflow"]
 
 
 class GraphCache:

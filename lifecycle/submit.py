@@ -12,10 +12,10 @@ from flowlang.graph import Graph, NodeKind
 from lifecycle import events as ev
 from lifecycle.keys import Keys, task_kind
 from lifecycle.policy import split_params
-from lifecycle.store import store_graph
 
 __all__ = [
     "graph_task_kinds",
+    "start_workflows",
     "new_workflow_id",
     "start_workflow",
     "terminate_workflow",
@@ -60,17 +60,36 @@ def start_workflow(
     Starting the same ``workflow_id`` twice starts it once.
     """
     keys = keys or Keys()
-    validate_policies(graph)
-    digest = store_graph(client, keys, graph)
     workflow_id = workflow_id or new_workflow_id(graph)
-    kinds = graph_task_kinds(graph)
+    return start_workflows(client, graph, [input], [workflow_id], keys)[0]
+
+
+def start_workflows(
+    client: redis.Redis,
+    graph: Graph,
+    inputs: list[Any],
+    workflow_ids: list[str] | None = None,
+    keys: Keys | None = None,
+    chunk: int = 1000,
+) -> list[str]:
+    """Start one workflow per input, pipelined ``chunk`` at a time; return their ids."""
+    keys = keys or Keys()
+    validate_policies(graph)
+    digest = graph.content_hash()
+    ids = workflow_ids or [new_workflow_id(graph) for _ in inputs]
     pipe = client.pipeline(transaction=False)
+    # The graph and the kinds go first, in the same round trip as the first events.
+    pipe.set(keys.graph(digest), graph.to_json(), nx=True)
+    kinds = graph_task_kinds(graph)
     if kinds:
         pipe.sadd(keys.kinds, *sorted(kinds))
-    event = {"kind": ev.START_WORKFLOW, "workflow": workflow_id, "graph": digest, "input": input}
-    pipe.xadd(keys.lifecycle, _encode(event))
-    pipe.execute()
-    return workflow_id
+    for first in range(0, len(ids), chunk):
+        batch = zip(ids[first : first + chunk], inputs[first : first + chunk], strict=True)
+        for workflow_id, value in batch:
+            event = {"kind": ev.START_WORKFLOW, "workflow": workflow_id, "graph": digest, "input": value}
+            pipe.xadd(keys.lifecycle, _encode(event))
+        pipe.execute()
+    return ids
 
 
 def terminate_workflow(

@@ -18,6 +18,8 @@ def test_readme_opens_with_the_two_commands_and_ci_runs_the_test_one() -> None:
     assert test_command in (ROOT / ".ci" / "run").read_text(encoding="utf-8")
 
 
-def test_readme_python_example_runs() -> None:
-    (code,) = re.findall(r"```python\n(.*?)```", README, flags=re.S)[:1]
-    exec(compile(code, "README.md", "exec"), {})
+def test_readme_python_examples_run() -> None:
+    blocks = re.findall(r"```python\n(.*?)```", README, flags=re.S)
+    assert blocks
+    for code in blocks:
+        exec(compile(code, "README.md", "exec"), {})

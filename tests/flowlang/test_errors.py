@@ -73,3 +73,15 @@ def test_errors_in_a_multiline_literal_point_inside_it() -> None:
     with pytest.raises(FlowLiteralError) as caught:
         compile_text("A → B (-\nstart: 10\n  end: [\n-)")
     assert caught.value.line >= 2
+
+
+def test_nesting_beyond_the_recursion_limit_is_a_flow_error() -> None:
+    depth = 400
+    with pytest.raises(FlowStructureError, match="nested too deeply"):
+        compile_text("A → " + "{ B → " * depth + "C" + " }" * depth, "deep.flow")
+
+
+def test_moderate_nesting_compiles() -> None:
+    depth = 50
+    graph = compile_text("A → " + "{ B → " * depth + "C" + " }" * depth)
+    assert len(graph.nodes) == 2 + 1 + 3 * depth + 1

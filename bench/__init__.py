@@ -1,0 +1,1 @@
+"""Benchmarks; each module runs with ``python -m bench.<name>``."""

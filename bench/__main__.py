@@ -1,0 +1,3 @@
+from bench.engine import main
+
+raise SystemExit(main())

@@ -1,0 +1,223 @@
+"""The engine benchmark: W workflows through N lifecycle workers and M no-op workers.
+
+``python -m bench --workflows 10000 --shape chain10`` starts a private Redis
+(the server the tests use), the workers as separate processes, submits every
+workflow as fast as it can, waits until all have ended, and prints one table.
+``python -m bench latency`` measures submit→finished of single-task workflows
+one at a time on an idle system.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import time
+from contextlib import ExitStack
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+import redis
+
+from flowlang.compiler import compile_text
+from lifecycle.keys import Keys
+from lifecycle.submit import start_workflow, start_workflows
+from rqse.server import PERSISTENCE_OPTIONS, RedisServer
+
+__all__ = ["SHAPES", "main"]
+
+SHAPES = {
+    "chain10": ("→".join(f"A{i}" for i in range(1, 11)), 10),
+    "fan": ("A → { B C D E } → F", 6),
+    "single": ("A", 1),
+    # map10: one task whose output is 10 items (the no-op echoes the list input), then * B, then C.
+    "map10": ("A → * B → C", 12),
+}
+MAP_INPUT = [{"item": i} for i in range(10)]
+KEYS = Keys()
+
+
+@dataclass
+class Figures:
+    shape: str
+    workflows: int
+    tasks: int
+    wall_s: float
+    tasks_per_s: float
+    workflows_per_s: float
+    submit_per_s: float
+    redis_peak_memory_bytes: int
+    redis_memory_per_workflow_bytes: float
+    redis_commands_per_task: float
+    finished: int
+    failed: int
+    stuck: int
+    cpu_s: dict[str, float] = field(default_factory=dict)
+
+
+def _cpu_seconds(pid: int) -> float:
+    """utime + stime of a live process, from /proc (Linux); 0 elsewhere."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
+def _spawn(url: str, *command: str) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [sys.executable, "-m", *command, "--redis-url", url],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+
+
+def _stop(procs: list[subprocess.Popen[bytes]]) -> None:
+    for proc in procs:
+        proc.terminate()
+    for proc in procs:
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def _count_ends(client: redis.Redis, since: str, counts: list[int]) -> str:
+    """Read new lifecycle entries after ``since``; add end/fail counts; return the new cursor."""
+    while True:
+        entries = client.xrange(KEYS.lifecycle, f"({since}", "+", count=10000)
+        if not entries:
+            return since
+        for entry_id, fields in entries:
+            kind = fields.get(b"kind")
+            if kind == b'"end-workflow"':
+                counts[0] += 1
+            elif kind == b'"failed-workflow"':
+                counts[1] += 1
+            since = entry_id.decode()
+
+
+def throughput(args: argparse.Namespace) -> Figures:
+    text, tasks_per_workflow = SHAPES[args.shape]
+    graph = compile_text(text)
+    inputs = [MAP_INPUT if args.shape == "map10" else {"n": i} for i in range(args.workflows)]
+    with ExitStack() as stack:
+        server = stack.enter_context(RedisServer(persistence=args.persistence))
+        client = redis.Redis.from_url(server.url)
+        procs: dict[str, list[subprocess.Popen[bytes]]] = {"lifecycle": [], "noop": []}
+        for n in range(args.lifecycle):
+            procs["lifecycle"].append(_spawn(server.url, "lifecycle", "worker", "--consumer", f"lc{n}"))
+        for n in range(args.workers):
+            procs["noop"].append(
+                _spawn(server.url, "workers", "noop", "--kinds", "default", "--consumer", f"w{n}")
+            )
+        stack.callback(_stop, [p for group in procs.values() for p in group])
+        time.sleep(1.0)  # let the workers create their groups
+        client.config_resetstat()
+        started = time.perf_counter()
+        start_workflows(client, graph, inputs, [f"w{i}" for i in range(args.workflows)], KEYS)
+        submitted = time.perf_counter() - started
+        counts, cursor = [0, 0], "0-0"
+        last_progress, last_change = 0, time.perf_counter()
+        while counts[0] + counts[1] < args.workflows:
+            time.sleep(0.05)
+            cursor = _count_ends(client, cursor, counts)
+            if counts[0] + counts[1] != last_progress:
+                last_progress, last_change = counts[0] + counts[1], time.perf_counter()
+            elif time.perf_counter() - last_change > args.stall:
+                break
+        wall = time.perf_counter() - started
+        cpu = {kind: round(sum(_cpu_seconds(p.pid) for p in group), 2) for kind, group in procs.items()}
+        info_cpu = client.info("cpu")
+        cpu["redis"] = round(info_cpu["used_cpu_user"] + info_cpu["used_cpu_sys"], 2)
+        commands = sum(v["calls"] for k, v in client.info("commandstats").items())
+        peak = int(client.info("memory")["used_memory_peak"])
+    finished, failed = counts
+    tasks = finished * tasks_per_workflow
+    return Figures(
+        shape=args.shape,
+        workflows=args.workflows,
+        tasks=tasks,
+        wall_s=round(wall, 2),
+        tasks_per_s=round(tasks / wall, 1),
+        workflows_per_s=round(finished / wall, 1),
+        submit_per_s=round(args.workflows / submitted, 1),
+        redis_peak_memory_bytes=peak,
+        redis_memory_per_workflow_bytes=round(peak / max(args.workflows, 1), 1),
+        redis_commands_per_task=round(commands / max(tasks, 1), 2),
+        finished=finished,
+        failed=failed,
+        stuck=args.workflows - finished - failed,
+        cpu_s=cpu,
+    )
+
+
+def latency(args: argparse.Namespace) -> dict[str, Any]:
+    graph = compile_text("A")
+    with ExitStack() as stack:
+        server = stack.enter_context(RedisServer())
+        client = redis.Redis.from_url(server.url)
+        procs = [_spawn(server.url, "lifecycle", "worker"), _spawn(server.url, "workers", "noop", "--kinds", "default")]
+        stack.callback(_stop, procs)
+        time.sleep(1.0)
+        samples = []
+        cursor = "$"
+        for i in range(args.count):
+            began = time.perf_counter()
+            start_workflow(client, graph, {"i": i}, f"l{i}", KEYS)
+            while True:
+                reply = client.xread({KEYS.lifecycle: cursor}, block=1000, count=100)
+                done = False
+                for _, entries in reply or []:
+                    for entry_id, fields in entries:
+                        cursor = entry_id.decode()
+                        if fields.get(b"kind") == b'"end-workflow"':
+                            done = True
+                if done:
+                    break
+            samples.append((time.perf_counter() - began) * 1000)
+    samples.sort()
+    return {
+        "count": len(samples),
+        "p50_ms": round(statistics.median(samples), 2),
+        "p99_ms": round(samples[int(len(samples) * 0.99) - 1], 2),
+        "max_ms": round(samples[-1], 2),
+    }
+
+
+def _print_table(figures: Figures) -> None:
+    rows = asdict(figures)
+    cpu = rows.pop("cpu_s")
+    width = max(len(k) for k in rows) + 2
+    for key, value in rows.items():
+        print(f"{key:<{width}}{value}")
+    print(f"{'cpu_s':<{width}}" + ", ".join(f"{k} {v}" for k, v in cpu.items()))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
+    parser.add_argument("mode", nargs="?", default="throughput", choices=["throughput", "latency"])
+    parser.add_argument("--workflows", type=int, default=1000)
+    parser.add_argument("--shape", choices=sorted(SHAPES), default="chain10")
+    parser.add_argument("--lifecycle", type=int, default=1, help="lifecycle worker processes")
+    parser.add_argument("--workers", type=int, default=1, help="no-op worker processes")
+    parser.add_argument("--persistence", choices=sorted(PERSISTENCE_OPTIONS), default="none")
+    parser.add_argument("--count", type=int, default=500, help="latency: workflows to time")
+    parser.add_argument("--stall", type=float, default=30.0, help="give up after this long without progress")
+    parser.add_argument("--json", help="also write the figures to this file")
+    args = parser.parse_args(argv)
+    if args.mode == "latency":
+        result = latency(args)
+        for key, value in result.items():
+            print(f"{key:<10}{value}")
+    else:
+        figures = throughput(args)
+        _print_table(figures)
+        result = asdict(figures)
+    if args.json:
+        Path(args.json).write_bytes(orjson.dumps(result, option=orjson.OPT_INDENT_2))
+    return 0

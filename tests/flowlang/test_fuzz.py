@@ -1,0 +1,426 @@
+"""Property tests of the compiler and the drawings.
+
+Any text compiles to a graph or raises a positioned :class:`FlowError`,
+nothing else; generated valid flows always compile to a well-formed graph
+whose JSON round-trips; drawings of any graph stay syntactically whole.
+
+Examples per property come from ``FLOWLANG_FUZZ_EXAMPLES`` (default 200, the
+CI size); the full run is ``FLOWLANG_FUZZ_EXAMPLES=20000 pytest
+tests/flowlang/test_fuzz.py``. The deadline is off: parse time varies with size.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+from collections import Counter
+from typing import Any
+
+import orjson
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from flowlang.compiler import compile_text
+from flowlang.errors import FlowError
+from flowlang.graph import Graph, Node, NodeKind
+from flowlang.render import to_dot, to_mermaid
+from tests.flowlang.test_cli import assert_valid_dot, assert_valid_mermaid
+
+EXAMPLES = int(os.environ.get("FLOWLANG_FUZZ_EXAMPLES", "200"))
+settings.register_profile(
+    "flowlang-fuzz",
+    max_examples=EXAMPLES,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+FUZZ = settings.get_profile("flowlang-fuzz")
+# The full run takes minutes per property: stretch pytest-timeout's 300 s with it.
+pytestmark = pytest.mark.timeout(300 + EXAMPLES // 10)
+
+FILE = "fuzz.flow"
+
+
+def assert_graph_or_positioned_error(text: str) -> Graph | None:
+    """Compile ``text``: a Graph, or a FlowError whose position lies inside the text."""
+    try:
+        graph = compile_text(text, FILE)
+    except FlowError as error:
+        assert error.line >= 1 and error.column >= 1, f"no position: {error!r}"
+        assert error.line <= _line_count(text), f"line past the end: {error}"
+        assert str(error).startswith(f"{FILE}:{error.line}:{error.column}: ")
+        assert "\n" not in str(error), "the CLI prints one line per error"
+        return None
+    assert isinstance(graph, Graph)
+    return graph
+
+
+def _line_count(text: str) -> int:
+    # Lines are counted by "\n" only, as Lark counts them ("\f", "\r", "\u2028" are not breaks).
+    return text.count("\n") + 1
+
+
+def test_an_end_of_file_error_counts_lines_by_newline_only() -> None:
+    with pytest.raises(FlowError) as caught:
+        compile_text("{\fA")  # form feed is whitespace, not a line break
+    assert (caught.value.line, caught.value.column) == (1, 4)
+
+
+# -- (a) any text ------------------------------------------------------------------
+
+LANGUAGE_CHARS = "AZaz_09:-→>{}()[]|*?`<@#;='\"$.,!\n\t "
+PIECES = ["->", "'''", ":end", ":start", "(-", "-)", "<-", "({", "})", "([", "])"]
+any_text = st.lists(
+    st.text(LANGUAGE_CHARS, min_size=1, max_size=3) | st.sampled_from(PIECES) | st.text(max_size=2),
+    max_size=40,
+).map("".join)
+
+
+@FUZZ
+@given(any_text)
+def test_any_text_compiles_or_raises_a_positioned_flow_error(text: str) -> None:
+    assert_graph_or_positioned_error(text)
+
+
+# -- (b) sequences of the language's tokens ------------------------------------------
+
+TOKENS = [
+    # names and labels
+    "A", "B", "C", "my:peel-banana", "wait:delay", "T-9", "_x", "start", "end",
+    ":x", ":y", ":start", ":end", ":bad-",
+    # punctuation and modifiers
+    "→", "->", "{", "}", "|", "*", ">", ";", "=", "(", ")", "<", "-",
+    "? `$.a`", "? `$[?(@.s=0)]`", "? `$[`", "?", "`",
+    # parameter literals, good and bad
+    "(- a: 1 -)", "(- [1, 2] -)", "(- a: [ -)", "(- 3 -)",
+    "(- !!python/object/apply:os.system [ls] -)",
+    '({"a": 1})', '({"a": })', "([1, 2])", "([1,])", "()", "(- -)",
+    # resources
+    "<data.json>", "<http://h/x?q=1>", "<out.json>(- method: PUT -)", "<>", '<{"k": 1}>', "<[1]>",
+    "<- a: 1 ->", "<- [ ->", "<{ nope }>",
+    # declarations
+    "@flow f", "@flow g (- n: 1 -)", "@task X = A", "@task X (- fruit: banana -)",
+    "@task Y { A → B }", "@task Z = Y", "@bogus", "'''doc'''", '"""doc"""',
+]  # fmt: skip
+SEPARATORS = ["", " ", "  ", "\n", "\t", " # comment\n", "\r\n"]
+
+
+@FUZZ
+@given(st.lists(st.tuples(st.sampled_from(TOKENS), st.sampled_from(SEPARATORS)), max_size=25))
+def test_token_sequences_compile_or_raise_a_positioned_flow_error(
+    pairs: list[tuple[str, str]],
+) -> None:
+    assert_graph_or_positioned_error("".join(token + sep for token, sep in pairs))
+
+
+# -- (c) generated valid flows ----------------------------------------------------------
+
+# A node's signature: what the text says it is, whatever its id (the merge flag
+# is left out: a `> :x` target sets it on the label's readers).
+Signature = tuple[str, str | None, bool, str | None, str]
+
+NAMES = ["A", "B2", "_x", "my:peel-banana", "wait:delay", "T-9", "a_b:c-d", "F:end", "start", "S"]
+DECLARATIONS = "@task X = A (- fruit: banana -);\n@task Y '''inlined''' { A → B };\n"
+PARAMS: list[tuple[str, Any]] = [
+    ("", None),
+    (" (- a: 1 -)", {"a": 1}),
+    ("(- fruit: [apple, kiwi] -)", {"fruit": ["apple", "kiwi"]}),
+    (' ({"b": "q\\"uote"})', {"b": 'q"uote'}),
+    (" ([1, {}])", [1, {}]),
+    (" ()", {}),
+]
+GUARDS = [None, None, None, "$.a", "$[?(@.s=0)]", "$.items[0]"]
+SOURCES: list[tuple[str, str | None, Any]] = [
+    ("<data.json>", "data.json", None),
+    ("<http://h/p?q=1>(- method: GET -)", "http://h/p?q=1", {"method": "GET"}),
+    ('<{"k": 1}>', None, {"k": 1}),
+    ("<[1, 2]>", None, [1, 2]),
+    ("<>", None, {}),
+    ("<- a: 1 ->", None, {"a": 1}),
+]
+SINKS: list[tuple[str, str, Any]] = [
+    ("<out.json>", "out.json", None),
+    ("<s3://b/k.json>(- acl: private -)", "s3://b/k.json", {"acl": "private"}),
+]
+ARROWS = ["→", " → ", "->", " -> ", "\n  → ", " →\n"]
+MAX_DEPTH = 3
+ENDS_WITH_LABEL = re.compile(r"(?<![\w:-]):[A-Za-z_][\w-]*\s*$")  # `:x`, not the `:end` of `F:end`
+
+
+def signature(
+    kind: NodeKind, name: str | None, iterate: bool, guard: str | None, params: Any
+) -> Signature:
+    return (
+        str(kind),
+        name,
+        iterate,
+        guard,
+        orjson.dumps(params, option=orjson.OPT_SORT_KEYS).decode(),
+    )
+
+
+class Part:
+    """Generated flow text and the nodes it must compile to."""
+
+    def __init__(self, text: str, nodes: Counter[Signature] | None = None) -> None:
+        self.text = text
+        self.nodes = nodes if nodes is not None else Counter()
+
+    def __repr__(self) -> str:
+        return f"Part({self.text!r})"
+
+    def __add__(self, other: Part) -> Part:
+        return Part(self.text + other.text, self.nodes + other.nodes)
+
+
+@st.composite
+def task(draw: st.DrawFn, declared: bool, iterate: bool = False, guard: str | None = None) -> Part:
+    name = draw(st.sampled_from(NAMES + (["X", "Y"] if declared else [])))
+    if name == "Y":  # an inlined body: a named subflow around A → B
+        part = Part("Y", Counter([signature(NodeKind.SUBFLOW_START, "Y", iterate, guard, None)]))
+        return part + Part(
+            "", Counter(signature(NodeKind.TASK, t, False, None, None) for t in "AB")
+        )
+    text, params = draw(st.sampled_from(PARAMS))
+    if name == "X":  # an alias of A with default parameters; an array would clash
+        if isinstance(params, list):
+            text, params = "", None
+        name, params = "A", {"fruit": "banana", **(params or {})}
+        text = "X" + text
+    else:
+        text = name + text
+    return Part(text, Counter([signature(NodeKind.TASK, name, iterate, guard, params)]))
+
+
+@st.composite
+def step(draw: st.DrawFn, depth: int, declared: bool) -> Part:
+    modifier = draw(st.sampled_from(["", "", "* ", "> "]))
+    guard = draw(st.sampled_from(GUARDS))
+    prefix = modifier + (f"? `{guard}` " if guard else "")
+    iterate = modifier == "* "
+    kinds = ["task"] * 4 + ["fan"] + (["subflow"] if depth < MAX_DEPTH else [])
+    kind = draw(st.sampled_from(kinds))
+    if kind == "task":
+        return Part(prefix) + draw(task(declared, iterate, guard))
+    start = Part("", Counter([signature(NodeKind.SUBFLOW_START, None, iterate, guard, None)]))
+    if kind == "fan":
+        members = draw(st.lists(task(declared), min_size=2, max_size=4))
+        body = Part("|".join(m.text for m in members), sum((m.nodes for m in members), Counter()))
+        return Part(prefix) + start + body
+    inner = draw(scope(depth + 1, declared))
+    return Part(prefix + "{ ") + start + inner + Part(" }")
+
+
+@st.composite
+def chain(draw: st.DrawFn, depth: int, declared: bool) -> list[Part]:
+    return draw(st.lists(step(depth, declared), min_size=1, max_size=3 if depth == 0 else 2))
+
+
+@st.composite
+def plain_statement(draw: st.DrawFn, depth: int, declared: bool) -> Part:
+    head: list[Part] = []
+    if draw(st.booleans()):
+        text, uri, value = draw(st.sampled_from(SOURCES))
+        head = [Part(text, Counter([signature(NodeKind.SOURCE, uri, False, None, value)]))]
+    elif draw(st.booleans()):
+        head = [Part(":start")]
+    steps = head + draw(chain(depth, declared))
+    ending = draw(st.sampled_from(["", "sink", ":end", "> :end"]))
+    if ending == "sink":
+        text, uri, value = draw(st.sampled_from(SINKS))
+        steps.append(Part(text, Counter([signature(NodeKind.SINK, uri, False, None, value)])))
+    elif ending:
+        steps.append(Part(ending))
+    return join(draw, steps)
+
+
+def join(draw: st.DrawFn, steps: list[Part]) -> Part:
+    joined = steps[0]
+    for part in steps[1:]:
+        joined = joined + Part(draw(st.sampled_from(ARROWS))) + part
+    return joined
+
+
+@st.composite
+def stitched(draw: st.DrawFn, depth: int, declared: bool, label: str) -> list[Part]:
+    """Statements joined by one label, in one of the forms FLOWLANG.md lists."""
+    x = Part(f" :{label}")
+    form = draw(st.integers(0, 4))
+    a, b, c = (draw(chain(depth, declared)) for _ in range(3))
+    if form == 0:  # A :x → B; :x → C   (a fork)
+        return [join(draw, [*a[:-1], a[-1] + x, *b]), join(draw, [Part(f":{label}"), *c])]
+    if form == 1:  # A → :x; B → > :x; :x C   (a meet read by an input label)
+        target = Part(draw(st.sampled_from(["", "> "])) + f":{label}")
+        reader = join(draw, [Part(f":{label} ") + c[0], *c[1:]])
+        return [join(draw, [*a, target]), join(draw, [*b, Part(f":{label}")]), reader]
+    if form == 2:  # A → :x C; B → :x
+        return [
+            join(draw, [*a, Part(f":{label} ") + c[0], *c[1:]]),
+            join(draw, [*b, Part(f":{label}")]),
+        ]
+    if form == 3:  # :x → A → B; C → :x
+        return [join(draw, [Part(f":{label}"), *a]), join(draw, [*c, Part(f":{label}")])]
+    # A :x → B → :x C   (one label out and back in within a statement)
+    return [join(draw, [*a[:-1], a[-1] + x, *b, Part(f":{label} ") + c[0], *c[1:]])]
+
+
+@st.composite
+def scope(draw: st.DrawFn, depth: int, declared: bool) -> Part:
+    # Smaller scopes deeper down keep the flows at a few dozen steps.
+    statements = draw(st.lists(plain_statement(depth, declared), max_size=3 if depth == 0 else 2))
+    for number in range(draw(st.integers(0, 2 if depth == 0 else 1))):
+        statements.extend(
+            draw(stitched(depth, declared, f"x{number}"))
+        )  # same names in every scope
+    if not statements:
+        statements = [draw(plain_statement(depth, declared))]
+    statements = draw(st.permutations(statements))
+    text = statements[0]
+    for previous, statement in zip(statements, statements[1:], strict=False):
+        text = text + Part(separator(draw, previous.text, statement.text)) + statement
+    return text
+
+
+def separator(draw: st.DrawFn, previous: str, following: str) -> str:
+    """`;` where the next statement would read as a continuation, else any separator."""
+    if following.lstrip().startswith(":") or ENDS_WITH_LABEL.search(previous):
+        return draw(st.sampled_from([";", " ; ", ";\n"]))
+    return draw(st.sampled_from([";", "\n", " ", ";\n", "\n\n# a comment\n"]))
+
+
+@st.composite
+def valid_flows(draw: st.DrawFn) -> Part:
+    declared = draw(st.booleans())
+    body = draw(scope(0, declared))
+    if not declared:
+        return body
+    return Part(DECLARATIONS) + body if draw(st.booleans()) else body + Part(";\n" + DECLARATIONS)
+
+
+def reachable(start: int, successors: dict[int, list[int]]) -> set[int]:
+    seen, frontier = {start}, [start]
+    while frontier:
+        for node in successors.get(frontier.pop(), []):
+            if node not in seen:
+                seen.add(node)
+                frontier.append(node)
+    return seen
+
+
+def assert_well_formed(graph: Graph, expected: Counter[Signature]) -> None:
+    nodes = graph.nodes
+    assert [n.id for n in nodes] == list(range(len(nodes)))
+    kinds = Counter(n.kind for n in nodes)
+    assert nodes[0].kind is NodeKind.START and nodes[-1].kind is NodeKind.END
+    assert kinds[NodeKind.START] == kinds[NodeKind.END] == 1
+    assert kinds[NodeKind.SUBFLOW_START] == kinds[NodeKind.SUBFLOW_END]
+    drawn = (NodeKind.START, NodeKind.END, NodeKind.SUBFLOW_END)
+    actual = Counter(
+        signature(n.kind, n.name, n.iterate, n.guard, n.params)
+        for n in nodes
+        if n.kind not in drawn
+    )
+    assert actual == expected
+    assert all(0 <= a < len(nodes) and 0 <= b < len(nodes) for a, b in graph.edges)
+    assert len(set(graph.edges)) == len(graph.edges)
+    for node in nodes:
+        if node.kind is NodeKind.SUBFLOW_START:
+            assert node.pair is not None
+            end = nodes[node.pair]
+            assert end.kind is NodeKind.SUBFLOW_END and end.pair == node.id and end.id > node.id
+            assert end.parent == node.parent
+        if node.parent is not None:
+            assert nodes[node.parent].kind is NodeKind.SUBFLOW_START
+
+    def out_scope(node: Node) -> int | None:
+        return node.id if node.kind is NodeKind.SUBFLOW_START else node.parent
+
+    def in_scope(node: Node) -> int | None:
+        return node.pair if node.kind is NodeKind.SUBFLOW_END else node.parent
+
+    for a, b in graph.edges:  # labels are local: no edge leaves its scope
+        assert out_scope(nodes[a]) == in_scope(nodes[b]), f"edge {a}→{b} crosses a subflow"
+    forward: dict[int, list[int]] = {}
+    backward: dict[int, list[int]] = {}
+    for a, b in graph.edges:
+        forward.setdefault(a, []).append(b)
+        backward.setdefault(b, []).append(a)
+    everything = set(range(len(nodes)))
+    assert reachable(graph.start, forward) == everything, "a node the start does not reach"
+    assert reachable(graph.end, backward) == everything, "a node that never reaches the end"
+
+
+@FUZZ
+@given(valid_flows())
+def test_generated_valid_flows_compile_to_well_formed_graphs(flow: Part) -> None:
+    graph = compile_text(flow.text, FILE)
+    assert_well_formed(graph, flow.nodes)
+    data = graph.to_json()
+    assert Graph.from_json(data).to_json() == data
+    assert compile_text(flow.text, FILE).to_json() == data
+    assert graph.content_hash() == hashlib.sha256(data).hexdigest()
+    assert_valid_mermaid(to_mermaid(graph), graph)
+    assert_valid_dot(to_dot(graph), graph)
+
+
+# -- (d) drawings of graphs with any text in them -------------------------------------------
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**53), 2**53) | st.text(),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(), inner, max_size=3),
+    max_leaves=6,
+)
+
+
+@st.composite
+def nested_graphs(draw: st.DrawFn) -> Graph:
+    """Well-nested graphs (as the compiler builds them) whose texts are anything at all."""
+    nodes = [Node(0, NodeKind.START)]
+    open_starts: list[int] = []
+    text = st.one_of(st.none(), st.text())
+    for action in draw(st.lists(st.sampled_from(["task", "source", "sink", "open", "close"]))):
+        parent = open_starts[-1] if open_starts else None
+        node_id = len(nodes)
+        if action == "close":
+            if open_starts:
+                start = nodes[open_starts.pop()]
+                start.pair = node_id
+                nodes.append(
+                    Node(node_id, NodeKind.SUBFLOW_END, parent=start.parent, pair=start.id)
+                )
+            continue
+        kind = {
+            "task": NodeKind.TASK,
+            "source": NodeKind.SOURCE,
+            "sink": NodeKind.SINK,
+            "open": NodeKind.SUBFLOW_START,
+        }[action]
+        node = Node(
+            node_id,
+            kind,
+            name=draw(text),
+            params=draw(json_values),
+            guard=draw(text),
+            iterate=draw(st.booleans()),
+            merge=draw(st.booleans()),
+            parent=parent,
+        )
+        nodes.append(node)
+        if kind is NodeKind.SUBFLOW_START:
+            open_starts.append(node_id)
+    while open_starts:
+        start = nodes[open_starts.pop()]
+        start.pair = len(nodes)
+        nodes.append(Node(len(nodes), NodeKind.SUBFLOW_END, parent=start.parent, pair=start.id))
+    nodes.append(Node(len(nodes), NodeKind.END))
+    ids = st.integers(0, len(nodes) - 1)
+    edges = draw(st.lists(st.tuples(ids, ids), max_size=2 * len(nodes), unique=True))
+    return Graph(nodes=nodes, edges=edges)
+
+
+@FUZZ
+@given(nested_graphs())
+def test_drawings_of_any_names_guards_and_parameters_stay_well_formed(graph: Graph) -> None:
+    assert_valid_mermaid(to_mermaid(graph), graph)
+    assert_valid_dot(to_dot(graph), graph)
