@@ -110,7 +110,9 @@ def throughput(args: argparse.Namespace) -> Figures:
         client = redis.Redis.from_url(server.url)
         procs: dict[str, list[subprocess.Popen[bytes]]] = {"lifecycle": [], "noop": []}
         for n in range(args.lifecycle):
-            procs["lifecycle"].append(_spawn(server.url, "lifecycle", "worker", "--consumer", f"lc{n}"))
+            procs["lifecycle"].append(
+                _spawn(server.url, "lifecycle", "worker", "--consumer", f"lc{n}")
+            )
         for n in range(args.workers):
             procs["noop"].append(
                 _spawn(server.url, "workers", "noop", "--kinds", "default", "--consumer", f"w{n}")
@@ -131,7 +133,9 @@ def throughput(args: argparse.Namespace) -> Figures:
             elif time.perf_counter() - last_change > args.stall:
                 break
         wall = time.perf_counter() - started
-        cpu = {kind: round(sum(_cpu_seconds(p.pid) for p in group), 2) for kind, group in procs.items()}
+        cpu = {
+            kind: round(sum(_cpu_seconds(p.pid) for p in group), 2) for kind, group in procs.items()
+        }
         info_cpu = client.info("cpu")
         cpu["redis"] = round(info_cpu["used_cpu_user"] + info_cpu["used_cpu_sys"], 2)
         commands = sum(v["calls"] for k, v in client.info("commandstats").items())
@@ -161,7 +165,10 @@ def latency(args: argparse.Namespace) -> dict[str, Any]:
     with ExitStack() as stack:
         server = stack.enter_context(RedisServer())
         client = redis.Redis.from_url(server.url)
-        procs = [_spawn(server.url, "lifecycle", "worker"), _spawn(server.url, "workers", "noop", "--kinds", "default")]
+        procs = [
+            _spawn(server.url, "lifecycle", "worker"),
+            _spawn(server.url, "workers", "noop", "--kinds", "default"),
+        ]
         stack.callback(_stop, procs)
         time.sleep(1.0)
         samples = []
@@ -207,7 +214,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=1, help="no-op worker processes")
     parser.add_argument("--persistence", choices=sorted(PERSISTENCE_OPTIONS), default="none")
     parser.add_argument("--count", type=int, default=500, help="latency: workflows to time")
-    parser.add_argument("--stall", type=float, default=30.0, help="give up after this long without progress")
+    parser.add_argument(
+        "--stall", type=float, default=30.0, help="give up after this long without progress"
+    )
     parser.add_argument("--json", help="also write the figures to this file")
     args = parser.parse_args(argv)
     if args.mode == "latency":

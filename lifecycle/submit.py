@@ -86,7 +86,12 @@ def start_workflows(
     for first in range(0, len(ids), chunk):
         batch = zip(ids[first : first + chunk], inputs[first : first + chunk], strict=True)
         for workflow_id, value in batch:
-            event = {"kind": ev.START_WORKFLOW, "workflow": workflow_id, "graph": digest, "input": value}
+            event = {
+                "kind": ev.START_WORKFLOW,
+                "workflow": workflow_id,
+                "graph": digest,
+                "input": value,
+            }
             pipe.xadd(keys.lifecycle, _encode(event))
         pipe.execute()
     return ids

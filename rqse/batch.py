@@ -123,7 +123,10 @@ class BatchHandler:
                 deliveries = 1 if counts is None else counts.get(entry_id, 1)
                 if deliveries > max_deliveries:
                     self._dead_letter(
-                        stream, entry_id, fields, MAX_DELIVERIES,
+                        stream,
+                        entry_id,
+                        fields,
+                        MAX_DELIVERIES,
                         f"delivered {deliveries} times without an acknowledgement "
                         f"(max_deliveries={max_deliveries})",
                         deliveries,
@@ -185,14 +188,22 @@ class BatchHandler:
         self.stats.processed += len(batch) - len(self._rejected)
 
     def _failed(
-        self, stream: str, entry_id: bytes, fields: dict[bytes, bytes], error: Exception,
+        self,
+        stream: str,
+        entry_id: bytes,
+        fields: dict[bytes, bytes],
+        error: Exception,
         deliveries: int,
     ) -> bool:
         """Log a failure; dead-letter on the last delivery (True: acknowledge it)."""
         last = deliveries >= self._max_deliveries
         logger.warning(
             "consumer %s: %s %s: process() failed on delivery %d of %d%s",
-            self._consumer, stream, entry_id.decode(), deliveries, self._max_deliveries,
+            self._consumer,
+            stream,
+            entry_id.decode(),
+            deliveries,
+            self._max_deliveries,
             "" if last else "; retried after claim_idle",
             exc_info=True,
         )
@@ -200,27 +211,49 @@ class BatchHandler:
             self._lease.release(entry_id)  # let it go idle, to be claimed again
             return False
         self._dead_letter(
-            stream, entry_id, fields, PROCESS_ERROR, f"{type(error).__name__}: {error}",
-            deliveries, "".join(traceback.format_exception(error)),
+            stream,
+            entry_id,
+            fields,
+            PROCESS_ERROR,
+            f"{type(error).__name__}: {error}",
+            deliveries,
+            "".join(traceback.format_exception(error)),
         )
         return True
 
     def _dead_letter(
-        self, stream: str, entry_id: bytes, fields: dict[bytes, bytes], reason: str,
-        error: str, deliveries: int, trace: str | None = None,
+        self,
+        stream: str,
+        entry_id: bytes,
+        fields: dict[bytes, bytes],
+        reason: str,
+        error: str,
+        deliveries: int,
+        trace: str | None = None,
     ) -> None:
         target = dead_letter_key(stream)
         self._outbox.add(
             target,
             dead_letter_fields(
-                stream=stream, group=self._group, consumer=self._consumer,
-                entry_id=entry_id.decode(), fields=fields, reason=reason, error=error,
-                deliveries=deliveries, traceback=trace,
+                stream=stream,
+                group=self._group,
+                consumer=self._consumer,
+                entry_id=entry_id.decode(),
+                fields=fields,
+                reason=reason,
+                error=error,
+                deliveries=deliveries,
+                traceback=trace,
             ),
             {},
         )
         self.stats.dead_lettered += 1
         logger.warning(
             "consumer %s: %s %s moved to %s (%s): %s",
-            self._consumer, stream, entry_id.decode(), target, reason, error,
+            self._consumer,
+            stream,
+            entry_id.decode(),
+            target,
+            reason,
+            error,
         )

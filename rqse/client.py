@@ -19,9 +19,7 @@ logger = logging.getLogger(__name__)
 StreamEntry = tuple[str, dict[str, Any]]
 
 
-def _xadd_options(
-    maxlen: int | None, minid: str | None, approximate: bool
-) -> dict[str, Any]:
+def _xadd_options(maxlen: int | None, minid: str | None, approximate: bool) -> dict[str, Any]:
     """Keyword arguments of redis-py ``xadd`` for an explicit trimming policy."""
     if maxlen is None and minid is None:
         return {}

@@ -154,12 +154,20 @@ class EventListener(Recovery, EventClient):
         self._names = {stream.encode(): stream for stream in streams}
 
     def _check_options(
-        self, batch_size: int, block_ms: int, max_deliveries: int, claim_idle: float,
+        self,
+        batch_size: int,
+        block_ms: int,
+        max_deliveries: int,
+        claim_idle: float,
         max_entry_bytes: int,
     ) -> None:
-        for name, value in (("batch_size", batch_size), ("block_ms", block_ms),
-                            ("max_deliveries", max_deliveries), ("claim_idle", claim_idle),
-                            ("max_entry_bytes", max_entry_bytes)):
+        for name, value in (
+            ("batch_size", batch_size),
+            ("block_ms", block_ms),
+            ("max_deliveries", max_deliveries),
+            ("claim_idle", claim_idle),
+            ("max_entry_bytes", max_entry_bytes),
+        ):
             if not value > 0:
                 raise ConfigurationError(f"{name} must be positive, got {value!r}")
         timeout = self._pool.connection_kwargs.get("socket_timeout")
@@ -273,7 +281,10 @@ class EventListener(Recovery, EventClient):
             self.onStart()
             logger.info(
                 "consumer %s: listening to %s as group %s at %s",
-                self._consumer, ", ".join(self._streams), self._group, self.location,
+                self._consumer,
+                ", ".join(self._streams),
+                self._group,
+                self.location,
             )
             self._loop(max_events, idle_timeout, start)
         except BaseException as e:
@@ -286,8 +297,9 @@ class EventListener(Recovery, EventClient):
             self._running = False
             self._established = False
             if self._signals.received:
-                logger.info("consumer %s: stopped on signal %s", self._consumer,
-                            self._signals.received)
+                logger.info(
+                    "consumer %s: stopped on signal %s", self._consumer, self._signals.received
+                )
             self._signals.received = None
             self._stopping.clear()
             if not forced:
@@ -353,7 +365,11 @@ class EventListener(Recovery, EventClient):
         delay = self._reconnect.next_delay()
         logger.warning(
             "consumer %s: Redis at %s unavailable (%s: %s); retrying in %.2fs",
-            self._consumer, self.location, type(error).__name__, error, delay,
+            self._consumer,
+            self.location,
+            type(error).__name__,
+            error,
+            delay,
         )
         self._stopping.wait(delay)
 
@@ -388,8 +404,17 @@ class EventListener(Recovery, EventClient):
             connection = reader.connection
             assert connection is not None
             connection.send_command(  # type: ignore[no-untyped-call]
-                "XREADGROUP", "GROUP", self._group, self._consumer, "COUNT", self._room(),
-                "BLOCK", block_ms, "STREAMS", *self._streams, *[">"] * len(self._streams),
+                "XREADGROUP",
+                "GROUP",
+                self._group,
+                self._consumer,
+                "COUNT",
+                self._room(),
+                "BLOCK",
+                block_ms,
+                "STREAMS",
+                *self._streams,
+                *[">"] * len(self._streams),
             )
             self._blocking = True
             try:

@@ -44,7 +44,9 @@ def log_receipt(
     """Default archive: one INFO record on the ``rqse.receipts`` logger."""
     logger.info(
         "receipt %s for %s: %s target: %s",
-        receipt_id, target_id, orjson.dumps(receipt).decode(),
+        receipt_id,
+        target_id,
+        orjson.dumps(receipt).decode(),
         orjson.dumps(target).decode() if target is not None else "(gone)",
     )
 
@@ -57,7 +59,10 @@ class JsonLinesArchive:
         self._file = file
 
     def __call__(
-        self, receipt_id: str, receipt: dict[str, Any], target_id: str | None,
+        self,
+        receipt_id: str,
+        receipt: dict[str, Any],
+        target_id: str | None,
         target: dict[str, Any] | None,
     ) -> None:
         record = {"id": receipt_id, "receipt": receipt, "target_id": target_id, "target": target}

@@ -69,8 +69,12 @@ class Recovery(BatchHandler):
             if room <= 0:
                 return
             reply = self._redis.xautoclaim(
-                stream, self._group, self._consumer, idle_ms,
-                start_id=self._claim_cursors[stream], count=room,
+                stream,
+                self._group,
+                self._consumer,
+                idle_ms,
+                start_id=self._claim_cursors[stream],
+                count=room,
             )
             cursor, entries = reply[0], reply[1]
             self._claim_cursors[stream] = cursor
@@ -80,7 +84,10 @@ class Recovery(BatchHandler):
                 self.stats.claimed += len(entries)
                 logger.info(
                     "consumer %s: claimed %d entries of %s idle over %.1fs",
-                    self._consumer, len(entries), stream, self._claim_idle,
+                    self._consumer,
+                    len(entries),
+                    stream,
+                    self._claim_idle,
                 )
                 self._handle(stream, entries, self._delivery_counts(stream, entries))
         now = monotonic()

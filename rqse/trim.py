@@ -63,6 +63,7 @@ def trim_acknowledged(
         removed, bound = script(keys=[stream], args=[receipt_group or "", scan_limit])
     bound_id = bound.decode() if isinstance(bound, bytes) else bound
     if removed:
-        logger.info("stream %s: trimmed %d acknowledged entries below %s", stream, removed,
-                    bound_id)
+        logger.info(
+            "stream %s: trimmed %d acknowledged entries below %s", stream, removed, bound_id
+        )
     return TrimResult(int(removed), bound_id or None)

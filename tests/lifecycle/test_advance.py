@@ -126,20 +126,22 @@ def test_terminate_ends_a_running_workflow(harness: Harness, redis_client) -> No
     assert orjson.loads(redis_client.hget(Keys().workflow(workflow), "s"))["status"] == "terminated"
 
 
-def test_a_task_that_outlives_its_timeout_is_failed_by_a_durable_timer(harness: Harness, redis_client) -> None:
+def test_a_task_that_outlives_its_timeout_is_failed_by_a_durable_timer(
+    harness: Harness, redis_client
+) -> None:
     from lifecycle.timers import TimerPump
 
     keys = Keys()
     workflow = harness.submit(compile_text("slow:A (- {$timeout: 5, $retries: 1} -)"))
     harness.advance()
     timers = TimerPump(redis_client, keys)
-    (member, due), = redis_client.zrange(keys.timers, 0, -1, withscores=True)
+    ((member, due),) = redis_client.zrange(keys.timers, 0, -1, withscores=True)
     assert timers.fire_due(int(due) - 1) == 0  # not yet
     assert timers.fire_due(int(due)) == 1
     harness.advance()  # timeout-task: attempt 1 failed, attempt 2 starts with a new timer
     starts = [decode(f) for _, f in redis_client.xrange(keys.tasks("slow"))]
     assert [s["attempt"] for s in starts] == [1, 2] and starts[1]["input"] == starts[0]["input"]
-    (_, due2), = redis_client.zrange(keys.timers, 0, -1, withscores=True)
+    ((_, due2),) = redis_client.zrange(keys.timers, 0, -1, withscores=True)
     timers.fire_due(int(due2))
     harness.advance()
     record = load_workflow(redis_client, keys, workflow)
@@ -168,7 +170,7 @@ def test_a_retry_after_backoff_waits_on_a_durable_timer(harness: Harness, redis_
     workflow = harness.submit(compile_text("A (- {$retries: 2, $backoff: 60} -)"))
     harness.pump(fails_once)
     assert calls == [1]  # attempt 2 waits for its timer
-    (_, due), = redis_client.zrange(keys.timers, 0, -1, withscores=True)
+    ((_, due),) = redis_client.zrange(keys.timers, 0, -1, withscores=True)
     TimerPump(redis_client, keys).fire_due(int(due))
     harness.pump(fails_once)
     assert calls == [1, 2]

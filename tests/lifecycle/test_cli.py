@@ -19,26 +19,42 @@ def flow_file(tmp_path: Path):
 
 
 def test_run_wait_prints_the_workflow_output(engine, redis_url, flow_file, capsys) -> None:
-    code = main(["run", flow_file("A → ml:B"), "--input", '{"x": 1}', "--wait", "--redis-url", redis_url])
+    code = main(
+        ["run", flow_file("A → ml:B"), "--input", '{"x": 1}', "--wait", "--redis-url", redis_url]
+    )
     out = capsys.readouterr().out.splitlines()
     assert code == EXIT_OK
     assert orjson.loads("".join(out[1:])) == {"x": 1}
 
 
 def test_run_wait_exits_1_when_the_workflow_fails(engine, redis_url, flow_file, capsys) -> None:
-    code = main(["run", flow_file("A → * B"), "--input", '{"not": "a list"}', "--wait",
-                 "--redis-url", redis_url])
+    code = main(
+        [
+            "run",
+            flow_file("A → * B"),
+            "--input",
+            '{"not": "a list"}',
+            "--wait",
+            "--redis-url",
+            redis_url,
+        ]
+    )
     assert code == EXIT_FAILED
     assert "cannot iterate over an object" in capsys.readouterr().err
 
 
 def test_inspect_and_list_show_a_finished_workflow(engine, redis_url, flow_file, capsys) -> None:
-    main(["run", flow_file("@flow shown\nA → B"), "--id", "wf-1", "--wait", "--redis-url", redis_url])
+    main(
+        ["run", flow_file("@flow shown\nA → B"), "--id", "wf-1", "--wait", "--redis-url", redis_url]
+    )
     capsys.readouterr()
     assert main(["inspect", "wf-1", "--json", "--redis-url", redis_url]) == EXIT_OK
     data = orjson.loads(capsys.readouterr().out)
     assert (data["state"], data["flow"]) == ("finished", "shown")
-    assert [(t["name"], t["state"], t["attempts"]) for t in data["tasks"]] == [("A", "ended", 1), ("B", "ended", 1)]
+    assert [(t["name"], t["state"], t["attempts"]) for t in data["tasks"]] == [
+        ("A", "ended", 1),
+        ("B", "ended", 1),
+    ]
     assert main(["list", "--json", "--state", "finished", "--redis-url", redis_url]) == EXIT_OK
     rows = orjson.loads(capsys.readouterr().out)
     assert [r["id"] for r in rows] == ["wf-1"]

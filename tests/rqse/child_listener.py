@@ -46,8 +46,9 @@ class Child(EventListener):
 
 def main(argv: list[str]) -> int:
     url, stream, group, consumer, hang_at, mode = argv
-    listener = Child(stream, group, consumer=consumer, url=url, batch_size=10,
-                     hang_at=int(hang_at), mode=mode)
+    listener = Child(
+        stream, group, consumer=consumer, url=url, batch_size=10, hang_at=int(hang_at), mode=mode
+    )
     listener.listen()
     return 0
 

@@ -27,8 +27,12 @@ def test_redis_url_comes_before_the_seed_variables():
 
 
 def test_the_seed_variables_are_used_when_there_is_no_url():
-    env = {"REDIS_HOST": "redis.internal", "REDIS_PORT": "6390",
-           "REDIS_USERNAME": "worker", "REDIS_PASSWORD": "s3cret"}
+    env = {
+        "REDIS_HOST": "redis.internal",
+        "REDIS_PORT": "6390",
+        "REDIS_USERNAME": "worker",
+        "REDIS_PASSWORD": "s3cret",
+    }
     settings = resolve(env=env)
     assert settings.url == "redis://redis.internal:6390"
     assert (settings.username, settings.password) == ("worker", "s3cret")

@@ -38,8 +38,9 @@ def test_poison_and_malformed_entries_end_in_the_dead_letter_stream_while_good_o
     raw_ids = {name: redis_client.xadd("jobs", fields).decode() for name, fields in raw.items()}
     client.append_many([message({"n": n}, kind="job") for n in range(2, 10)])
 
-    worker = Worker("jobs", "g", url=redis_url, max_deliveries=3, claim_idle=0.05,
-                    max_entry_bytes=1024)
+    worker = Worker(
+        "jobs", "g", url=redis_url, max_deliveries=3, claim_idle=0.05, max_entry_bytes=1024
+    )
     run = run_listener(worker)
     dead = EventClient(dead_letter_key("jobs"), url=redis_url)
     wait_until(lambda: len(dead) == 5, what="five dead letters")
@@ -59,8 +60,9 @@ def test_poison_and_malformed_entries_end_in_the_dead_letter_stream_while_good_o
     assert letters[raw_ids["kind-not-a-string"]]["reason"] == "invalid-kind"
     assert letters[raw_ids["oversize"]]["reason"] == "oversize"
     assert "fields" not in letters[raw_ids["oversize"]]
-    assert all(letter["kind"] == "dead-letter" and letter["group"] == "g"
-               for letter in letters.values())
+    assert all(
+        letter["kind"] == "dead-letter" and letter["group"] == "g" for letter in letters.values()
+    )
     assert redis_client.xpending("jobs", "g")["pending"] == 0
     assert worker.stats.dead_lettered == 5
 

@@ -22,7 +22,8 @@ def spawn(redis_url):
     def start(consumer: str, hang_at: int, mode: str = "wait") -> subprocess.Popen[bytes]:
         child = subprocess.Popen(
             [sys.executable, str(CHILD), redis_url, "jobs", "g", consumer, str(hang_at), mode],
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
         )
         children.append(child)
         return child
@@ -87,8 +88,10 @@ def test_a_signal_finishes_the_event_in_hand_acknowledges_and_exits(
     assert child.wait(10) == 0, child.stderr.read().decode() if child.stderr else ""
     assert done(redis_client) == [0, 1], "the event in hand finished, no other started"
     assert redis_client.get("stopped") == b"graceful"
-    held = [p["message_id"].decode() for p in
-            redis_client.xpending_range("jobs", "g", "-", "+", 100, consumername="graceful")]
+    held = [
+        p["message_id"].decode()
+        for p in redis_client.xpending_range("jobs", "g", "-", "+", 100, consumername="graceful")
+    ]
     assert held == ids[2:], "0 and 1 acknowledged; the unstarted rest stays with its consumer"
 
     # Same consumer name again: it picks up what it held, first.

@@ -24,8 +24,9 @@ def test_the_receipt_log_archives_receipt_and_target_then_deletes_both(client, r
     other_id = client.append(message({"name": "b"}, kind="end-task"))
     receipt_id = client.append(receipt_for(target_id))
     archived = []
-    log = ReceiptListener("workflow:run", logger=lambda *record: archived.append(record),
-                          url=redis_url)
+    log = ReceiptListener(
+        "workflow:run", logger=lambda *record: archived.append(record), url=redis_url
+    )
     assert log.listen(max_events=3) == 3
     [(r_id, receipt, t_id, target)] = archived
     assert (r_id, t_id) == (receipt_id, target_id)
@@ -47,8 +48,9 @@ def test_an_archive_that_refuses_keeps_receipt_and_target(client, redis_url, red
 def test_a_receipt_whose_target_is_gone_is_archived_and_deleted(client, redis_url):
     receipt_id = client.append(receipt_for("1-0"))
     archived = []
-    log = ReceiptListener("workflow:run", logger=lambda *record: archived.append(record),
-                          url=redis_url)
+    log = ReceiptListener(
+        "workflow:run", logger=lambda *record: archived.append(record), url=redis_url
+    )
     log.listen(max_events=1)
     assert archived == [(receipt_id, archived[0][1], "1-0", None)]
     assert len(client) == 0

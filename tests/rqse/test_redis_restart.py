@@ -25,8 +25,14 @@ def test_a_listener_survives_redis_restarting_under_it_and_loses_no_event(
                 own_server.kill()  # mid-batch: nothing of this batch is acknowledged yet
             return True
 
-    worker = Worker("jobs", "g", consumer="w", url=url, claim_idle=60,
-                    reconnect=Backoff(initial=0.05, maximum=0.2))
+    worker = Worker(
+        "jobs",
+        "g",
+        consumer="w",
+        url=url,
+        claim_idle=60,
+        reconnect=Backoff(initial=0.05, maximum=0.2),
+    )
     EventClient("jobs", url=url).append_many([message({"n": n}, kind="job") for n in range(10)])
     run = run_listener(worker)
     wait_until(lambda: worker.stats.reconnects >= 3, what="listener retrying while Redis is down")
@@ -37,8 +43,10 @@ def test_a_listener_survives_redis_restarting_under_it_and_loses_no_event(
     after = EventClient("jobs", url=url)
     after.append_many([message({"n": n}, kind="job") for n in range(10, 20)])
     wait_until(lambda: set(seen) >= set(range(20)), what="every event processed")
-    wait_until(lambda: after.connection.xpending("jobs", "g")["pending"] == 0,
-               what="every event acknowledged")
+    wait_until(
+        lambda: after.connection.xpending("jobs", "g")["pending"] == 0,
+        what="every event acknowledged",
+    )
     run.stop()
 
     # The unacknowledged batch was processed again (at least once), nothing twice more.
