@@ -73,19 +73,23 @@ class State:
 
     ``waiting``: activations of instances below their threshold, ``[pred, value]``;
     ``running``: task instances awaiting their end, key → attempt;
-    ``fanin``: open iterations, key of the iterated instance → ``[left, outputs]``.
+    ``fanin``: open iterations, key of the iterated instance → ``[left, outputs]``;
+    ``attempts``: for tasks on or after a cycle only (they can start more than once), the last attempt number used per key, so
+    that each new invocation of the same instance gets a new attempt number (and so
+    a new task instance id) instead of starting again at 1.
     """
 
     status: str = RUNNING
     waiting: dict[str, list[list[Any]]] = field(default_factory=dict)
     running: dict[str, int] = field(default_factory=dict)
     fanin: dict[str, list[Any]] = field(default_factory=dict)
+    attempts: dict[str, int] = field(default_factory=dict)
     output: Any = None
     error: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         data: dict[str, Any] = {"status": self.status}
-        for name in ("waiting", "running", "fanin"):
+        for name in ("waiting", "running", "fanin", "attempts"):
             value = getattr(self, name)
             if value:
                 data[name] = value
@@ -102,6 +106,7 @@ class State:
             waiting=data.get("waiting", {}),
             running=data.get("running", {}),
             fanin=data.get("fanin", {}),
+            attempts=data.get("attempts", {}),
             output=data.get("output"),
             error=data.get("error"),
         )
@@ -139,6 +144,7 @@ class Machine:
                 inner, threshold = frozenset(), max(1, len(preds))
             self.inner.append(inner)
             self.threshold.append(threshold)
+        self.cyclic = _downstream(_nodes_on_cycles(self.successors), self.successors)
 
     # -- transitions -------------------------------------------------------------
 
@@ -183,6 +189,8 @@ class Machine:
         node, path = parse_key(key)
         if retry:
             state.running[key] = attempt + 1
+            if node in self.cyclic:
+                state.attempts[key] = attempt + 1
             return [self._task_action(node, path, key, attempt + 1, input)]
         del state.running[key]
         name = self.nodes[node].name or self.nodes[node].kind
@@ -278,8 +286,11 @@ class Machine:
             if spec.iterate:
                 self._fan_out(state, node, path, value, queue, actions, trace)
             else:
-                state.running[key] = 1
-                actions.append(self._task_action(node, path, key, 1, value))
+                attempt = 1
+                if node in self.cyclic:  # a new invocation: a new attempt number
+                    attempt = state.attempts[key] = state.attempts.get(key, 0) + 1
+                state.running[key] = attempt
+                actions.append(self._task_action(node, path, key, attempt, value))
         elif kind is NodeKind.SOURCE:
             self._ended(
                 state, node, path, spec.params if spec.params is not None else {}, queue, trace
@@ -370,6 +381,61 @@ class Machine:
     def _fail(state: State, failure: _Failure) -> list[Action]:
         state.status, state.error = FAILED, failure.reason
         return [Failed(failure.reason, failure.key)]
+
+
+def _nodes_on_cycles(successors: list[list[int]]) -> frozenset[int]:
+    """Nodes that can reach themselves (Tarjan's strongly connected components, iterative)."""
+    index: dict[int, int] = {}
+    low: dict[int, int] = {}
+    on_stack: set[int] = set()
+    stack: list[int] = []
+    cyclic: set[int] = set()
+    counter = 0
+    for root in range(len(successors)):
+        if root in index:
+            continue
+        work = [(root, 0)]
+        while work:
+            node, child = work.pop()
+            if child == 0:
+                index[node] = low[node] = counter
+                counter += 1
+                stack.append(node)
+                on_stack.add(node)
+            if child < len(successors[node]):
+                work.append((node, child + 1))
+                nxt = successors[node][child]
+                if nxt not in index:
+                    work.append((nxt, 0))
+                elif nxt in on_stack:
+                    low[node] = min(low[node], index[nxt])
+                continue
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1 or node in successors[node]:
+                    cyclic.update(component)
+            if work:
+                parent = work[-1][0]
+                low[parent] = min(low[parent], low[node])
+    return frozenset(cyclic)
+
+
+def _downstream(nodes: frozenset[int], successors: list[list[int]]) -> frozenset[int]:
+    """``nodes`` and every node reachable from them."""
+    seen = set(nodes)
+    frontier = list(nodes)
+    while frontier:
+        for nxt in successors[frontier.pop()]:
+            if nxt not in seen:
+                seen.add(nxt)
+                frontier.append(nxt)
+    return frozenset(seen)
 
 
 def _kind_of(value: Any) -> str:

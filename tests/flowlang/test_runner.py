@@ -184,3 +184,24 @@ def test_a_duplicate_end_changes_nothing() -> None:
     (b,) = machine.task_ended(state, a.key, a.attempt, {"x": 1})
     assert machine.task_ended(state, a.key, a.attempt, {"x": 1}) == []
     assert b.name == "B" and state.running == {b.key: 1}
+
+
+def test_each_round_of_a_cycle_is_a_new_attempt_of_the_same_instance() -> None:
+    result = run(compile_text("A → B → :start; C"), lambda c: {}, max_tasks=9)
+    attempts = [(call.name, call.key, call.attempt) for call in result.calls if call.name == "A"]
+    assert attempts == [("A", "1", 1), ("A", "1", 2), ("A", "1", 3)]
+    rounds_of_c = [call.attempt for call in result.calls if call.name == "C"]
+    assert rounds_of_c == list(range(1, len(rounds_of_c) + 1))
+
+
+def test_nodes_on_or_after_a_cycle_are_found_and_others_are_not() -> None:
+    from flowlang.machine import Machine
+
+    graph = compile_text("A → B → :start; C → D")
+    names = {n.id: n.name or str(n.kind) for n in graph.nodes}
+    assert {names[n] for n in Machine(graph).cyclic} == {"start", "A", "B", "C", "D", "end"}
+    graph = compile_text("X → { A → B → :start; C } → Y")
+    names = {n.id: n.name or str(n.kind) for n in graph.nodes}
+    assert {names[n] for n in Machine(graph).cyclic} >= {"A", "B", "Y"}
+    assert "X" not in {names[n] for n in Machine(graph).cyclic}
+    assert Machine(compile_text("A → { B C } → D")).cyclic == frozenset()

@@ -175,3 +175,21 @@ def test_a_retry_after_backoff_waits_on_a_durable_timer(harness: Harness, redis_
     harness.pump(fails_once)
     assert calls == [1, 2]
     assert load_workflow(redis_client, keys, workflow).output == {"ok": 2}
+
+
+def test_a_cycle_runs_on_redis_with_a_new_task_instance_id_each_round(
+    harness: Harness, redis_client
+) -> None:
+    from lifecycle.submit import terminate_workflow
+
+    keys = Keys()
+    workflow = harness.submit(compile_text("A → B → :start"))
+    for _ in range(8):
+        harness.advance()
+        harness.work(echo)
+    terminate_workflow(redis_client, workflow)
+    harness.pump(echo)
+    ids = [decode(f)["id"] for _, f in redis_client.xrange(keys.tasks("default"))]
+    assert len(ids) >= 6 and len(set(ids)) == len(ids)
+    assert f"{workflow}/1/3" in ids  # A's third round
+    assert load_workflow(redis_client, keys, workflow).status == "terminated"
