@@ -74,9 +74,9 @@ class State:
     ``waiting``: activations of instances below their threshold, ``[pred, value]``;
     ``running``: task instances awaiting their end, key → attempt;
     ``fanin``: open iterations, key of the iterated instance → ``[left, outputs]``;
-    ``attempts``: for tasks on or after a cycle only (they can start more than once), the last attempt number used per key, so
-    that each new invocation of the same instance gets a new attempt number (and so
-    a new task instance id) instead of starting again at 1.
+    ``attempts``: for tasks on or after a cycle only (they can start more than once),
+    the last attempt number used per key, so that each new invocation of the same
+    instance gets a new attempt number (and so a new task instance id).
     """
 
     status: str = RUNNING
