@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import orjson
 import redis
@@ -29,8 +29,9 @@ from lifecycle.errors import BadEvent, FlowNotStored, LifecycleError
 from lifecycle.keys import Keys, task_kind
 from lifecycle.policy import Policy, split_params
 from lifecycle.store import GraphCache
+from rqse import fastpipe
 
-__all__ = ["Advancer", "BatchResult"]
+__all__ = ["Advancer", "BatchResult", "Commit", "Pending"]
 
 log = logging.getLogger(__name__)
 
@@ -109,6 +110,24 @@ class _Commit:
         ]
 
 
+Pending, Commit = _Pending, _Commit  # public for replay (lifecycle/replay.py)
+
+
+class GraphSource(Protocol):  # GraphCache live; the archive's graphs in replay
+    def machine(self, digest: str) -> Machine: ...
+
+
+def _is_noscript(reply: Any) -> bool:
+    return isinstance(reply, redis.exceptions.NoScriptError)
+
+
+def _raise_errors(replies: list[Any]) -> list[Any]:
+    for reply in replies:
+        if isinstance(reply, BaseException):
+            raise reply
+    return replies
+
+
 def _keys_needing_input(item: _Pending) -> list[str]:
     """Task instances whose input a retry may need: failures, timeouts, retries."""
     return [
@@ -134,9 +153,26 @@ class Advancer:
         self.client = client
         self.keys = keys or Keys()
         self.clock = clock
-        self.graphs = GraphCache(client, self.keys)
+        self.graphs: GraphSource = GraphCache(client, self.keys)
         self.script = client.register_script(_SCRIPT)
         self._policies: dict[tuple[str, int], tuple[Any, Policy]] = {}
+
+    @classmethod
+    def offline(
+        cls, graphs: GraphSource, keys: Keys | None = None, clock: Callable[[], int] = _ms
+    ) -> Advancer:
+        """No Redis: for replay, which runs live execution's own :meth:`compute`."""
+        advancer = cls.__new__(cls)
+        advancer.keys = keys or Keys()
+        advancer.clock = clock
+        advancer.graphs = graphs
+        advancer._policies = {}
+        return advancer
+
+    def compute(self, item: Pending, result: BatchResult) -> Commit | None:
+        """The pure step: apply ``item.events`` to ``item.state`` and return what to commit
+        (None when nothing changes). No Redis call once the graph is cached."""
+        return self._compute(item, result)
 
     # -- public ------------------------------------------------------------------
 
@@ -201,11 +237,20 @@ class Advancer:
         return None
 
     def _load(self, pending: list[_Pending]) -> None:
-        pipe = self.client.pipeline(transaction=False)
-        for item in pending:
-            fields = [f"n:{key}" for key in _keys_needing_input(item)]
-            pipe.hmget(self.keys.workflow(item.workflow), "v", "s", "g", *fields)
-        for item, values in zip(pending, pipe.execute(), strict=True):
+        commands = [
+            (
+                "HMGET",
+                self.keys.workflow(item.workflow),
+                "v",
+                "s",
+                "g",
+                *[f"n:{key}" for key in _keys_needing_input(item)],
+            )
+            for item in pending
+        ]
+        for item, values in zip(
+            pending, _raise_errors(fastpipe.execute(self.client, commands)), strict=True
+        ):
             version, state, digest, *inputs = values
             item.version = version.decode() if version else ""
             item.state = State.from_dict(orjson.loads(state)) if state else None
@@ -219,11 +264,22 @@ class Advancer:
     def _commit(self, commits: list[tuple[_Pending, _Commit]]) -> list[bool]:
         if not commits:
             return []
-        pipe = self.client.pipeline(transaction=False)
         group = self.keys.lifecycle_group
-        for item, commit in commits:
-            self.script(keys=commit.stream_keys, args=commit.args(group, item.version), client=pipe)
-        return [bool(won) for won in pipe.execute()]
+        commands = [
+            (
+                "EVALSHA",
+                self.script.sha,
+                len(commit.stream_keys),
+                *commit.stream_keys,
+                *commit.args(group, item.version),
+            )
+            for item, commit in commits
+        ]
+        replies = fastpipe.execute(self.client, commands)
+        if any(_is_noscript(reply) for reply in replies):  # after a restart or SCRIPT FLUSH
+            self.client.script_load(_SCRIPT)
+            replies = fastpipe.execute(self.client, commands)
+        return [bool(won) for won in _raise_errors(replies)]
 
     # -- one workflow ------------------------------------------------------------
 

@@ -14,6 +14,7 @@ from typing import Any
 import redis
 
 from rqse.events import Fields
+from rqse.fastpipe import execute_transaction
 
 __all__ = ["Outbox"]
 
@@ -56,17 +57,30 @@ class Outbox:
         its stream before that entry's acknowledgement is visible.
         """
         try:
-            commands = len(self.adds) + len(self.deletes) + sum(1 for a in self.acks.values() if a)
-            if not commands:
-                return
-            pipe = client.pipeline(transaction=commands > 1)
+            commands: list[list[Any]] = []
             for stream, fields, options in self.adds:
-                pipe.xadd(stream, fields, **options)
+                command: list[Any] = ["XADD", stream, *_trim_arguments(options), "*"]
+                for name, value in fields.items():
+                    command += (name, value)
+                commands.append(command)
             for stream, ids in self.deletes:
-                pipe.xdel(stream, *ids)
+                commands.append(["XDEL", stream, *ids])
             for stream, acks in self.acks.items():
                 if acks:
-                    pipe.xack(stream, group, *acks)
-            pipe.execute()
+                    commands.append(["XACK", stream, group, *acks])
+            if commands:
+                execute_transaction(client, commands)
         finally:
             self.clear()
+
+
+def _trim_arguments(options: dict[str, Any]) -> list[Any]:
+    """XADD's MAXLEN/MINID arguments from redis-py style keyword options."""
+    if not options:
+        return []
+    approximate = ["~"] if options.get("approximate", True) else []
+    if options.get("maxlen") is not None:
+        return ["MAXLEN", *approximate, options["maxlen"]]
+    if options.get("minid") is not None:
+        return ["MINID", *approximate, options["minid"]]
+    return []
