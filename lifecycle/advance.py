@@ -50,6 +50,7 @@ class BatchResult:
     duplicates: list[str] = field(default_factory=list)  # event ids that changed nothing
     rejected: list[tuple[str, str]] = field(default_factory=list)  # (event id, reason)
     conflicts: int = 0  # recomputations after another worker won
+    acknowledged: list[str] = field(default_factory=list)  # event ids XACKed by advance.lua
 
 
 @dataclass
@@ -191,6 +192,9 @@ class Advancer:
                     commits.append((item, commit))
             outcome = self._commit(commits)
             retry = [item for (item, _), won in zip(commits, outcome, strict=True) if not won]
+            for (_, commit), won in zip(commits, outcome, strict=True):
+                if won:
+                    result.acknowledged += commit.acks
             result.committed += len(commits) - len(retry)
             result.conflicts += len(retry)
             pending = retry

@@ -101,6 +101,25 @@ def wait_for_end(
             started = sum(1 for n in names if n.startswith(b"n:"))
             ended = sum(1 for n in names if n.startswith(b"o:"))
             progress.update(bar, completed=ended, total=max(started, _task_total(graph), 1))
+            final = _ended_from_record(client, keys, workflow_id)
+            if final is not None:  # the end event was trimmed away before we read it
+                return final
+    return None
+
+
+def _ended_from_record(client: redis.Redis, keys: Keys, workflow_id: str) -> dict[str, Any] | None:
+    raw = client.hget(keys.workflow(workflow_id), "s")
+    state = orjson.loads(raw) if raw else {}
+    status = state.get("status")
+    if status == "finished":
+        return {"kind": ev.END_WORKFLOW, "workflow": workflow_id, "output": state.get("output")}
+    if status in ("failed", "terminated"):
+        return {
+            "kind": ev.FAILED_WORKFLOW,
+            "workflow": workflow_id,
+            "status": status,
+            "reason": state.get("error"),
+        }
     return None
 
 

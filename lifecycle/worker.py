@@ -45,10 +45,12 @@ class LifecycleWorker(EventListener):
         if self.timers is not None:
             self.timers.stop()
 
-    def process_batch(self, batch: list[tuple[str, dict[str, Any]]]) -> None:
+    def process_batch(self, batch: list[tuple[str, dict[str, Any]]]) -> list[str]:
+        """Advance; return the ids advance.lua acknowledged with its commits."""
         result = self.advancer.apply(batch)
         for event_id, reason in result.rejected:
             log.warning("lifecycle: rejected %s", reason)
             self.reject(event_id, reason)
         if result.conflicts:
             log.debug("lifecycle: %d recomputations after concurrent advances", result.conflicts)
+        return result.acknowledged

@@ -80,8 +80,10 @@ class BatchHandler:
     # A subclass that overrides process_batch() gets the whole batch of decoded,
     # selected events in one call instead of one process() call per event: for
     # consumers that group work across events (the lifecycle batches its Redis
-    # round trips). Returning acknowledges them all; raising leaves them all
-    # pending, as a raising process() does; reject() dead-letters one of them.
+    # round trips). Returning acknowledges them all — except the event ids it
+    # returns, which it says it acknowledged itself (atomically with its own
+    # writes); raising leaves them all pending, as a raising process() does;
+    # reject() dead-letters one of them.
     process_batch: Any = None
 
     def reject(self, event_id: str, reason: str) -> None:
@@ -175,7 +177,7 @@ class BatchHandler:
     ) -> None:
         entries = self._batch_entries
         try:
-            self.process_batch(batch)
+            acknowledged = self.process_batch(batch) or ()
         except Exception as error:
             self.stats.failed += len(batch)
             for event_id, _ in batch:
@@ -183,8 +185,10 @@ class BatchHandler:
                 if self._failed(stream, entry_id, fields, error, deliveries):
                     acks.append(entry_id)
             return
+        skip = set(acknowledged) - self._rejected
         for event_id, _ in batch:
-            acks.append(entries[event_id][0])
+            if event_id not in skip:
+                acks.append(entries[event_id][0])
         self.stats.processed += len(batch) - len(self._rejected)
 
     def _failed(
