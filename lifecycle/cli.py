@@ -82,6 +82,9 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("file", nargs="?", help="the .flow file (default: a built-in example)")
     demo.add_argument("--input", help="workflow input: JSON text, or @file.json")
     demo.add_argument("--delay-max", type=float, default=0.3, help="simulated task time, max s")
+    from lifecycle.audit_cli import add_commands
+
+    add_commands(commands, common)  # receipts, replay, history
     return parser
 
 
@@ -93,6 +96,11 @@ def main(argv: list[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     keys = Keys(args.prefix)
+    from lifecycle.audit_cli import run_command
+
+    code = run_command(args, keys)
+    if code is not None:
+        return code
     try:
         if args.command == "demo":
             from lifecycle.demo import demo

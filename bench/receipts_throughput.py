@@ -1,0 +1,176 @@
+"""Receipts worker throughput: how fast the archive fills, and whether it keeps up.
+
+``python -m bench.receipts_throughput filled --events 100000``
+    fill the lifecycle and a task stream with realistic engine events, then time
+    one receipts worker (in this process) archiving all of them: events/s and
+    bytes per event, fsync per batch included.
+``python -m bench.receipts_throughput engine --workflows 10000 --shape chain10``
+    the engine benchmark's setup (private Redis, one lifecycle and one no-op
+    worker process) plus a receipts worker process that trims: time until every
+    workflow ended, then until the archive caught up (the lag), and the peak
+    stream lengths sampled every 50 ms.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+import orjson
+import redis
+
+from bench.engine import SHAPES, _spawn, _stop
+from flowlang.compiler import compile_text
+from lifecycle.archive import SegmentSink
+from lifecycle.keys import LIFECYCLE_GROUP, RECEIPTS_GROUP, Keys
+from lifecycle.receipts import ReceiptsWorker
+from lifecycle.submit import start_workflows
+from rqse.server import RedisServer
+
+KEYS = Keys()
+
+
+def _fill(client: redis.Redis, events: int) -> None:
+    """Half start-task, half end-task events shaped like the chain10 benchmark's."""
+    client.sadd(KEYS.kinds, "default")
+    pipe = client.pipeline(transaction=False)
+    for n in range(events // 2):
+        workflow, key = f"w{n // 10}", str(n % 10 + 1)
+        start = {
+            "kind": "start-task",
+            "workflow": workflow,
+            "name": f"A{key}",
+            "index": int(key),
+            "key": key,
+            "attempt": 1,
+            "id": f"{workflow}/{key}/1",
+            "input": {"n": n // 10},
+            "parameters": {},
+        }
+        end = {**start, "kind": "end-task", "status": "SUCCESS", "output": {"n": n // 10}}
+        end["worker"] = "noop-host-1234-abcdef"
+        del end["input"], end["parameters"]
+        pipe.xadd(KEYS.tasks("default"), {k: orjson.dumps(v) for k, v in start.items()})
+        pipe.xadd(KEYS.lifecycle, {k: orjson.dumps(v) for k, v in end.items()})
+        if n % 5000 == 0:
+            pipe.execute()
+    pipe.execute()
+
+
+def filled(args: argparse.Namespace) -> dict[str, Any]:
+    with RedisServer() as server, tempfile.TemporaryDirectory() as directory:
+        client = redis.Redis.from_url(server.url)
+        _fill(client, args.events)
+        sink = SegmentSink(
+            directory, segment_bytes=int(args.segment_mb * (1 << 20)), compress=args.compress
+        )
+        worker = ReceiptsWorker(
+            client, sink, KEYS, batch_size=args.batch_size, block_ms=50, trim_every=None
+        )
+        began = time.perf_counter()
+        stats = worker.run(idle_timeout=0.2)
+        elapsed = time.perf_counter() - began - 0.2  # the idle wait at the end is not work
+        sink.close()
+        size = sum(p.stat().st_size for p in Path(directory).glob("segment-*"))
+        return {
+            "events": stats.archived,
+            "seconds": round(elapsed, 2),
+            "events_per_s": round(stats.archived / elapsed),
+            "bytes_per_event": round(sink.bytes_written / stats.archived, 1),
+            "bytes_per_event_on_disk": round(size / stats.archived, 1),
+            "fsyncs": stats.batches,
+        }
+
+
+def _caught_up(client: redis.Redis, streams: list[str]) -> bool:
+    for stream in streams:
+        last = client.xinfo_stream(stream)["last-generated-id"]
+        groups = {g["name"].decode(): g for g in client.xinfo_groups(stream)}
+        group = groups.get(RECEIPTS_GROUP)
+        if group is None or group["pending"] or group["last-delivered-id"] != last:
+            return False
+    return True
+
+
+def engine(args: argparse.Namespace) -> dict[str, Any]:
+    text, per_workflow = SHAPES[args.shape]
+    graph = compile_text(text)
+    streams = [KEYS.lifecycle, KEYS.tasks("default")]
+    with ExitStack() as stack:
+        server = stack.enter_context(RedisServer())
+        directory = stack.enter_context(tempfile.TemporaryDirectory())
+        client = redis.Redis.from_url(server.url)
+        procs = [
+            _spawn(server.url, "lifecycle", "worker", "--consumer", "lc0"),
+            _spawn(server.url, "workers", "noop", "--kinds", "default", "--consumer", "w0"),
+        ]
+        if not args.no_receipts:
+            procs.append(_spawn(server.url, "lifecycle", "receipts", "--archive", directory))
+        stack.callback(_stop, procs)
+        time.sleep(1.0)
+        began = time.perf_counter()
+        ids = [f"w{i}" for i in range(args.workflows)]
+        start_workflows(client, graph, [{"n": i} for i in range(args.workflows)], ids, KEYS)
+        peaks = dict.fromkeys(streams, 0)
+        ended_at = None
+        while True:
+            for stream in streams:
+                peaks[stream] = max(peaks[stream], int(client.xlen(stream)))
+            if ended_at is None:
+                ends = client.xinfo_groups(KEYS.lifecycle)
+                lag = {g["name"].decode(): g for g in ends}.get(LIFECYCLE_GROUP)
+                done = client.zcard(KEYS.workflows) == args.workflows and lag and not lag["lag"]
+                if done and _all_ended(client, ids):
+                    ended_at = time.perf_counter()
+            if ended_at is not None and (args.no_receipts or _caught_up(client, streams)):
+                break
+            if time.perf_counter() - began > args.timeout:
+                raise SystemExit("timed out")
+            time.sleep(0.05)
+        caught_up = time.perf_counter()
+        archived = sum(client.xinfo_stream(s)["entries-added"] for s in streams)
+    wall = ended_at - began
+    return {
+        "shape": args.shape,
+        "workflows": args.workflows,
+        "receipts": not args.no_receipts,
+        "engine_wall_s": round(wall, 2),
+        "tasks_per_s": round(args.workflows * per_workflow / wall),
+        "events_written": archived,
+        "engine_events_per_s": round(archived / wall),
+        "archive_lag_after_end_s": round(caught_up - ended_at, 2),
+        "peak_stream_lengths": peaks,
+    }
+
+
+def _all_ended(client: redis.Redis, ids: list[str]) -> bool:
+    pipe = client.pipeline(transaction=False)
+    for workflow in ids:
+        pipe.hget(KEYS.workflow(workflow), "ended")
+    return all(pipe.execute())
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.receipts_throughput")
+    parser.add_argument("mode", choices=["filled", "engine"])
+    parser.add_argument("--events", type=int, default=100_000)
+    parser.add_argument("--batch-size", type=int, default=1000)
+    parser.add_argument("--compress", action="store_true")
+    parser.add_argument("--segment-mb", type=float, default=64.0)
+    parser.add_argument("--workflows", type=int, default=10_000)
+    parser.add_argument("--shape", choices=sorted(SHAPES), default="chain10")
+    parser.add_argument("--no-receipts", action="store_true", help="engine alone, to compare")
+    parser.add_argument("--timeout", type=float, default=300.0)
+    args = parser.parse_args(argv)
+    result = filled(args) if args.mode == "filled" else engine(args)
+    sys.stdout.write(orjson.dumps(result, option=orjson.OPT_INDENT_2).decode() + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

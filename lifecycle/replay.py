@@ -1,0 +1,238 @@
+"""Replay: rebuild every workflow from the archive alone and prove it matches.
+
+Each workflow's lifecycle inputs (start-workflow, end-task, retry-task,
+timeout-task, terminate-workflow) are fed, in archive order (= the lifecycle
+stream's order), one at a time to :meth:`lifecycle.advance.Advancer.compute`
+— the very code the live lifecycle worker runs before its commit — with the
+graph from the archive. What that produces is checked against what the
+engine archived: every start-task it emits must exist with the same input and
+parameters, every archived start-task must be emitted, and the end-workflow
+or failed-workflow must agree. The first mismatch names the diverging input
+event. Optionally the result is compared with the workflow's live record.
+
+Why archive order is enough (docs/audit.md, "Replay ordering"): events that
+touch one task attempt are causally ordered in the stream — an end-task is
+written after its start-task was committed, a retry after the failure that
+caused it — and joins sort their inputs, so stream order and any order in
+which concurrent lifecycle workers applied them give the same state, outputs
+and attempt numbers. Where they could differ (an end-task racing a timeout of
+the same attempt), the start-task check reports it instead of hiding it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+import redis
+
+from flowlang.graph import Graph
+from flowlang.machine import Machine, State
+from lifecycle import events as ev
+from lifecycle.advance import Advancer, BatchResult, Pending
+from lifecycle.archive import id_order
+from lifecycle.errors import BadEvent, FlowNotStored, UnknownWorkflow
+from lifecycle.history import Entry, timeline
+from lifecycle.keys import Keys
+from lifecycle.store import load_workflow
+from lifecycle.verify import Finding
+
+__all__ = ["ArchiveGraphs", "WorkflowReplay", "compare_live", "replay_workflow"]
+
+_START_FIELDS = ("name", "index", "key", "attempt", "input", "parameters")
+
+
+class ArchiveGraphs:
+    """Compiled graphs from the archive's graph records, checked against their hash."""
+
+    def __init__(self) -> None:
+        self.texts: dict[str, str] = {}
+        self._machines: dict[str, Machine] = {}
+
+    def add(self, digest: str, text: str) -> Finding | None:
+        graph = Graph.from_json(text)
+        if graph.content_hash() != digest:
+            return Finding(f"graph record {digest}: its text hashes to {graph.content_hash()}")
+        self.texts[digest] = text
+        return None
+
+    def machine(self, digest: str) -> Machine:
+        found = self._machines.get(digest)
+        if found is None:
+            if digest not in self.texts:
+                raise FlowNotStored(f"compiled flow {digest} is not in the archive")
+            found = self._machines[digest] = Machine(Graph.from_json(self.texts[digest]))
+        return found
+
+
+@dataclass
+class WorkflowReplay:
+    """One workflow rebuilt from the archive."""
+
+    workflow: str
+    inputs: list[Entry] = field(default_factory=list)  # lifecycle inputs, archive order
+    emitted: list[Entry] = field(default_factory=list)  # start-task, end-/failed-workflow
+    state: State | None = None
+    fields: dict[str, Any] = field(default_factory=dict)  # the hash fields live would hold
+    divergence: Finding | None = None
+    live: str = "not checked"  # "equal", "different", "not in Redis", "not checked"
+    rejected: list[str] = field(default_factory=list)  # inputs live dead-lettered too
+
+    @property
+    def graph(self) -> str | None:
+        value = self.fields.get("g")
+        return value.decode() if isinstance(value, bytes) else value
+
+    def diverge(self, entry_id: str, stream: str | None, message: str) -> None:
+        if self.divergence is None:  # the first one is the one that matters
+            self.divergence = Finding(message, self.workflow, entry_id, stream)
+
+    def summary(self) -> dict[str, Any]:
+        state = self.state
+        return {
+            "workflow": self.workflow,
+            "graph": self.graph,
+            "state": state.status if state else "never started",
+            "output": state.output if state and state.status == "finished" else None,
+            "error": state.error if state else None,
+            "equal": self.divergence is None,
+            "divergence": self.divergence.message if self.divergence else None,
+            "diverging_event": self.divergence.event if self.divergence else None,
+            "live": self.live,
+            "timeline": timeline(self.inputs + self.emitted),
+        }
+
+
+def replay_workflow(item: WorkflowReplay, graphs: ArchiveGraphs, keys: Keys) -> WorkflowReplay:
+    """Feed ``item.inputs`` to the live transition code; check against ``item.emitted``."""
+    now = [0]
+    advancer = Advancer.offline(graphs, keys, clock=lambda: now[0])
+    starts: dict[str, Entry] = {}
+    ends: list[Entry] = []
+    for entry in item.emitted:
+        if entry[2].get("kind") == ev.START_TASK:
+            if entry[2].get("id") in starts:
+                item.diverge(entry[1], entry[0], f"start-task {entry[2]['id']} archived twice")
+            starts[str(entry[2].get("id"))] = entry
+        else:
+            ends.append(entry)
+    matched: set[str] = set()
+    version = 0
+    for stream, entry_id, event in item.inputs:
+        kind = event.get("kind")
+        now[0] = id_order(entry_id)[0]
+        try:
+            parsed = Advancer._parse(entry_id, kind, event)
+        except BadEvent as error:
+            item.rejected.append(str(error))
+            continue
+        pending = Pending(item.workflow, [(entry_id, kind, parsed)], str(version or ""))
+        pending.state, pending.digest = item.state, item.graph
+        key = getattr(parsed, "key", None)
+        if key is not None and f"n:{key}" in item.fields:
+            pending.inputs = {key: orjson.loads(item.fields[f"n:{key}"])[2]}
+        result = BatchResult()
+        commit = advancer.compute(pending, result)
+        item.rejected += [reason for _, reason in result.rejected]
+        if commit is None:
+            continue  # a duplicate or stale event: live ignored it too
+        version += 1
+        names, values = commit.fields[::2], commit.fields[1::2]
+        item.fields.update(zip(names, values, strict=True))
+        item.state = State.from_dict(orjson.loads(item.fields["s"]))
+        for out_stream, out in _emitted(commit):
+            where = f"event {entry_id} ({kind} of {item.workflow})"
+            if out["kind"] == ev.START_TASK:
+                archived = starts.get(out["id"])
+                if archived is None:
+                    item.diverge(
+                        entry_id,
+                        stream,
+                        f"{where}: replay starts {out['id']}, the archive never did",
+                    )
+                    continue
+                matched.add(out["id"])
+                for name in _START_FIELDS:
+                    if archived[2].get(name) != out.get(name):
+                        item.diverge(
+                            entry_id,
+                            stream,
+                            f"{where}: start-task {out['id']} field {name!r} is "
+                            f"{_short(archived[2].get(name))} in the archive, "
+                            f"replay computes {_short(out.get(name))}",
+                        )
+                        break
+                if archived[0] != out_stream:
+                    item.diverge(entry_id, stream, f"{where}: {out['id']} sent to {archived[0]}")
+            else:
+                archived_end = ends.pop(0) if ends else None
+                if archived_end is None:
+                    item.diverge(
+                        entry_id, stream, f"{where}: replay ends it, the archive never did"
+                    )
+                    continue
+                for name in ("kind", "output", "reason"):
+                    if archived_end[2].get(name) != out.get(name):
+                        item.diverge(
+                            entry_id,
+                            stream,
+                            f"{where}: {out['kind']} field {name!r} is "
+                            f"{_short(archived_end[2].get(name))} in the archive "
+                            f"({archived_end[1]}), replay computes {_short(out.get(name))}",
+                        )
+                        break
+    for task_id, (stream, entry_id, _) in starts.items():
+        if task_id not in matched:
+            item.diverge(
+                entry_id, stream, f"archived start-task {task_id} ({entry_id}) never started"
+            )
+    for stream, entry_id, event in ends:
+        item.diverge(entry_id, stream, f"archived {event.get('kind')} {entry_id} never happened")
+    return item
+
+
+def _emitted(commit: Any) -> Iterable[tuple[str, dict[str, Any]]]:
+    """The events an advance would XADD: (stream, event), decoded from the script args."""
+    flat, position = commit.events, 0
+    while position < len(flat):
+        index, count = flat[position], flat[position + 1]
+        pairs = flat[position + 2 : position + 2 + 2 * count]
+        position += 2 + 2 * count
+        names, values = pairs[::2], pairs[1::2]
+        event = {name: orjson.loads(value) for name, value in zip(names, values, strict=True)}
+        yield commit.stream_keys[index - 1], event
+
+
+def _short(value: Any, limit: int = 120) -> str:
+    text = orjson.dumps(value).decode()
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def compare_live(client: redis.Redis, keys: Keys, item: WorkflowReplay) -> None:
+    """Set ``item.live``: does the live record agree with the replay (times aside)?"""
+    try:
+        record = load_workflow(client, keys, item.workflow)
+    except UnknownWorkflow:
+        item.live = "not in Redis"
+        return
+    replayed = item.state.to_dict() if item.state else {}
+    problems = []
+    if record.state.to_dict() != replayed:
+        problems.append(f"state {_short(record.state.to_dict())} live, {_short(replayed)} replayed")
+    for key, (attempt, _, task_input) in record.starts.items():
+        mine = orjson.loads(item.fields.get(f"n:{key}", b"null")) or [None, None, None]
+        if [attempt, task_input] != [mine[0], mine[2]]:
+            problems.append(f"task {key} start [{attempt}, ...] live, [{mine[0]}, ...] replayed")
+    for key, end in record.ends.items():
+        mine = orjson.loads(item.fields.get(f"o:{key}", b"null")) or [None] * 5
+        if end[1:] != mine[1:]:
+            problems.append(f"task {key} end {_short(end[1:])} live, {_short(mine[1:])} replayed")
+    extra = {k[2:] for k in item.fields if k.startswith("n:")} - set(record.starts)
+    if extra:
+        problems.append(f"tasks {sorted(extra)} started in replay only")
+    item.live = "equal" if not problems else "different"
+    if problems:
+        last = item.inputs[-1][1] if item.inputs else None
+        item.diverge(last or "", None, f"workflow {item.workflow}: live differs: {problems[0]}")

@@ -1,0 +1,140 @@
+"""The receipts worker: every entry archived once, across crashes, restarts and trimming."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import orjson
+import redis
+
+from flowlang.compiler import compile_text
+from lifecycle.archive import SegmentSink, read_archive
+from lifecycle.audit import audit_archive
+from lifecycle.keys import RECEIPTS_GROUP
+from lifecycle.receipts import ReceiptsWorker
+from lifecycle.submit import start_workflow
+from tests.lifecycle.audit_helpers import (
+    KEYS,
+    archive_all,
+    assert_exactly_once,
+    engine_streams,
+    run_in_harness,
+)
+from tests.lifecycle.harness import Harness
+
+
+def test_every_entry_of_every_engine_stream_is_archived_once_with_stream_and_id(
+    redis_client: redis.Redis, tmp_path: Path
+) -> None:
+    run_in_harness(redis_client, 20)
+    worker = archive_all(redis_client, tmp_path)
+    counts = assert_exactly_once(redis_client, tmp_path)
+    assert set(counts) == {KEYS.lifecycle, KEYS.tasks("default")}
+    assert worker.stats.archived == sum(counts.values())
+    graphs = [r for _, r in read_archive(tmp_path) if "graph" in r]
+    assert len(graphs) == 1  # archived once, before the first start-workflow naming it
+
+
+def test_entries_pending_when_the_worker_died_are_archived_once_after_a_restart(
+    redis_client: redis.Redis, tmp_path: Path
+) -> None:
+    run_in_harness(redis_client, 10)
+    archive_all(redis_client, tmp_path)
+    run_in_harness(redis_client, 5)  # more entries; a worker reads them and dies unacked
+    for stream in engine_streams(redis_client):
+        redis_client.xreadgroup(RECEIPTS_GROUP, "receipts", {stream: ">"}, count=7)
+    worker = archive_all(redis_client, tmp_path)
+    assert worker.stats.archived > 0
+    assert_exactly_once(redis_client, tmp_path)
+
+
+def test_entries_archived_but_not_acknowledged_before_a_crash_are_not_archived_again(
+    redis_client: redis.Redis, tmp_path: Path
+) -> None:
+    run_in_harness(redis_client, 10)
+    first = archive_all(redis_client, tmp_path)
+    # As if the process died between fsync and XACK: every entry is delivered again.
+    for stream in engine_streams(redis_client):
+        redis_client.xgroup_setid(stream, RECEIPTS_GROUP, "0")
+    second = archive_all(redis_client, tmp_path)
+    assert second.stats.archived == 0
+    assert second.stats.skipped == first.stats.archived
+    assert_exactly_once(redis_client, tmp_path)
+
+
+def test_a_line_torn_by_a_crash_is_dropped_and_its_entry_archived_again(
+    redis_client: redis.Redis, tmp_path: Path
+) -> None:
+    run_in_harness(redis_client, 3)
+    archive_all(redis_client, tmp_path)
+    (segment,) = tmp_path.glob("segment-*.jsonl")
+    data = segment.read_bytes()
+    last = data.rstrip(b"\n").rsplit(b"\n", 1)[1]
+    segment.write_bytes(data[: -len(last) // 2 - 1])  # half of the last line, no newline
+    stream, entry_id = orjson.loads(last)["stream"], orjson.loads(last)["id"]
+    redis_client.xgroup_setid(stream, RECEIPTS_GROUP, "0")
+    worker = archive_all(redis_client, tmp_path)
+    assert worker.stats.archived == 1
+    assert_exactly_once(redis_client, tmp_path)
+    assert audit_archive(tmp_path, KEYS).ok
+    assert entry_id in {r.get("id") for _, r in read_archive(tmp_path)}
+
+
+def test_segments_rotate_by_size_compress_when_closed_and_replay_reads_them_all(
+    redis_client: redis.Redis, tmp_path: Path
+) -> None:
+    run_in_harness(redis_client, 30)
+    archive_all(redis_client, tmp_path, batch_size=50, segment_bytes=20_000, compress=True)
+    packed = sorted(tmp_path.glob("segment-*.jsonl.gz"))
+    assert len(packed) >= 3 and len(list(tmp_path.glob("segment-*.jsonl"))) == 1
+    assert_exactly_once(redis_client, tmp_path)
+    report = audit_archive(tmp_path, KEYS, client=redis_client)
+    assert report.ok, report.first_problem
+
+
+def test_a_second_worker_on_the_same_archive_is_refused(tmp_path: Path) -> None:
+    sink = SegmentSink(tmp_path)
+    try:
+        SegmentSink(tmp_path)
+    except Exception as error:  # noqa: BLE001 - checking the message
+        assert "another receipts worker holds it" in str(error)
+    else:
+        raise AssertionError("two sinks opened one archive")
+    finally:
+        sink.close()
+
+
+def test_task_kinds_that_appear_while_running_are_archived_too(
+    redis_client: redis.Redis, tmp_path: Path
+) -> None:
+    harness = Harness(redis_client, KEYS)
+    sink = SegmentSink(tmp_path)
+    worker = ReceiptsWorker(redis_client, sink, KEYS, block_ms=20, rescan_every=0.0)
+    harness.submit(compile_text("A"), {}, "one")
+    harness.pump(lambda call: call.input)
+    worker.run(idle_timeout=0.2)
+    harness.submit(compile_text("ml:train → B"), {}, "two")  # a new kind: ml
+    harness.pump(lambda call: call.input)
+    worker.run(idle_timeout=0.2)
+    sink.close()
+    assert KEYS.tasks("ml") in worker.streams
+    assert_exactly_once(redis_client, tmp_path)
+
+
+def test_trimming_keeps_only_what_a_group_still_needs_and_the_archive_stays_complete(
+    redis_client: redis.Redis, tmp_path: Path
+) -> None:
+    run_in_harness(redis_client, 20)
+    sink = SegmentSink(tmp_path)
+    worker = ReceiptsWorker(redis_client, sink, KEYS, block_ms=20, trim_every=0.0)
+    # A stream whose engine group does not exist yet is never trimmed.
+    start_workflow(redis_client, compile_text("orphan:task"), {}, "orphan")
+    worker.run(idle_timeout=0.3)
+    worker.run(idle_timeout=0.1)  # one more turn: trim after the last acknowledgement
+    sink.close()
+    # XTRIM MINID keeps the bound itself: each group's last-delivered entry stays.
+    assert redis_client.xlen(KEYS.tasks("default")) == 1
+    last = redis_client.xrevrange(KEYS.lifecycle, count=1)[0][1]
+    assert redis_client.xlen(KEYS.lifecycle) == 2 and b"orphan" in last[b"workflow"]
+    assert worker.stats.trimmed > 0
+    assert_exactly_once(redis_client, tmp_path)
