@@ -16,7 +16,6 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -25,6 +24,7 @@ import redis
 
 from flowlang.machine import Failed, Finished, Machine, StartTask, State
 from lifecycle import events as ev
+from lifecycle.commit import BatchResult, Commit, Pending, timer_member
 from lifecycle.errors import BadEvent, FlowNotStored, LifecycleError
 from lifecycle.keys import Keys, task_kind
 from lifecycle.policy import Policy, split_params
@@ -44,76 +44,6 @@ def _ms() -> int:
     return int(time.time() * 1000)
 
 
-@dataclass
-class BatchResult:
-    committed: int = 0  # workflows advanced
-    duplicates: list[str] = field(default_factory=list)  # event ids that changed nothing
-    rejected: list[tuple[str, str]] = field(default_factory=list)  # (event id, reason)
-    conflicts: int = 0  # recomputations after another worker won
-    acknowledged: list[str] = field(default_factory=list)  # event ids XACKed by advance.lua
-
-
-@dataclass
-class _Pending:
-    """One workflow's events in this batch and what they produce."""
-
-    workflow: str
-    events: list[tuple[str, str, Any]]  # (event id, kind, parsed event)
-    version: str = ""
-    state: State | None = None
-    digest: str | None = None
-    inputs: dict[str, Any] = field(default_factory=dict)  # task inputs loaded for retries
-
-
-class _Commit:
-    """The arguments of one advance.lua call, built up as actions are carried out."""
-
-    def __init__(self, keys: Keys, workflow: str) -> None:
-        self.keys = keys
-        self.stream_keys = [keys.workflow(workflow), keys.lifecycle, keys.timers, keys.workflows]
-        self.stream_index: dict[str, int] = {}
-        self.acks: list[str] = []
-        self.fields: list[Any] = []
-        self.events: list[Any] = []
-        self.event_count = 0
-        self.timers: list[Any] = []
-        self.cancels: list[str] = []
-        self.created = ""
-
-    def set(self, name: str, value: Any) -> None:
-        self.fields += (name, value)
-
-    def append(self, stream: str, event: dict[str, Any]) -> None:
-        index = 2 if stream == self.keys.lifecycle else self.stream_index.get(stream)
-        if index is None:
-            self.stream_keys.append(stream)
-            index = self.stream_index[stream] = len(self.stream_keys)
-        self.events += (index, len(event))
-        for name, value in event.items():
-            self.events += (name, _dumps(value))
-        self.event_count += 1
-
-    def args(self, group: str, version: str) -> list[Any]:
-        return [
-            group,
-            version,
-            len(self.acks),
-            *self.acks,
-            len(self.fields) // 2,
-            *self.fields,
-            self.event_count,
-            *self.events,
-            len(self.timers) // 2,
-            *self.timers,
-            len(self.cancels),
-            *self.cancels,
-            self.created,
-        ]
-
-
-Pending, Commit = _Pending, _Commit  # public for replay (lifecycle/replay.py)
-
-
 class GraphSource(Protocol):  # GraphCache live; the archive's graphs in replay
     def machine(self, digest: str) -> Machine: ...
 
@@ -129,17 +59,13 @@ def _raise_errors(replies: list[Any]) -> list[Any]:
     return replies
 
 
-def _keys_needing_input(item: _Pending) -> list[str]:
+def _keys_needing_input(item: Pending) -> list[str]:
     """Task instances whose input a retry may need: failures, timeouts, retries."""
     return [
         event.key
         for _, kind, event in item.events
         if kind in (ev.RETRY_TASK, ev.TIMEOUT_TASK) or (kind == ev.END_TASK and not event.success)
     ]
-
-
-def _timer_member(kind: str, workflow: str, key: str, attempt: int) -> str:
-    return _dumps({"kind": kind, "workflow": workflow, "key": key, "attempt": attempt}).decode()
 
 
 class Advancer:
@@ -209,8 +135,8 @@ class Advancer:
 
     def _group(
         self, entries: list[tuple[str, dict[str, Any]]], result: BatchResult
-    ) -> list[_Pending]:
-        by_workflow: dict[str, _Pending] = {}
+    ) -> list[Pending]:
+        by_workflow: dict[str, Pending] = {}
         for event_id, event in entries:
             kind = event.get("kind")
             try:
@@ -224,7 +150,7 @@ class Advancer:
             workflow = parsed.workflow if not isinstance(parsed, tuple) else parsed[0]
             item = by_workflow.get(workflow)
             if item is None:
-                item = by_workflow[workflow] = _Pending(workflow, [])
+                item = by_workflow[workflow] = Pending(workflow, [])
             item.events.append((event_id, kind, parsed))
         return list(by_workflow.values())
 
@@ -240,7 +166,7 @@ class Advancer:
             return ev.parse_terminate(event_id, event)
         return None
 
-    def _load(self, pending: list[_Pending]) -> None:
+    def _load(self, pending: list[Pending]) -> None:
         commands = [
             (
                 "HMGET",
@@ -265,7 +191,7 @@ class Advancer:
                 if raw is not None
             }
 
-    def _commit(self, commits: list[tuple[_Pending, _Commit]]) -> list[bool]:
+    def _commit(self, commits: list[tuple[Pending, Commit]]) -> list[bool]:
         if not commits:
             return []
         group = self.keys.lifecycle_group
@@ -287,8 +213,8 @@ class Advancer:
 
     # -- one workflow ------------------------------------------------------------
 
-    def _compute(self, item: _Pending, result: BatchResult) -> _Commit | None:
-        commit = _Commit(self.keys, item.workflow)
+    def _compute(self, item: Pending, result: BatchResult) -> Commit | None:
+        commit = Commit(self.keys, item.workflow)
         now = self.clock()
         state = item.state
         machine: Machine | None = None
@@ -336,10 +262,10 @@ class Advancer:
         self,
         machine: Machine,
         state: State,
-        item: _Pending,
+        item: Pending,
         kind: str,
         event: Any,
-        commit: _Commit,
+        commit: Commit,
         now: int,
     ) -> list[Any] | None:
         """One event against the state; None when it changes nothing."""
@@ -366,7 +292,7 @@ class Advancer:
         if kind == ev.RETRY_TASK:
             return [machine.task_action(key, attempt, item.inputs.get(key))]
         if policy.timeout:
-            commit.cancels.append(_timer_member(ev.TIMEOUT_TASK, item.workflow, key, attempt))
+            commit.cancels.append(timer_member(ev.TIMEOUT_TASK, item.workflow, key, attempt))
         if kind == ev.END_TASK and event.success:
             commit.set(f"o:{key}", _dumps([now, True, event.output, None, event.worker]))
             return machine.task_ended(state, key, attempt, event.output)
@@ -379,7 +305,7 @@ class Advancer:
         actions = machine.task_failed(state, key, attempt, reason, retry, item.inputs.get(key))
         delay = policy.retry_delay(attempt) if retry else 0
         if retry and delay > 0:
-            member = _timer_member(ev.RETRY_TASK, item.workflow, key, attempt + 1)
+            member = timer_member(ev.RETRY_TASK, item.workflow, key, attempt + 1)
             commit.timers += (now + int(delay * 1000), member)
             return []
         return actions
@@ -388,9 +314,9 @@ class Advancer:
         self,
         machine: Machine,
         state: State,
-        item: _Pending,
+        item: Pending,
         actions: list[Any],
-        commit: _Commit,
+        commit: Commit,
         now: int,
     ) -> None:
         workflow = item.workflow
@@ -414,7 +340,7 @@ class Advancer:
                     },
                 )
                 if policy.timeout:
-                    member = _timer_member(ev.TIMEOUT_TASK, workflow, action.key, action.attempt)
+                    member = timer_member(ev.TIMEOUT_TASK, workflow, action.key, action.attempt)
                     commit.timers += (now + int(policy.timeout * 1000), member)
             elif isinstance(action, Finished):
                 commit.set("ended", now)
@@ -429,7 +355,7 @@ class Advancer:
                     {"kind": ev.FAILED_WORKFLOW, "workflow": workflow, "reason": action.reason},
                 )
 
-    def _policy(self, item: _Pending, machine: Machine, key: str) -> tuple[Any, Policy]:
+    def _policy(self, item: Pending, machine: Machine, key: str) -> tuple[Any, Policy]:
         """(parameters the task sees, retry/timeout policy) of a node, cached per graph."""
         node = int(key.split(".", 1)[0])
         cache_key = (item.digest or "", node)

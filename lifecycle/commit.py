@@ -1,0 +1,90 @@
+"""What one advance of one workflow writes: the arguments of one ``advance.lua`` call.
+
+Built by :mod:`lifecycle.advance` as the machine's actions are carried out,
+and by replay, which runs the same code without Redis.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from flowlang.machine import State
+from lifecycle.keys import Keys
+
+__all__ = ["BatchResult", "Commit", "Pending", "timer_member"]
+
+_dumps = orjson.dumps
+
+
+@dataclass
+class BatchResult:
+    committed: int = 0  # workflows advanced
+    duplicates: list[str] = field(default_factory=list)  # event ids that changed nothing
+    rejected: list[tuple[str, str]] = field(default_factory=list)  # (event id, reason)
+    conflicts: int = 0  # recomputations after another worker won
+    acknowledged: list[str] = field(default_factory=list)  # event ids XACKed by advance.lua
+
+
+@dataclass
+class Pending:
+    """One workflow's events in this batch and what they produce."""
+
+    workflow: str
+    events: list[tuple[str, str, Any]]  # (event id, kind, parsed event)
+    version: str = ""
+    state: State | None = None
+    digest: str | None = None
+    inputs: dict[str, Any] = field(default_factory=dict)  # task inputs loaded for retries
+
+
+class Commit:
+    """The arguments of one advance.lua call, built up as actions are carried out."""
+
+    def __init__(self, keys: Keys, workflow: str) -> None:
+        self.keys = keys
+        self.stream_keys = [keys.workflow(workflow), keys.lifecycle, keys.timers, keys.workflows]
+        self.stream_index: dict[str, int] = {}
+        self.acks: list[str] = []
+        self.fields: list[Any] = []
+        self.events: list[Any] = []
+        self.event_count = 0
+        self.timers: list[Any] = []
+        self.cancels: list[str] = []
+        self.created = ""
+
+    def set(self, name: str, value: Any) -> None:
+        self.fields += (name, value)
+
+    def append(self, stream: str, event: dict[str, Any]) -> None:
+        index = 2 if stream == self.keys.lifecycle else self.stream_index.get(stream)
+        if index is None:
+            self.stream_keys.append(stream)
+            index = self.stream_index[stream] = len(self.stream_keys)
+        self.events += (index, len(event))
+        for name, value in event.items():
+            self.events += (name, _dumps(value))
+        self.event_count += 1
+
+    def args(self, group: str, version: str) -> list[Any]:
+        return [
+            group,
+            version,
+            len(self.acks),
+            *self.acks,
+            len(self.fields) // 2,
+            *self.fields,
+            self.event_count,
+            *self.events,
+            len(self.timers) // 2,
+            *self.timers,
+            len(self.cancels),
+            *self.cancels,
+            self.created,
+        ]
+
+
+def timer_member(kind: str, workflow: str, key: str, attempt: int) -> str:
+    return _dumps({"kind": kind, "workflow": workflow, "key": key, "attempt": attempt}).decode()
