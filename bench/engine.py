@@ -111,7 +111,7 @@ def throughput(args: argparse.Namespace) -> Figures:
         procs: dict[str, list[subprocess.Popen[bytes]]] = {"lifecycle": [], "noop": []}
         for n in range(args.lifecycle):
             procs["lifecycle"].append(
-                _spawn(server.url, "lifecycle", "worker", "--consumer", f"lc{n}")
+                _spawn(server.url, "lifecycle", "worker", "--no-wait", "--consumer", f"lc{n}")
             )
         for n in range(args.workers):
             procs["noop"].append(

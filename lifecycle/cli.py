@@ -53,6 +53,11 @@ def _parser() -> argparse.ArgumentParser:
     worker.add_argument("--consumer", help="stable consumer name (default: host-pid-random)")
     worker.add_argument("--no-timers", action="store_true", help="do not fire retry/timeout timers")
     worker.add_argument(
+        "--no-wait",
+        action="store_true",
+        help="do not serve the built-in wait: tasks (run python -m workers wait elsewhere)",
+    )
+    worker.add_argument(
         "--claim-idle",
         type=float,
         default=10.0,
@@ -193,5 +198,24 @@ def _worker(args: argparse.Namespace, client: redis.Redis, keys: Keys) -> int:
     logging.getLogger(__name__).info(
         "lifecycle worker %s listening on %s", worker.consumer, keys.lifecycle
     )
-    worker.listen()
+    wait = None
+    if not args.no_wait:
+        # The built-in wait: kind runs beside the lifecycle by default (issue 6); its
+        # state lives in Redis, so stopping this thread loses no registered wait.
+        from workers.wait import WaitWorker
+
+        wait = WaitWorker(
+            keys,
+            pool=client.connection_pool,
+            consumer=args.consumer,
+            claim_idle=args.claim_idle,
+            handle_signals=False,
+        )
+        wait.start()
+    try:
+        worker.listen()
+    finally:
+        if wait is not None:
+            wait.stop()
+            wait.join(10)
     return EXIT_OK

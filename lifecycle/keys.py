@@ -19,6 +19,8 @@ LIFECYCLE_GROUP = "lifecycle"
 # Consumer groups live inside a stream, so one name serves every kind: the
 # group on {flow}:tasks:<kind> is that kind's group, shared by its workers.
 TASK_GROUP = "workers"
+# The receipts worker's group on every engine stream (lifecycle, task kinds, dead letters).
+RECEIPTS_GROUP = "receipts"
 
 
 def task_kind(name: str, node_kind: str = "task") -> str:
@@ -80,3 +82,37 @@ class Keys:
     def graph(self, content_hash: str) -> str:
         """A compiled graph's canonical JSON, stored once per content hash, shared."""
         return f"{self.prefix}:graph:{content_hash}"
+
+    # -- Built-in wait: tasks (workers/wait.py, docs/workers.md) ------------------------
+    # Durable state of waits in progress; a WaitWorker restart loses none of it.
+
+    @property
+    def waits(self) -> str:
+        """Hash of registered waits: task instance id -> JSON record (the end-task to
+        send when the wait is over). Removing a field is what makes an end-task once."""
+        return f"{self.prefix}:wait:tasks"
+
+    @property
+    def wait_delays(self) -> str:
+        """Sorted set of wait:delay task instance ids, scored by due time (ms, Redis clock)."""
+        return f"{self.prefix}:wait:delays"
+
+    def wait_events(self, event_kind: str) -> str:
+        """Hash of wait:event waits for events of ``event_kind``: task id -> JSON
+        ``{match, since, receipt}``."""
+        return f"{self.prefix}:wait:event:{event_kind}"
+
+    def latch(self, name: str) -> str:
+        """Counter of one global countdown latch (absent = 0)."""
+        return f"{self.prefix}:latch:{name}"
+
+    def latch_waiters(self, name: str) -> str:
+        """Set of wait:countdown task instance ids waiting for ``name`` to reach 0."""
+        return f"{self.prefix}:latch-waiting:{name}"
+
+
+# -- Built-in wait: tasks (workers/wait.py) ------------------------------------------
+WAIT_KIND = "wait"  # the built-in kind: {flow}:tasks:wait, served by workers.wait.WaitWorker
+# The WaitWorker's group on {flow}:lifecycle (wait:event watches that stream); its
+# own name, so that it never shares entries with any other reader of the stream.
+WAIT_EVENTS_GROUP = "wait"

@@ -1,28 +1,38 @@
-"""``python -m workers``: run the no-op or simulating task workers."""
+"""``python -m workers``: run task workers — your own, the built-in ones, the simulators."""
 
 from __future__ import annotations
 
 import argparse
 import logging
 import sys
+from typing import Any
 
 import redis
 
 from lifecycle.keys import Keys
 from rqse.connection import RedisSettings
 from rqse.errors import RqseError
-from workers.noop import NoopWorker, SimulatedWorker, served_kinds
+from workers.errors import WorkerError
 
 __all__ = ["main"]
 
+EXIT_OK = 0  # stopped cleanly (signal, or every listener returned)
+EXIT_STOPPED_BADLY = 1  # a listener died, or a task was still running at the drain deadline
+EXIT_ERROR = 2  # bad arguments, a class that cannot be loaded, Redis unreachable
+
 EPILOG = """\
 examples:
+  python -m workers run examples.upper:Upper --concurrency 8   # your TaskListener, 8 threads
+  python -m workers run examples.seed_worker:CountWorker --kind count
+  python -m workers wait                       # the built-in wait: kind (delay, event, latches)
+  python -m workers resource --base-dir flows/ # URI sources and sinks
   python -m workers noop                       # end every task at once (benchmarks, tests)
   python -m workers simulate --delay-max 2 --failures 10
-  python -m workers noop --kinds default ml    # only these kinds
 
-Without --kinds, serves every kind known when it starts except built-in ones (wait).
-exit codes: 0 stopped cleanly, 2 error (bad arguments, Redis unreachable).
+noop/simulate without --kinds serve every kind known when they start except built-in ones (wait).
+exit codes: 0 stopped cleanly, 1 a worker died or did not drain in time, 2 error (bad arguments,
+class not loadable, Redis unreachable).
+Redis: --redis-url, else REDIS_URL, else REDIS_HOST/REDIS_PORT/REDIS_USERNAME/REDIS_PASSWORD.
 """
 
 
@@ -36,31 +46,64 @@ def _parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--redis-url", help="redis://, rediss:// or unix:// URL")
     common.add_argument("--prefix", default="{flow}", help="key prefix (hash tag), default {flow}")
-    common.add_argument("--kinds", nargs="+", help="task kinds to serve")
     common.add_argument("--consumer", help="stable consumer name")
     common.add_argument("--claim-idle", type=float, default=30.0, help="seconds before claiming")
+    common.add_argument("-v", "--verbose", action="store_true", help="log debug messages")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    commands.add_parser("noop", parents=[common], help="end every task at once, output = input")
-    simulate = commands.add_parser("simulate", parents=[common], help="random delays and failures")
+
+    kinds = argparse.ArgumentParser(add_help=False)
+    kinds.add_argument("--kinds", nargs="+", help="task kinds to serve")
+    commands.add_parser("noop", parents=[common, kinds], help="end every task at once")
+    simulate = commands.add_parser(
+        "simulate", parents=[common, kinds], help="random delays and failures"
+    )
     simulate.add_argument("--delay-max", type=float, default=1.0, help="longest task, seconds")
     simulate.add_argument("--failures", type=float, default=0.0, help="percent of tasks that fail")
     simulate.add_argument("--seed", type=int, help="random seed")
+
+    run = commands.add_parser("run", parents=[common], help="run a listener class")
+    run.add_argument("target", metavar="module:Class", help="an rqse.EventListener subclass")
+    run.add_argument("--concurrency", type=int, default=1, help="instances (threads), default 1")
+    run.add_argument("--kind", help="task kind (seed-style: required)")
+    run.add_argument("--drain-timeout", type=float, default=30.0, help="seconds to finish on stop")
+
+    wait = commands.add_parser("wait", parents=[common], help="the built-in wait: kind")
+    wait.add_argument("--no-events", action="store_true", help="leave wait:event to others")
+
+    resource = commands.add_parser("resource", parents=[common], help="URI sources and sinks")
+    resource.add_argument("--base-dir", default=".", help="where relative paths resolve")
+    resource.add_argument("--concurrency", type=int, default=4, help="instances (threads)")
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     keys = Keys(args.prefix)
     try:
         settings = RedisSettings.resolve(url=args.redis_url)
         pool = settings.pool()
+        redis.Redis(connection_pool=pool).ping()
+        return _command(args, keys, pool)
+    except (RqseError, WorkerError, ValueError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return EXIT_ERROR
+    except redis.RedisError as error:
+        print(f"error: Redis: {error}", file=sys.stderr)
+        return EXIT_ERROR
+
+
+def _command(args: argparse.Namespace, keys: Keys, pool: redis.ConnectionPool) -> int:
+    options: dict[str, Any] = {"consumer": args.consumer, "claim_idle": args.claim_idle}
+    if args.command in ("noop", "simulate"):
+        from workers.noop import NoopWorker, SimulatedWorker, served_kinds
+
         kinds = served_kinds(redis.Redis(connection_pool=pool), keys, args.kinds)
-        options = {"consumer": args.consumer, "pool": pool, "claim_idle": args.claim_idle}
         if args.command == "noop":
-            worker: NoopWorker = NoopWorker(kinds, keys, **options)
+            worker: NoopWorker = NoopWorker(kinds, keys, pool=pool, **options)
         else:
             worker = SimulatedWorker(
                 kinds,
@@ -68,10 +111,53 @@ def main(argv: list[str] | None = None) -> int:
                 delay_max=args.delay_max,
                 failures=args.failures,
                 seed=args.seed,
+                pool=pool,
                 **options,
             )
         worker.listen()
-    except (RqseError, redis.RedisError) as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
-    return 0
+        return EXIT_OK
+    if args.command == "wait":
+        from workers.wait import WaitWorker
+
+        WaitWorker(keys, pool=pool, events=not args.no_events, **options).listen()
+        return EXIT_OK
+    from workers.runner import Runner, build_listener, load_listener_class
+
+    if args.concurrency < 1:
+        raise ValueError(f"--concurrency {args.concurrency}: expected 1 or more")
+    if args.command == "resource":
+        from workers.resources import ResourceWorker
+
+        cls: Any = ResourceWorker
+        extra = {"base_dir": args.base_dir, "claim_idle": args.claim_idle}
+        kind = None
+    else:
+        cls = load_listener_class(args.target)
+        extra = {"claim_idle": args.claim_idle} if _takes(cls, "claim_idle") else {}
+        kind = args.kind
+    listeners = [
+        build_listener(
+            cls,
+            keys=keys,
+            pool=pool,
+            consumer=_consumer(args.consumer, n, args.concurrency),
+            kind=kind,
+            options=extra,
+        )
+        for n in range(args.concurrency)
+    ]
+    return Runner(listeners, drain_timeout=getattr(args, "drain_timeout", 30.0)).run()
+
+
+def _consumer(name: str | None, n: int, count: int) -> str | None:
+    """``NAME`` for one instance, ``NAME-0``, ``NAME-1``... for several; None: rqse's."""
+    if name is None:
+        return None
+    return name if count == 1 else f"{name}-{n}"
+
+
+def _takes(cls: type, name: str) -> bool:
+    import inspect
+
+    parameters = inspect.signature(cls).parameters.values()
+    return any(p.name == name or p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters)

@@ -1,0 +1,94 @@
+"""Run flows against a real Redis with workers in threads, and wait on conditions."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import orjson
+import redis
+
+from flowlang.compiler import compile_text
+from lifecycle.keys import Keys
+from lifecycle.submit import start_workflow
+from lifecycle.worker import LifecycleWorker
+
+KEYS = Keys()
+
+
+def wait_until(condition: Callable[[], Any], timeout: float = 10.0, what: str = "it") -> Any:
+    """Poll ``condition`` until truthy (returned) or fail after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(0.02)
+
+
+def state(client: redis.Redis, workflow: str) -> dict[str, Any]:
+    raw = client.hget(KEYS.workflow(workflow), "s")
+    return orjson.loads(raw) if raw else {}
+
+
+def wait_for_end(client: redis.Redis, workflow: str, timeout: float = 10.0) -> dict[str, Any]:
+    """The workflow's state once finished, failed or terminated."""
+    return wait_until(
+        lambda: (s := state(client, workflow)).get("status") not in (None, "running") and s,
+        timeout,
+        f"workflow {workflow} to end",
+    )
+
+
+def submit(
+    client: redis.Redis, flow: str, input: Any = None, workflow_id: str | None = None
+) -> str:
+    return start_workflow(client, compile_text(flow), input, workflow_id)
+
+
+def events(client: redis.Redis, stream: str, kind: str | None = None) -> list[tuple[str, dict]]:
+    """(id, event) of every entry of ``stream`` (of one kind)."""
+    found = []
+    for entry_id, fields in client.xrange(stream):
+        event = {k.decode(): orjson.loads(v) for k, v in fields.items()}
+        if kind is None or event.get("kind") == kind:
+            found.append((entry_id.decode(), event))
+    return found
+
+
+def entry_ms(entry_id: str) -> int:
+    return int(entry_id.split("-")[0])
+
+
+class Threads:
+    """Listeners (anything with ``listen()`` and ``stop()``) running in daemon threads."""
+
+    def __init__(self, pool: redis.ConnectionPool) -> None:
+        self.pool = pool
+        self.running: list[tuple[Any, threading.Thread]] = []
+
+    def start(self, listener: Any) -> Any:
+        thread = threading.Thread(target=listener.listen, daemon=True)
+        thread.start()
+        self.running.append((listener, thread))
+        return listener
+
+    def lifecycle(self) -> LifecycleWorker:
+        return self.start(LifecycleWorker(pool=self.pool, handle_signals=False, block_ms=100))
+
+    def stop(self, listener: Any) -> None:
+        for running, thread in self.running:
+            if running is listener:
+                running.stop()
+                thread.join(timeout=10)
+
+    def stop_all(self) -> None:
+        for listener, _ in self.running:
+            listener.stop()
+        for _, thread in self.running:
+            thread.join(timeout=10)
+        self.running.clear()

@@ -1,0 +1,197 @@
+"""The task contract: ``TaskListener``, a worker for one task kind, and the ``Task`` it runs.
+
+Subclass :class:`TaskListener`, set ``kind`` and override :meth:`TaskListener.run`::
+
+    class Upper(TaskListener):
+        kind = "text"                      # serves tasks named text:..., stream {flow}:tasks:text
+
+        def run(self, task: Task) -> Any:
+            return {"text": task.input["text"].upper()}
+
+    Upper().listen()                       # or: python -m workers run mymodule:Upper
+
+The return value becomes a SUCCESS ``end-task`` with that output; an exception
+becomes a FAILURE with ``"<ExceptionType>: <message>"`` as its error (the
+lifecycle applies ``$retries``). The end-task is written in the same
+transaction as the acknowledgement of the start-task, so a worker killed in
+between runs the task again on redelivery: ``run`` must tolerate repeats
+(``task.id`` is the idempotency key of the attempt).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from time import monotonic
+from typing import Any, ClassVar
+
+import redis
+
+from lifecycle.events import START_TASK, end_task
+from lifecycle.keys import TASK_GROUP, Keys
+from rqse import EventListener
+from workers.errors import BadTask
+from workers.scripts import load_script
+
+__all__ = ["HandBack", "Task", "TaskListener"]
+
+log = logging.getLogger(__name__)
+
+_ENDED = frozenset({"finished", "failed", "terminated", "missing", "replaced"})
+
+
+class HandBack(Exception):  # noqa: N818 - a signal to the listener, not an error
+    """Raise from ``run`` to leave the task unanswered and pending: another worker (or
+    this one after a restart) takes it over after ``claim_idle``. For shutdowns."""
+
+
+class _CancelCheck:
+    """Asks Redis at most once per ``interval`` whether the attempt is still wanted."""
+
+    def __init__(self, script: Any, key: str, node: str, attempt: int | None, interval: float):
+        self._script = script
+        self._args = [node, "" if attempt is None else str(attempt)]
+        self._key = key
+        self._interval = interval
+        self._checked = float("-inf")
+        self._lock = threading.Lock()
+        self.state = "running"
+
+    def __call__(self) -> bool:
+        with self._lock:
+            if self.state not in _ENDED and monotonic() - self._checked >= self._interval:
+                self._checked = monotonic()
+                raw = self._script(keys=[self._key], args=self._args)
+                self.state = raw.decode() if isinstance(raw, bytes) else str(raw)
+            return self.state in _ENDED
+
+
+@dataclass(frozen=True, slots=True)
+class Task:
+    """One task attempt, as a worker sees it.
+
+    ``key`` is the node instance (``"3"``, or ``"3.0.2"`` inside iterations);
+    ``id`` (``<workflow>/<key>/<attempt>``) names the attempt and is what
+    idempotent side effects should be keyed on. ``parameters`` never contains the
+    reserved ``$`` names.
+    """
+
+    workflow: str
+    name: str
+    index: int | None
+    key: str
+    attempt: int | None
+    id: str
+    input: Any
+    parameters: Mapping[str, Any]
+    event_id: str = ""
+    _cancel: Any = field(default=None, repr=False, compare=False)
+
+    @property
+    def kind(self) -> str:
+        """The name's prefix before ``:`` (``wait`` for ``wait:delay``), else ``default``."""
+        prefix, colon, _ = self.name.partition(":")
+        return prefix if colon else "default"
+
+    @property
+    def operation(self) -> str:
+        """The name after the kind prefix (``delay`` for ``wait:delay``)."""
+        return self.name.partition(":")[2] or self.name
+
+    def cancelled(self) -> bool:
+        """True once the workflow has ended (terminated, failed, finished) or this attempt
+        is no longer its running one (timed out). Cheap: at most one small Redis call
+        per ``cancel_check_interval`` seconds, and sticky once True."""
+        return bool(self._cancel()) if self._cancel is not None else False
+
+    @classmethod
+    def from_event(cls, event_id: str, event: Mapping[str, Any], cancel: Any = None) -> Task:
+        """The task of a start-task event; raises BadTask without workflow or name."""
+        workflow, name = event.get("workflow"), event.get("name")
+        if not isinstance(workflow, str) or not isinstance(name, str):
+            raise BadTask(
+                f"start-task {event_id}: needs string 'workflow' and 'name', "
+                f"got {workflow!r} and {name!r}"
+            )
+        index = event.get("index")
+        key = str(event.get("key", index))
+        attempt = event.get("attempt")
+        parameters = event.get("parameters") or {}
+        return cls(
+            workflow=workflow,
+            name=name,
+            index=index if isinstance(index, int) else None,
+            key=key,
+            attempt=attempt if isinstance(attempt, int) else None,
+            id=str(event.get("id") or f"{workflow}/{key}/{attempt or 1}"),
+            input=event.get("input"),
+            parameters=parameters if isinstance(parameters, Mapping) else {},
+            event_id=event_id,
+            _cancel=cancel,
+        )
+
+
+class TaskListener(EventListener):
+    """An :class:`rqse.EventListener` bound to one task kind: ``{flow}:tasks:<kind>``,
+    group ``workers`` (shared by every worker of the kind, so each task goes to one).
+
+    ``kind`` comes from the argument or the class attribute. Other keyword options
+    are the listener's (``consumer``, ``pool``/``url``, ``claim_idle``, ...);
+    ``batch_size`` defaults to 1 here, so a slow task never holds others back —
+    raise it for fast tasks, and use several instances (``--concurrency``) for
+    parallel ones. While ``run`` works, rqse's lease keeps the start-task from
+    being claimed by another worker, however long it takes; if the process dies
+    the lease lapses and a peer takes the task over after ``claim_idle``.
+    """
+
+    kind: ClassVar[str | None] = None
+    cancel_check_interval: ClassVar[float] = 1.0
+
+    def __init__(self, kind: str | None = None, keys: Keys | None = None, **options: Any):
+        kind = kind or type(self).kind
+        if not kind or not isinstance(kind, str):
+            raise ValueError(
+                f"{type(self).__name__}: no task kind (pass kind= or set the class attribute)"
+            )
+        self.kind = kind  # type: ignore[misc]  # the instance's own, from the argument
+        self.keys = keys or Keys()
+        options.setdefault("batch_size", 1)
+        super().__init__(self.keys.tasks(kind), TASK_GROUP, [START_TASK], **options)
+        self._attempt_state = load_script(self.connection, "attempt_state")
+
+    def run(self, task: Task) -> Any:
+        """Do the task; return its output (None means ``{}``). Raise to fail it."""
+        raise NotImplementedError(f"{type(self).__name__}.run() is not implemented")
+
+    def task(self, event_id: str, event: Mapping[str, Any]) -> Task:
+        """The Task of a start-task event, with its cancellation check."""
+        workflow = event.get("workflow")
+        key = str(event.get("key", event.get("index")))
+        attempt = event.get("attempt")
+        cancel = _CancelCheck(
+            self._attempt_state,
+            self.keys.workflow(str(workflow)),
+            key,
+            attempt if isinstance(attempt, int) else None,
+            self.cancel_check_interval,
+        )
+        return Task.from_event(event_id, event, cancel)
+
+    def process(self, event_id: str, event: dict[str, Any]) -> bool:
+        task = self.task(event_id, event)
+        try:
+            output = self.run(task)
+        except HandBack:
+            log.info("task %s: handed back by %s", task.id, self.consumer)
+            raise
+        except redis.ConnectionError:
+            raise  # Redis went away, not the task: leave it pending, retried later
+        except Exception as error:
+            log.info("task %s: %s failed: %s", task.id, task.name, error, exc_info=True)
+            message = f"{type(error).__name__}: {error}"
+            self.emit(end_task(event, error=message, worker=self.consumer), self.keys.lifecycle)
+            return True
+        self.emit(end_task(event, output, worker=self.consumer), self.keys.lifecycle)
+        return True

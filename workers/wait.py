@@ -1,0 +1,233 @@
+"""The built-in ``wait:`` kind: delays, event waits and countdown latches, durable in Redis.
+
+:class:`WaitWorker` runs three loops that share nothing but Redis:
+
+* :class:`WaitTaskListener` reads ``{flow}:tasks:wait`` (group ``workers``) and
+  takes each start-task with ``wait_register.lua``: the acknowledgement and the
+  registration (or the immediate end-task) are one atomic step;
+* :class:`DelayPump` polls ``{flow}:wait:delays`` and ends due delays with
+  ``fire_delays.lua``, each once however many pumps run;
+* :class:`~workers.wait_events.EventWatcher` reads ``{flow}:lifecycle``
+  (group ``wait``) and ends matching event waits.
+
+No wait lives in a sleeping thread: stop or kill a WaitWorker at any point and
+another (or the same, restarted) carries on where it left off. The crash
+windows are written down in ``docs/workers.md``.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any
+
+import orjson
+import redis
+
+from lifecycle.events import end_task
+from lifecycle.keys import TASK_GROUP, WAIT_KIND, Keys
+from rqse import EventListener
+from rqse.events import encode_event
+from rqse.listener import default_consumer_name
+from workers.errors import BadTask, TemplateError, WaitParameterError
+from workers.scripts import load_script
+from workers.task import Task
+from workers.wait_events import EventWatcher, entry_order
+from workers.waitspec import Delay, EventWait, Latch, wait_spec
+
+__all__ = ["DelayPump", "WaitTaskListener", "WaitWorker"]
+
+log = logging.getLogger(__name__)
+
+# Fields the scripts add when the wait ends; everything else is fixed at registration.
+_OUTCOME = ("status", "output", "error")
+
+
+def wait_record(event: dict[str, Any], worker: str) -> bytes:
+    """The record a registered wait keeps: the end-task fields, encoded, minus the outcome."""
+    answer = end_task(event, worker=worker)
+    fields = encode_event({k: v for k, v in answer.items() if k not in _OUTCOME})
+    flat: list[str] = []
+    for name, value in fields.items():
+        flat += (name, value.decode())
+    output = event.get("input")
+    output = {} if output is None else output
+    return orjson.dumps({"fields": flat, "output": orjson.dumps(output).decode()})
+
+
+class WaitTaskListener(EventListener):
+    """Takes ``wait:`` start-tasks: registers their waits (or ends them) atomically with
+    their acknowledgement, a whole batch in one pipeline."""
+
+    def __init__(self, keys: Keys | None = None, **options: Any) -> None:
+        self.keys = keys or Keys()
+        options.setdefault("batch_size", 200)
+        options.setdefault("claim_idle", 10.0)
+        super().__init__(self.keys.tasks(WAIT_KIND), TASK_GROUP, ["start-task"], **options)
+        self._register = load_script(self.connection, "wait_register")
+        self.outcomes = {0: 0, 1: 0, 2: 0, 3: 0}  # taken already / ended / waiting / failed
+
+    def process_batch(self, batch: list[tuple[str, dict[str, Any]]]) -> list[str]:
+        pipe = self.connection.pipeline(transaction=False)
+        taken = []
+        for event_id, event in batch:
+            try:
+                task = Task.from_event(event_id, event)
+            except BadTask as error:
+                self.reject(event_id, str(error))  # cannot be answered: no workflow
+                continue
+            keys, args = self._registration(task, event)
+            self._register(keys=keys, args=[self.group, event_id, *args], client=pipe)
+            taken.append(event_id)
+        for outcome in pipe.execute():
+            self.outcomes[int(outcome)] += 1
+        return taken  # wait_register.lua acknowledged each of them
+
+    def _registration(self, task: Task, event: dict[str, Any]) -> tuple[list[str], list[Any]]:
+        """KEYS and the ARGV after group and entry id for wait_register.lua."""
+        k = self.keys
+        record = wait_record(event, self.consumer)
+        base = [k.tasks(WAIT_KIND), k.lifecycle, k.waits]
+        try:
+            spec = wait_spec(task)
+        except (WaitParameterError, TemplateError) as error:
+            log.info("task %s: %s", task.id, error)
+            return [*base, k.waits, k.waits], ["fail", task.id, record, str(error)]
+        if isinstance(spec, Delay):
+            # Due from the start-task's id (Redis time when the lifecycle started it),
+            # so that a re-registration after a crash keeps the same due time.
+            due = entry_order(task.event_id)[0] + round(spec.seconds * 1000)
+            return [*base, k.wait_delays, k.waits], ["delay", task.id, record, due]
+        if isinstance(spec, EventWait):
+            wait = orjson.dumps(
+                {"match": spec.match, "since": task.event_id, "receipt": spec.receipt}
+            )
+            return [*base, k.wait_events(spec.event), k.waits], ["event", task.id, record, wait]
+        assert isinstance(spec, Latch)
+        latch = [k.latch(spec.name), k.latch_waiters(spec.name)]
+        return [*base, *latch], [spec.operation, task.id, record, spec.name]
+
+
+class DelayPump:
+    """Ends due delays every ``interval`` seconds, in a daemon thread (or on demand)."""
+
+    def __init__(
+        self, client: redis.Redis, keys: Keys, interval: float = 0.1, batch: int = 500
+    ) -> None:
+        self.client = client
+        self.keys = keys
+        self.interval = interval
+        self.batch = batch
+        self._script = load_script(client, "fire_delays")
+        self._stopping = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.ended = 0
+
+    def fire_due(self, now_ms: int | None = None) -> int:
+        """End every delay due at ``now_ms`` (default: Redis's clock); return how many."""
+        ended = 0
+        while True:
+            count, _next_due = self._script(
+                keys=[self.keys.wait_delays, self.keys.waits, self.keys.lifecycle],
+                args=["" if now_ms is None else now_ms, self.batch],
+            )
+            ended += int(count)
+            if int(count) < self.batch:
+                self.ended += ended
+                return ended
+
+    def start(self) -> None:
+        self._stopping.clear()
+        self._thread = threading.Thread(target=self._run, name="wait-delays", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stopping.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=5)
+
+    def _run(self) -> None:
+        while not self._stopping.wait(self.interval):
+            try:
+                self.fire_due()
+            except redis.RedisError as error:  # Redis away: retry; nothing is lost meanwhile
+                log.warning("wait:delay: %s; retrying", error)
+                self._stopping.wait(1.0)
+
+
+class WaitWorker:
+    """Serves the built-in ``wait:`` kind: the task listener, the delay pump and the event
+    watcher, on one connection pool.
+
+    ``listen()`` blocks until ``stop()`` (or SIGINT/SIGTERM when called from the main
+    thread with ``handle_signals``); ``start()`` runs it in a daemon thread and
+    returns the thread. ``events=False`` leaves wait:event to other WaitWorkers.
+    """
+
+    def __init__(
+        self,
+        keys: Keys | None = None,
+        *,
+        pool: redis.ConnectionPool | None = None,
+        url: str | None = None,
+        consumer: str | None = None,
+        claim_idle: float = 10.0,
+        block_ms: int = 1000,
+        poll_interval: float = 0.1,
+        events: bool = True,
+        handle_signals: bool = True,
+    ) -> None:
+        self.keys = keys or Keys()
+        name = consumer or default_consumer_name()
+        options: dict[str, Any] = {
+            "pool": pool,
+            "url": url,
+            "consumer": name,
+            "claim_idle": claim_idle,
+            "block_ms": block_ms,
+        }
+        self.tasks = WaitTaskListener(self.keys, handle_signals=handle_signals, **options)
+        options["pool"] = self.tasks.pool  # one pool for all three
+        options["url"] = None
+        self.watcher = EventWatcher(self.keys, handle_signals=False, **options) if events else None
+        self.delays = DelayPump(self.tasks.connection, self.keys, interval=poll_interval)
+        self._thread: threading.Thread | None = None
+
+    @property
+    def consumer(self) -> str:
+        return self.tasks.consumer
+
+    def listen(self) -> None:
+        """Run until stopped; the task listener in this thread, the others in daemon threads."""
+        watcher_thread = None
+        if self.watcher is not None:
+            watcher_thread = threading.Thread(
+                target=self.watcher.listen, name="wait-events", daemon=True
+            )
+            watcher_thread.start()
+        self.delays.start()
+        log.info("wait worker %s: serving %s", self.consumer, self.keys.tasks(WAIT_KIND))
+        try:
+            self.tasks.listen()
+        finally:
+            self.delays.stop()
+            if self.watcher is not None and watcher_thread is not None:
+                self.watcher.stop()
+                watcher_thread.join(timeout=10)
+
+    def start(self) -> threading.Thread:
+        """``listen()`` in a daemon thread; returns it (join it after ``stop()``)."""
+        self._thread = threading.Thread(target=self.listen, name="wait-worker", daemon=True)
+        self._thread.start()
+        return self._thread
+
+    def stop(self) -> None:
+        """Ask every loop to stop; thread-safe, idempotent. Waits stay registered."""
+        self.tasks.stop()
+        if self.watcher is not None:
+            self.watcher.stop()
+        self.delays.stop()
+
+    def join(self, timeout: float | None = None) -> None:
+        if self._thread is not None:
+            self._thread.join(timeout)

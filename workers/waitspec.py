@@ -1,0 +1,136 @@
+"""What a ``wait:`` task asks for, read from its name, parameters and input.
+
+Pure functions, no Redis: :func:`wait_spec` turns a start-task into a
+:class:`Delay`, :class:`EventWait` or :class:`Latch`, or raises
+:class:`~workers.errors.WaitParameterError` / :class:`~workers.errors.TemplateError`
+with a message that becomes the task's FAILURE.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from workers.errors import WaitParameterError
+from workers.task import Task
+from workers.templates import render, resolve
+
+__all__ = ["Delay", "EventWait", "Latch", "WaitSpec", "parse_duration", "wait_spec"]
+
+OPERATIONS = ("delay", "event", "acquire", "release", "countdown")
+_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
+
+
+def parse_duration(value: Any) -> float:
+    """Seconds from ``60``, ``2.5``, ``"60"``, ``"90s"``, ``"5m"``, ``"1h"``, ``"1h30m"``,
+    ``"500ms"``, ``"1d"``; raises WaitParameterError for anything else or a negative."""
+    if isinstance(value, bool) or value is None:
+        raise WaitParameterError(f"duration {value!r}: expected seconds or text like '90s'")
+    if isinstance(value, int | float):
+        seconds = float(value)
+    elif isinstance(value, str):
+        text = value.strip().lower().replace(" ", "")
+        try:
+            seconds = float(text)
+        except ValueError:
+            seconds, end = 0.0, 0
+            for part in _PART.finditer(text):
+                if part.start() != end:
+                    break
+                seconds += float(part.group(1)) * _UNITS[part.group(2)]
+                end = part.end()
+            if end != len(text) or not text:
+                raise WaitParameterError(
+                    f"duration {value!r}: expected seconds or a number with a unit "
+                    "(ms, s, m, h, d), e.g. '90s', '5m', '1h30m'"
+                ) from None
+    else:
+        raise WaitParameterError(f"duration {value!r}: expected seconds or text like '90s'")
+    if not math.isfinite(seconds) or seconds < 0:
+        raise WaitParameterError(f"duration {value!r}: must be zero or more seconds")
+    return seconds
+
+
+@dataclass(frozen=True, slots=True)
+class Delay:
+    seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class EventWait:
+    """Wait for an event of ``event`` kind whose fields include ``match`` (None: any)."""
+
+    event: str
+    match: dict[str, Any] | None
+    receipt: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Latch:
+    """``acquire``, ``release`` or ``countdown`` on the global latch ``name``."""
+
+    operation: str
+    name: str
+
+
+WaitSpec = Delay | EventWait | Latch
+
+
+def _scope(task: Task) -> dict[str, Any]:
+    return {"input": task.input, "parameters": dict(task.parameters)}
+
+
+def wait_spec(task: Task) -> WaitSpec:
+    """The wait a ``wait:<operation>`` task asks for."""
+    operation = task.operation
+    params = task.parameters
+    if operation == "delay":
+        if "duration" not in params:
+            raise WaitParameterError(f"{task.name}: parameter 'duration' is missing")
+        return Delay(parse_duration(params["duration"]))
+    if operation == "event":
+        return _event_wait(task)
+    if operation in ("acquire", "release", "countdown"):
+        name = params.get("name")
+        if not isinstance(name, str) or not name:
+            raise WaitParameterError(
+                f"{task.name}: parameter 'name' must be a non-empty string, got {name!r}"
+            )
+        return Latch(operation, render(name, _scope(task)))
+    raise WaitParameterError(
+        f"unknown built-in task {task.name!r} (expected wait:{', wait:'.join(OPERATIONS)})"
+    )
+
+
+def _event_wait(task: Task) -> EventWait:
+    params = task.parameters
+    kind = params.get("event")
+    if not isinstance(kind, str) or not kind:
+        raise WaitParameterError(
+            f"{task.name}: parameter 'event' must name an event kind, got {kind!r}"
+        )
+    receipt = params.get("receipt", True)
+    if not isinstance(receipt, bool):
+        raise WaitParameterError(f"{task.name}: parameter 'receipt' is {receipt!r}, not a boolean")
+    match = params.get("match")
+    scope = _scope(task)
+    if match is None:
+        fields = None
+    elif match == "input":
+        if not isinstance(task.input, Mapping):
+            raise WaitParameterError(
+                f"{task.name}: 'match: input' needs an object input, got {task.input!r}"
+            )
+        fields = dict(task.input)
+    elif isinstance(match, Mapping):
+        # A value that is one field ('{input[id]}') keeps its type: 5 matches 5, not '5'.
+        fields = {str(name): resolve(value, scope) for name, value in match.items()}
+    else:
+        raise WaitParameterError(
+            f"{task.name}: parameter 'match' is {match!r}, expected 'input' or an object"
+        )
+    return EventWait(render(kind, scope), fields, receipt)
