@@ -14,6 +14,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field
@@ -56,6 +57,7 @@ class Figures:
     finished: int
     failed: int
     stuck: int
+    peak_stream_length: dict[str, int] = field(default_factory=dict)
     cpu_s: dict[str, float] = field(default_factory=dict)
 
 
@@ -86,19 +88,26 @@ def _stop(procs: list[subprocess.Popen[bytes]]) -> None:
             proc.kill()
 
 
-def _count_ends(client: redis.Redis, since: str, counts: list[int]) -> str:
-    """Read new lifecycle entries after ``since``; add end/fail counts; return the new cursor."""
+BENCH_GROUP = "bench"  # the benchmark's own group: trimming never drops what it has not read
+
+
+def _count_ends(client: redis.Redis, counts: list[int]) -> int:
+    """Read new lifecycle entries through the bench group; add end/fail counts; return
+    how many entries were read."""
+    read = 0
     while True:
-        entries = client.xrange(KEYS.lifecycle, f"({since}", "+", count=10000)
+        reply = client.xreadgroup(BENCH_GROUP, "bench", {KEYS.lifecycle: ">"}, count=10000)
+        entries = [entry for _, items in reply or [] for entry in items]
         if not entries:
-            return since
-        for entry_id, fields in entries:
+            return read
+        for _, fields in entries:
             kind = fields.get(b"kind")
             if kind == b'"end-workflow"':
                 counts[0] += 1
             elif kind == b'"failed-workflow"':
                 counts[1] += 1
-            since = entry_id.decode()
+        client.xack(KEYS.lifecycle, BENCH_GROUP, *[entry_id for entry_id, _ in entries])
+        read += len(entries)
 
 
 def throughput(args: argparse.Namespace) -> Figures:
@@ -108,6 +117,7 @@ def throughput(args: argparse.Namespace) -> Figures:
     with ExitStack() as stack:
         server = stack.enter_context(RedisServer(persistence=args.persistence))
         client = redis.Redis.from_url(server.url)
+        client.xgroup_create(KEYS.lifecycle, BENCH_GROUP, id="0", mkstream=True)
         procs: dict[str, list[subprocess.Popen[bytes]]] = {"lifecycle": [], "noop": []}
         for n in range(args.lifecycle):
             procs["lifecycle"].append(
@@ -117,24 +127,27 @@ def throughput(args: argparse.Namespace) -> Figures:
             procs["noop"].append(
                 _spawn(server.url, "workers", "noop", "--kinds", "default", "--consumer", f"w{n}")
             )
+        if not args.no_receipts:
+            archive = stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-receipts-"))
+            procs["receipts"] = [_spawn(server.url, "lifecycle", "receipts", "--archive", archive)]
         stack.callback(_stop, [p for group in procs.values() for p in group])
         time.sleep(1.0)  # let the workers create their groups
         client.config_resetstat()
         started = time.perf_counter()
         start_workflows(client, graph, inputs, [f"w{i}" for i in range(args.workflows)], KEYS)
         submitted = time.perf_counter() - started
-        counts, cursor = [0, 0], "0-0"
+        counts, peaks = [0, 0], {"lifecycle": 0, "tasks": 0}
         last_change = time.perf_counter()
         while counts[0] + counts[1] < args.workflows:
             time.sleep(0.05)
-            previous = cursor
-            cursor = _count_ends(client, cursor, counts)
             # Progress is any new lifecycle event: with many workflows in flight at once,
             # none may finish for a long while although tasks end all the time.
-            if cursor != previous:
+            if _count_ends(client, counts):
                 last_change = time.perf_counter()
             elif time.perf_counter() - last_change > args.stall:
                 break
+            peaks["lifecycle"] = max(peaks["lifecycle"], client.xlen(KEYS.lifecycle))
+            peaks["tasks"] = max(peaks["tasks"], client.xlen(KEYS.tasks("default")))
         wall = time.perf_counter() - started
         cpu = {
             kind: round(sum(_cpu_seconds(p.pid) for p in group), 2) for kind, group in procs.items()
@@ -158,6 +171,7 @@ def throughput(args: argparse.Namespace) -> Figures:
         redis_commands_per_task=round(commands / max(tasks, 1), 2),
         finished=finished,
         failed=failed,
+        peak_stream_length=peaks,
         stuck=args.workflows - finished - failed,
         cpu_s=cpu,
     )
@@ -201,11 +215,11 @@ def latency(args: argparse.Namespace) -> dict[str, Any]:
 
 def _print_table(figures: Figures) -> None:
     rows = asdict(figures)
-    cpu = rows.pop("cpu_s")
     width = max(len(k) for k in rows) + 2
     for key, value in rows.items():
+        if isinstance(value, dict):
+            value = ", ".join(f"{k} {v}" for k, v in value.items())
         print(f"{key:<{width}}{value}")
-    print(f"{'cpu_s':<{width}}" + ", ".join(f"{k} {v}" for k, v in cpu.items()))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -221,6 +235,9 @@ def main(argv: list[str] | None = None) -> int:
         "--stall", type=float, default=30.0, help="give up after this long without progress"
     )
     parser.add_argument("--json", help="also write the figures to this file")
+    parser.add_argument(
+        "--no-receipts", action="store_true", help="run without the receipts worker (its share)"
+    )
     args = parser.parse_args(argv)
     if args.mode == "latency":
         result = latency(args)
