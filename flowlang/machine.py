@@ -75,15 +75,16 @@ class State:
     ``running``: task instances awaiting their end, key → attempt;
     ``fanin``: open iterations, key of the iterated instance → ``[left, outputs]``;
     ``attempts``: for tasks on or after a cycle only (they can start more than once),
-    the last attempt number used per key, so that each new invocation of the same
-    instance gets a new attempt number (and so a new task instance id).
+    ``[first attempt of the current invocation, last attempt used]`` per key, so that
+    each new invocation of the same instance gets a new attempt number (and so a new
+    task instance id) while retries still count from that invocation's first attempt.
     """
 
     status: str = RUNNING
     waiting: dict[str, list[list[Any]]] = field(default_factory=dict)
     running: dict[str, int] = field(default_factory=dict)
     fanin: dict[str, list[Any]] = field(default_factory=dict)
-    attempts: dict[str, int] = field(default_factory=dict)
+    attempts: dict[str, list[int]] = field(default_factory=dict)
     output: Any = None
     error: str | None = None
 
@@ -190,11 +191,19 @@ class Machine:
         if retry:
             state.running[key] = attempt + 1
             if node in self.cyclic:
-                state.attempts[key] = attempt + 1
+                state.attempts[key][1] = attempt + 1
             return [self._task_action(node, path, key, attempt + 1, input)]
         del state.running[key]
         name = self.nodes[node].name or self.nodes[node].kind
         return self._fail(state, _Failure(f"task {name} ({key}) failed: {reason}", key))
+
+    def invocation_attempt(self, state: State, key: str, attempt: int) -> int:
+        """Which try of the current invocation ``attempt`` is (1 = the first): what retry
+        policies count. Equal to ``attempt`` except for tasks on or after a cycle."""
+        first = state.attempts.get(key)
+        if first is None:
+            return attempt
+        return attempt - first[0] + 1
 
     def terminate(self, state: State, reason: str = "terminated") -> None:
         if state.status == RUNNING:
@@ -233,7 +242,14 @@ class Machine:
         actions: list[Action],
         trace: Trace,
     ) -> None:
-        if pred in self.inner[node] or self.threshold[node] == 1:
+        if pred in self.inner[node]:
+            # A cycle back to its own scope's start restarts the scope at once: the
+            # start's guard, merge and iteration applied when the scope was entered.
+            if trace is not None:
+                trace.append(("start", instance_key(node, path)))
+            self._ended(state, node, path, value, queue, trace)
+            return
+        if self.threshold[node] == 1:
             self._start(state, node, path, [value], queue, actions, trace)
             return
         key = instance_key(node, path)
@@ -286,9 +302,7 @@ class Machine:
             if spec.iterate:
                 self._fan_out(state, node, path, value, queue, actions, trace)
             else:
-                attempt = 1
-                if node in self.cyclic:  # a new invocation: a new attempt number
-                    attempt = state.attempts[key] = state.attempts.get(key, 0) + 1
+                attempt = self._first_attempt(state, node, key)
                 state.running[key] = attempt
                 actions.append(self._task_action(node, path, key, attempt, value))
         elif kind is NodeKind.SOURCE:
@@ -333,8 +347,9 @@ class Machine:
                 self._ended(state, node, item_path, item, queue, trace)
             else:
                 item_key = instance_key(node, item_path)
-                state.running[item_key] = 1
-                actions.append(self._task_action(node, item_path, item_key, 1, item))
+                attempt = self._first_attempt(state, node, item_key)
+                state.running[item_key] = attempt
+                actions.append(self._task_action(node, item_path, item_key, attempt, item))
 
     def _collect(
         self,
@@ -377,9 +392,20 @@ class Machine:
         name = spec.name or str(spec.kind)
         return f"{spec.line}:{spec.column}: {name} ({key}): {message}"
 
+    def _first_attempt(self, state: State, node: int, key: str) -> int:
+        """The attempt number of a new invocation: 1, or on a cycle one past the last used."""
+        if node not in self.cyclic:
+            return 1
+        last = state.attempts.get(key, (0, 0))[1]
+        state.attempts[key] = [last + 1, last + 1]
+        return last + 1
+
     @staticmethod
     def _fail(state: State, failure: _Failure) -> list[Action]:
+        # Nothing runs on for a failed workflow: late ends, retries and timeouts of the
+        # tasks still out find no running attempt and change nothing.
         state.status, state.error = FAILED, failure.reason
+        state.running.clear()
         return [Failed(failure.reason, failure.key)]
 
 

@@ -87,7 +87,7 @@ def run(
         try:
             output = call_task(call)
         except Exception as error:  # a task implementation's failure, whatever it is
-            retry = task.attempt <= retries
+            retry = machine.invocation_attempt(state, task.key, task.attempt) <= retries
             absorb(
                 machine.task_failed(state, task.key, task.attempt, str(error), retry, task.input)
             )

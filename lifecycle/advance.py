@@ -113,17 +113,24 @@ class Advancer:
             self._load(pending)
             commits = []
             for item in pending:
-                commit = self._compute(item, result)
-                if commit is not None:
-                    commits.append((item, commit))
-            outcome = self._commit(commits)
-            retry = [item for (item, _), won in zip(commits, outcome, strict=True) if not won]
-            for (_, commit), won in zip(commits, outcome, strict=True):
+                # A workflow that loses the race is recomputed from fresh state: what this
+                # round said of its events counts only if the round's commit wins.
+                said = BatchResult()
+                commit = self._compute(item, said)
+                if commit is None:
+                    result.absorb(said)
+                else:
+                    commits.append((item, commit, said))
+            outcome = self._commit([(item, commit) for item, commit, _ in commits])
+            pending = []
+            for (item, commit, said), won in zip(commits, outcome, strict=True):
                 if won:
+                    result.absorb(said)
                     result.acknowledged += commit.acks
-            result.committed += len(commits) - len(retry)
-            result.conflicts += len(retry)
-            pending = retry
+                    result.committed += 1
+                else:
+                    pending.append(item)
+                    result.conflicts += 1
             rounds += 1
             if rounds > _MAX_CONFLICTS and pending:
                 raise LifecycleError(
@@ -238,6 +245,25 @@ class Advancer:
                     commit.set("name", machine.graph.name)
                 commit.set("input", _dumps(event.input))
                 actions = machine.start(state, event.input)
+            elif state is None and kind == ev.TERMINATE_WORKFLOW:
+                # Terminated before its start-workflow was applied (that event may be in
+                # another worker's hands): record it terminated, so the start changes nothing.
+                state = State(status="terminated", error=event[1])
+                commit.created = str(now)
+                commit.set("created", now)
+                commit.set("ended", now)
+                commit.append(
+                    self.keys.lifecycle,
+                    {
+                        "kind": ev.FAILED_WORKFLOW,
+                        "workflow": item.workflow,
+                        "reason": event[1],
+                        "status": "terminated",
+                    },
+                )
+                commit.acks.append(event_id)
+                changed = True
+                continue
             else:
                 if state is None or item.digest is None:
                     result.rejected.append(
@@ -286,8 +312,8 @@ class Advancer:
             return []
         key = event.key
         attempt = event.attempt if event.attempt is not None else state.running.get(key)
-        if attempt is None or state.running.get(key) != attempt:
-            return None
+        if state.status != "running" or attempt is None or state.running.get(key) != attempt:
+            return None  # stale: another attempt runs, or the workflow has ended
         policy = self._policy(item, machine, key)[1]
         if kind == ev.RETRY_TASK:
             return [machine.task_action(key, attempt, item.inputs.get(key))]
@@ -301,9 +327,10 @@ class Advancer:
         else:
             reason, worker = f"timed out after {policy.timeout}s", None
         commit.set(f"o:{key}", _dumps([now, False, None, reason, worker]))
-        retry = attempt <= policy.retries
+        tries = machine.invocation_attempt(state, key, attempt)  # not attempt: cycles
+        retry = tries <= policy.retries
         actions = machine.task_failed(state, key, attempt, reason, retry, item.inputs.get(key))
-        delay = policy.retry_delay(attempt) if retry else 0
+        delay = policy.retry_delay(tries) if retry else 0
         if retry and delay > 0:
             member = timer_member(ev.RETRY_TASK, item.workflow, key, attempt + 1)
             commit.timers += (now + int(delay * 1000), member)

@@ -27,6 +27,11 @@ class BatchResult:
     conflicts: int = 0  # recomputations after another worker won
     acknowledged: list[str] = field(default_factory=list)  # event ids XACKed by advance.lua
 
+    def absorb(self, other: BatchResult) -> None:
+        """Add what ``other`` said of its events (duplicates and rejections)."""
+        self.duplicates += other.duplicates
+        self.rejected += other.rejected
+
 
 @dataclass
 class Pending:

@@ -24,10 +24,12 @@ def iso(ms: int | None) -> str | None:
 def describe_workflow(client: redis.Redis, keys: Keys, workflow_id: str) -> dict[str, Any]:
     """State, every task instance with its times, attempts, input and output."""
     record = load_workflow(client, keys, workflow_id)
-    graph = GraphCache(client, keys).machine(record.graph).graph
     running = record.state.running
     nodes = []
+    # A workflow terminated before it started has no graph and no task.
+    graph = GraphCache(client, keys).machine(record.graph).graph if record.graph else None
     for key in sorted(set(record.starts) | set(record.ends), key=_key_order):
+        assert graph is not None
         attempt, started, task_input = record.starts.get(key, [None, None, None])
         ended, ok, output, error, worker = [
             *record.ends.get(key, []),
@@ -40,6 +42,8 @@ def describe_workflow(client: redis.Redis, keys: Keys, workflow_id: str) -> dict
         if key in running:
             state = "running"
             ended = output = error = None
+        elif ok is None:
+            state = "abandoned"  # the workflow ended (failed, terminated) while it ran
         else:
             state = "ended" if ok else "failed"
         node = graph.nodes[parse_key(key)[0]]

@@ -186,6 +186,10 @@ class ReceiptsWorker:
         )
         batch: list[dict[str, Any]] = []
         acks: dict[str, list[bytes]] = {}
+        # The last ids of this batch become "archived" only once the sink has flushed:
+        # an error before that (a Redis call in _add_graph, the disk) must leave the
+        # entries to be read and archived again, not skipped as already archived.
+        seen: dict[str, str] = {}
         for name, entries in stream_items(reply):
             stream = name.decode()
             last = self._last.get(stream)
@@ -197,7 +201,7 @@ class ReceiptsWorker:
                     self.stats.skipped += 1
                     continue
                 last_order = id_order(entry_id)
-                self._last[stream] = entry_id
+                seen[stream] = entry_id
                 if not fields:  # deleted before we read it: say so rather than hide the gap
                     batch.append({"stream": stream, "id": entry_id, "gone": True})
                     self.stats.gone += 1
@@ -215,6 +219,7 @@ class ReceiptsWorker:
             self.sink.write(batch)
             self.sink.flush()  # durable before acknowledged: the whole guarantee
             self.stats.archived += sum(1 for r in batch if "stream" in r)
+        self._last.update(seen)
         pipe = self.client.pipeline(transaction=False)
         for stream, ids in acks.items():
             pipe.xack(stream, RECEIPTS_GROUP, *ids)

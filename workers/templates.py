@@ -142,7 +142,8 @@ def _parse_key(template: str, i: int) -> tuple[str | int, int]:
             raise _error(template, i, "unclosed '['")
         raise _error(template, i + 1, _unexpected(template, i, "a key"))
     word = bare.group()
-    return (int(word) if _INTEGER.fullmatch(word) else word), bare.end()
+    # Kept as text: {input[007]} names the key "007"; an array lookup reads it as 7.
+    return word, bare.end()
 
 
 def _unexpected(template: str, i: int, expected: str = "'[' or '}'") -> str:
@@ -165,6 +166,8 @@ def _lookup(template: str, field: Field, scope: dict[str, Any]) -> Any:
                 raise _error(template, field.column, f"{path} has no item {text!r}")
             value = value[text]
         elif isinstance(value, list):
+            if isinstance(key, str) and _INTEGER.fullmatch(key):
+                key = int(key)
             if not isinstance(key, int):
                 raise _error(template, field.column, f"{path} is an array; {key!r} is no index")
             if not -len(value) <= key < len(value):

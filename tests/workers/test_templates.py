@@ -65,3 +65,10 @@ def test_template_injection_and_mistakes_are_refused_naming_template_and_column(
     text = str(caught.value)
     assert text.startswith(f"template {template!r}: ")
     assert message in text
+
+
+def test_a_key_with_leading_zeros_is_looked_up_as_written() -> None:
+    from workers.templates import render
+
+    assert render("order-{input[007]}", {"input": {"007": "bond", "7": "other"}}) == "order-bond"
+    assert render("item-{input[1]}", {"input": ["a", "b"]}) == "item-b"
