@@ -26,10 +26,20 @@ elseif version ~= ARGV[2] then
   return 0
 end
 
--- Calls cmd(head..., ARGV[from .. from + count*width - 1]) in slices, since
--- unpack() of a few thousand values overflows Lua's C stack.
+-- Calls cmd(head..., ARGV[from .. from + count*width - 1]), in slices when
+-- there are many: unpack() of a few thousand values overflows Lua's C stack.
 local function sliced(head, from, count, width)
   local slice = 256
+  if count == 0 then return from end
+  if count <= slice then  -- the common case: one call, no copying
+    local n = #head
+    if n == 2 then
+      redis.call(head[1], head[2], unpack(ARGV, from, from + count * width - 1))
+    else
+      redis.call(head[1], head[2], head[3], unpack(ARGV, from, from + count * width - 1))
+    end
+    return from + count * width
+  end
   for first = 0, count - 1, slice do
     local last = math.min(count, first + slice)
     local args = {unpack(head)}
