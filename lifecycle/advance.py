@@ -16,7 +16,6 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any, Protocol
 
 import orjson
@@ -29,13 +28,13 @@ from lifecycle.errors import BadEvent, FlowNotStored, LifecycleError
 from lifecycle.keys import Keys, task_kind
 from lifecycle.policy import Policy, split_params
 from lifecycle.store import GraphCache
-from rqse import fastpipe
+from rqse import fastpipe, lua
 
 __all__ = ["Advancer", "BatchResult", "Commit", "Pending"]
 
 log = logging.getLogger(__name__)
 
-_SCRIPT = (Path(__file__).parent / "scripts" / "advance.lua").read_text()
+_SCRIPTS = lua.scripts_dir(__file__)
 _MAX_CONFLICTS = 50
 _dumps = orjson.dumps
 
@@ -81,7 +80,7 @@ class Advancer:
         self.keys = keys or Keys()
         self.clock = clock
         self.graphs: GraphSource = GraphCache(client, self.keys)
-        self.script = client.register_script(_SCRIPT)
+        self.script = lua.load_script(client, "advance", _SCRIPTS)
         self._policies: dict[tuple[str, int], tuple[Any, Policy]] = {}
 
     @classmethod
@@ -214,7 +213,7 @@ class Advancer:
         ]
         replies = fastpipe.execute(self.client, commands)
         if any(_is_noscript(reply) for reply in replies):  # after a restart or SCRIPT FLUSH
-            self.client.script_load(_SCRIPT)
+            self.client.script_load(lua.script_source("advance", _SCRIPTS))
             replies = fastpipe.execute(self.client, commands)
         return [bool(won) for won in _raise_errors(replies)]
 

@@ -12,17 +12,17 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from pathlib import Path
 
 import redis
 
 from lifecycle.keys import Keys
+from rqse import lua
 
 __all__ = ["TimerPump"]
 
 log = logging.getLogger(__name__)
 
-_SCRIPT = (Path(__file__).parent / "scripts" / "fire_timers.lua").read_text()
+_SCRIPTS = lua.scripts_dir(__file__)
 
 
 class TimerPump:
@@ -33,7 +33,7 @@ class TimerPump:
         self.keys = keys
         self.interval = interval
         self.batch = batch
-        self.script = client.register_script(_SCRIPT)
+        self.script = lua.load_script(client, "fire_timers", _SCRIPTS)
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
 
