@@ -15,6 +15,7 @@ import pytest
 import redis
 
 from rqse.server import RedisServer, ServerNotFound, find_server_binary
+from tests.processes import Processes
 
 
 def _container_url() -> tuple[str, object]:
@@ -76,3 +77,13 @@ def redis_client(redis_url: str) -> Iterator[redis.Redis]:
     finally:
         client.flushdb()
         client.close()
+
+
+@pytest.fixture
+def processes(redis_url: str, redis_client: redis.Redis) -> Iterator[Processes]:
+    """Worker processes on the test's Redis, stopped at teardown."""
+    group = Processes(redis_url)
+    try:
+        yield group
+    finally:
+        group.stop_all()

@@ -12,10 +12,8 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
 import redis
 
 from flowlang.compiler import compile_text
@@ -29,18 +27,10 @@ from tests.lifecycle.audit_helpers import (
     engine_streams,
     flow_input,
 )
-from tests.lifecycle.test_processes import Processes, wait_until_all_ended
+from tests.lifecycle.test_processes import wait_until_all_ended
+from tests.processes import Processes
 
 WORKFLOWS = int(os.environ.get("AUDIT_WORKFLOWS", "1000"))
-
-
-@pytest.fixture
-def processes(redis_url: str, redis_client: redis.Redis) -> Iterator[Processes]:
-    group = Processes(redis_url)
-    try:
-        yield group
-    finally:
-        group.stop_all()
 
 
 def archive_caught_up(client: redis.Redis) -> bool:

@@ -9,68 +9,21 @@ exactly once.
 from __future__ import annotations
 
 import random
-import signal
-import subprocess
-import sys
 import time
 from collections import Counter
-from collections.abc import Iterator
 
 import orjson
-import pytest
 import redis
 
 from flowlang.compiler import compile_text
 from flowlang.runner import run
 from lifecycle.keys import Keys
 from lifecycle.submit import start_workflow
+from tests.processes import Processes
 
 FLOW = "A :x → * { B → C } → :y D; :x → E → :y; D → F|G"
 WORKFLOWS = 1000
 KEYS = Keys()
-
-
-class Processes:
-    def __init__(self, url: str) -> None:
-        self.url = url
-        self.procs: list[subprocess.Popen[bytes]] = []
-
-    def start(self, *command: str) -> subprocess.Popen[bytes]:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", *command, "--redis-url", self.url],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        self.procs.append(proc)
-        return proc
-
-    def lifecycle(self, consumer: str, claim_idle: float = 2.0) -> subprocess.Popen[bytes]:
-        return self.start(
-            "lifecycle", "worker", "--consumer", consumer, "--claim-idle", str(claim_idle)
-        )
-
-    def noop(self, consumer: str) -> subprocess.Popen[bytes]:
-        return self.start("workers", "noop", "--kinds", "default", "--consumer", consumer)
-
-    def stop_all(self) -> None:
-        for proc in self.procs:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        for proc in self.procs:
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-
-
-@pytest.fixture
-def processes(redis_url: str, redis_client: redis.Redis) -> Iterator[Processes]:
-    group = Processes(redis_url)
-    try:
-        yield group
-    finally:
-        group.stop_all()
 
 
 def submit_all(client: redis.Redis) -> tuple[list[str], object]:

@@ -4,47 +4,13 @@ from __future__ import annotations
 
 import signal
 import subprocess
-import sys
 import time
-from collections.abc import Iterator
 
-import pytest
 import redis
 
 from rqse.events import encode_event
+from tests.processes import Processes
 from tests.workers.helpers import KEYS, Threads, entry_ms, events, submit, wait_for_end, wait_until
-
-
-class Processes:
-    def __init__(self, url: str) -> None:
-        self.url = url
-        self.procs: list[subprocess.Popen[bytes]] = []
-
-    def start(self, *args: str) -> subprocess.Popen[bytes]:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "workers", *args, "--redis-url", self.url],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-        )
-        self.procs.append(proc)
-        return proc
-
-    def stop_all(self) -> None:
-        for proc in self.procs:
-            if proc.poll() is None:
-                proc.kill()
-            proc.wait()
-            if proc.stderr is not None:
-                proc.stderr.close()
-
-
-@pytest.fixture
-def processes(redis_url: str, redis_client: redis.Redis) -> Iterator[Processes]:
-    group = Processes(redis_url)
-    try:
-        yield group
-    finally:
-        group.stop_all()
 
 
 def kill(proc: subprocess.Popen[bytes]) -> None:
@@ -56,14 +22,14 @@ def test_a_three_second_delay_ends_on_time_although_its_worker_is_killed_after_o
     redis_client: redis.Redis, threads: Threads, processes: Processes
 ) -> None:
     threads.lifecycle()
-    first = processes.start("wait", "--consumer", "wait-a")
+    first = processes.start("workers", "wait", "--consumer", "wait-a")
     workflow = submit(redis_client, "wait:delay (- duration: 3 -)", {"n": 1})
     wait_until(lambda: redis_client.zcard(KEYS.wait_delays), timeout=15, what="registration")
     (start_id, _), *_ = events(redis_client, KEYS.tasks("wait"))
     started = entry_ms(start_id) / 1000
     time.sleep(max(0.0, started + 1.0 - time.time()))
     kill(first)
-    processes.start("wait", "--consumer", "wait-b")
+    processes.start("workers", "wait", "--consumer", "wait-b")
     assert wait_for_end(redis_client, workflow, timeout=15)["status"] == "finished"
     (end_id, end), *_ = events(redis_client, KEYS.lifecycle, "end-task")
     assert 3000 <= entry_ms(end_id) - entry_ms(start_id) < 3600
@@ -74,12 +40,12 @@ def test_a_wait_event_outlives_its_worker_and_an_event_sent_while_none_runs(
     redis_client: redis.Redis, threads: Threads, processes: Processes
 ) -> None:
     threads.lifecycle()
-    first = processes.start("wait", "--consumer", "wait-a")
+    first = processes.start("workers", "wait", "--consumer", "wait-a")
     workflow = submit(redis_client, "wait:event (- {event: ready} -)", {"job": 4})
     wait_until(lambda: redis_client.hlen(KEYS.wait_events("ready")), timeout=15, what="wait")
     kill(first)
     redis_client.xadd(KEYS.lifecycle, encode_event({"kind": "ready", "output": {"go": True}}))
-    processes.start("wait", "--consumer", "wait-b")
+    processes.start("workers", "wait", "--consumer", "wait-b")
     final = wait_for_end(redis_client, workflow, timeout=15)
     assert final == {"status": "finished", "output": {"go": True}}
 
@@ -89,7 +55,7 @@ def test_workers_run_serves_a_task_listener_with_threads_and_stops_on_sigterm(
 ) -> None:
     threads.lifecycle()
     proc = processes.start(
-        "run", "tests.workers.sample:Upper", "--concurrency", "3", "--consumer", "up"
+        "workers", "run", "tests.workers.sample:Upper", "--concurrency", "3", "--consumer", "up"
     )
     ids = [submit(redis_client, "text:shout", {"t": f"w{n}"}) for n in range(20)]
     assert all(wait_for_end(redis_client, w, timeout=15)["status"] == "finished" for w in ids)
@@ -102,7 +68,7 @@ def test_workers_run_serves_a_task_listener_with_threads_and_stops_on_sigterm(
 def test_workers_run_refuses_a_class_that_is_no_listener_in_one_line(
     processes: Processes,
 ) -> None:
-    proc = processes.start("run", "collections:OrderedDict")
+    proc = processes.start("workers", "run", "collections:OrderedDict", stderr=True)
     assert proc.wait(timeout=15) == 2
     assert proc.stderr is not None
     message = proc.stderr.read().decode().strip()
