@@ -55,7 +55,13 @@ def line_hash(line: bytes) -> str:
 
 class Sink(Protocol):
     """Where the receipts worker writes. ``write`` may buffer; once ``flush`` returns,
-    everything written is durable (the worker acknowledges only then)."""
+    everything written is durable (the worker acknowledges only then).
+
+    Records are dicts shaped as the archive's lines, without ``seq`` and ``prev``. A
+    sink whose class sets ``json_fragments = True`` may receive an entry's ``event``
+    as an :class:`orjson.Fragment` (the event's JSON object, ready to embed) instead
+    of a dict; any other sink receives dicts.
+    """
 
     def last_ids(self) -> dict[str, str]:
         """The last entry id archived per stream (the worker skips ids at or below)."""
@@ -78,6 +84,8 @@ class SegmentSink:
     segment to learn the chain head and the last id per stream. An exclusive
     lock on ``directory/.lock`` keeps a second worker out.
     """
+
+    json_fragments = True  # events may arrive as orjson.Fragment: dumps embeds them as is
 
     def __init__(
         self, directory: str | Path, *, segment_bytes: int = 64 << 20, compress: bool = False

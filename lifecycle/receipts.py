@@ -31,10 +31,11 @@ from typing import Any
 import orjson
 import redis
 
-from lifecycle.archive import Sink, id_order
+from lifecycle.archive import Sink
 from lifecycle.events import START_WORKFLOW
 from lifecycle.keys import LIFECYCLE_GROUP, RECEIPTS_GROUP, TASK_GROUP, Keys
-from rqse.events import decode_lenient, stream_items
+from rqse.events import decode_lenient
+from rqse.fastpipe import execute
 from rqse.keys import dead_letter_key
 from rqse.trim import trim_acknowledged
 
@@ -44,6 +45,40 @@ log = logging.getLogger(__name__)
 
 _loads = orjson.loads
 DEFAULT_CONSUMER = "receipts"  # stable: a restart finds its own pending entries
+_MAX_SHAPES = 1024  # distinct field-name tuples remembered (engine events have a handful)
+
+
+def _order(entry_id: bytes) -> int:
+    """An entry id as one sortable int, ordered as :func:`lifecycle.archive.id_order`:
+    both halves are 64-bit, so ``ms << 64 | seq`` orders as the pair does."""
+    ms, _, seq = entry_id.partition(b"-")
+    return int(ms) << 64 | int(seq or 0)
+
+
+def _decode(fields: list[bytes]) -> dict[str, Any]:
+    """The entry's fields decoded per the wire format; a value that is not JSON is text."""
+    mapping = dict(zip(fields[0::2], fields[1::2], strict=True))
+    try:  # the wire format's common case, at a third of decode_lenient's cost
+        return {name.decode(): _loads(value) for name, value in mapping.items()}
+    except (orjson.JSONDecodeError, UnicodeDecodeError):
+        return decode_lenient(mapping)  # NaN, huge ints, raw text: kept as text
+
+
+def _shape(names: tuple[bytes, ...]) -> tuple[list[bytes], int | None, int | None] | None:
+    """For one tuple of field names: the JSON keys with their separators
+    (``{"kind":``, ``,"workflow":``, ...) and where ``kind`` and ``graph`` are;
+    None if a name is not UTF-8 or is repeated (those entries take the decoding path)."""
+    try:
+        texts = [name.decode() for name in names]
+    except UnicodeDecodeError:
+        return None
+    if len(set(texts)) != len(texts):
+        return None
+    keys = [b"," + orjson.dumps(text) + b":" for text in texts]
+    keys[0] = b"{" + keys[0][1:]
+    kind_at = texts.index("kind") if "kind" in texts else None
+    graph_at = texts.index("graph") if "graph" in texts else None
+    return keys, kind_at, graph_at
 
 
 @dataclass
@@ -84,6 +119,9 @@ class ReceiptsWorker:
         self.stats = ReceiptsStats()
         self.streams: list[str] = []
         self._last = sink.last_ids()
+        # A sink that takes an entry's event as JSON bytes (orjson.Fragment) gets it so.
+        self._fragments = getattr(sink, "json_fragments", False) is True
+        self._shapes: dict[tuple[bytes, ...], Any] = {}  # field names -> _shape(), or ()
         self._stopping = threading.Event()
         self._signals = 0
 
@@ -177,55 +215,107 @@ class ReceiptsWorker:
         streams = streams or self.streams
         if not streams:
             return 0
-        reply = self.client.xreadgroup(
-            RECEIPTS_GROUP,
-            self.consumer,
-            dict.fromkeys(streams, start),
-            count=self.batch_size,
-            block=block_ms,
-        )
+        command: list[str | int] = ["XREADGROUP", "GROUP", RECEIPTS_GROUP, self.consumer]
+        command += ["COUNT", self.batch_size]
+        if block_ms is not None:
+            command += ["BLOCK", block_ms]
+        command += ["STREAMS", *streams, *[start] * len(streams)]
+        # The raw reply (hiredis): RESP2 [[stream, entries], ...], RESP3 {stream: entries},
+        # an entry [id, [name, value, ...]] or [id, None] once deleted; None on a timeout.
+        # redis-py's reply post-processing (tuples, a dict per entry) cost a quarter of a batch.
+        (reply,) = execute(self.client, [command])
+        if isinstance(reply, BaseException):
+            raise reply
+        if not reply:
+            return 0
         batch: list[dict[str, Any]] = []
-        acks: dict[str, list[bytes]] = {}
+        acks: list[list[Any]] = []
+        archived = handled = 0
+        fragments = self._fragments
         # The last ids of this batch become "archived" only once the sink has flushed:
         # an error before that (a Redis call in _add_graph, the disk) must leave the
         # entries to be read and archived again, not skipped as already archived.
         seen: dict[str, str] = {}
-        for name, entries in stream_items(reply):
+        for name, entries in reply.items() if isinstance(reply, dict) else reply:
+            if not entries:
+                continue
             stream = name.decode()
+            acks.append(["XACK", name, RECEIPTS_GROUP, *[entry[0] for entry in entries]])
+            handled += len(entries)
             last = self._last.get(stream)
-            last_order = id_order(last) if last else (-1, -1)
+            last_order = _order(last.encode()) if last else -1
             for raw_id, fields in entries:
-                acks.setdefault(stream, []).append(raw_id)
-                entry_id = raw_id.decode()
-                if id_order(entry_id) <= last_order:
+                order = _order(raw_id)
+                if order <= last_order:
                     self.stats.skipped += 1
                     continue
-                last_order = id_order(entry_id)
+                last_order = order
+                entry_id = raw_id.decode()
                 seen[stream] = entry_id
+                archived += 1
                 if not fields:  # deleted before we read it: say so rather than hide the gap
                     batch.append({"stream": stream, "id": entry_id, "gone": True})
                     self.stats.gone += 1
                     continue
-                try:  # the wire format's common case, at a third of decode_lenient's cost
-                    event = {name.decode(): _loads(value) for name, value in fields.items()}
-                except (orjson.JSONDecodeError, UnicodeDecodeError):
-                    event = decode_lenient(fields)  # NaN, huge ints, raw text: kept as text
-                if event.get("kind") == START_WORKFLOW:
-                    self._add_graph(event.get("graph"), batch)
+                encoded = self._encoded(fields) if fragments else None
+                event: Any
+                if encoded is not None:
+                    event, start_workflow, digest = encoded
+                else:
+                    event = _decode(fields)
+                    start_workflow = event.get("kind") == START_WORKFLOW
+                    digest = event.get("graph") if start_workflow else None
+                if start_workflow:
+                    self._add_graph(digest, batch)
                 batch.append({"stream": stream, "id": entry_id, "event": event})
         if not acks:
             return 0
         if batch:
             self.sink.write(batch)
             self.sink.flush()  # durable before acknowledged: the whole guarantee
-            self.stats.archived += sum(1 for r in batch if "stream" in r)
+            self.stats.archived += archived
         self._last.update(seen)
-        pipe = self.client.pipeline(transaction=False)
-        for stream, ids in acks.items():
-            pipe.xack(stream, RECEIPTS_GROUP, *ids)
-        pipe.execute()
+        for ack in execute(self.client, acks):
+            if isinstance(ack, BaseException):
+                raise ack
         self.stats.batches += 1
-        return sum(len(ids) for ids in acks.values())
+        return handled
+
+    def _encoded(self, fields: list[bytes]) -> tuple[orjson.Fragment, bool, Any] | None:
+        """The event's JSON object built from the entry's own JSON values, not decoded and
+        encoded again: ``(fragment, is start-workflow, its graph)``. None when the entry
+        is not plain (a value that is not JSON on its own, a field name that is not UTF-8
+        or repeated, a line break or carriage return as whitespace): :func:`_decode`
+        then archives it as before.
+
+        Every value is parsed on its own, exactly as the decoding path does, so the
+        archived line parses to the same event; only the bytes may differ from a
+        re-encoding (the writer's own number spelling and escapes are kept).
+        """
+        names = tuple(fields[0::2])
+        shape = self._shapes.get(names)
+        if shape is None:
+            if len(self._shapes) >= _MAX_SHAPES:
+                self._shapes.clear()
+            shape = self._shapes[names] = _shape(names) or ()  # (): known not plain
+        if not shape:
+            return None
+        keys, kind_at, graph_at = shape
+        values = fields[1::2]
+        try:
+            parsed = list(map(_loads, values))
+        except orjson.JSONDecodeError:
+            return None
+        fields[0::2] = keys
+        fields.append(b"}")
+        text = b"".join(fields)
+        if b"\n" in text or b"\r" in text:  # JSON whitespace only, yet they would end the line
+            fields.pop()
+            fields[0::2] = names
+            return None
+        start = kind_at is not None and parsed[kind_at] == START_WORKFLOW
+        graph = parsed[graph_at] if start and graph_at is not None else None
+        return orjson.Fragment(text), start, graph
 
     def _add_graph(self, digest: Any, batch: list[dict[str, Any]]) -> None:
         """Archive the compiled graph a start-workflow names, the first time it is named:

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import orjson
+import pytest
 import redis
 
 from flowlang.compiler import compile_text
@@ -13,6 +15,8 @@ from lifecycle.audit import audit_archive
 from lifecycle.keys import RECEIPTS_GROUP
 from lifecycle.receipts import ReceiptsWorker
 from lifecycle.submit import start_workflow
+from lifecycle.verify import check_chain
+from rqse.events import decode_lenient
 from tests.lifecycle.audit_helpers import (
     KEYS,
     archive_all,
@@ -138,3 +142,133 @@ def test_trimming_keeps_only_what_a_group_still_needs_and_the_archive_stays_comp
     assert redis_client.xlen(KEYS.lifecycle) == 2 and b"orphan" in last[b"workflow"]
     assert worker.stats.trimmed > 0
     assert_exactly_once(redis_client, tmp_path)
+
+
+def _decoded_as_before(fields: dict[bytes, bytes]) -> dict[str, Any]:
+    """The event as the worker archived it before it embedded raw values: each value
+    decoded (decode_lenient when one is not JSON), encoded again, read back."""
+    try:
+        event = {name.decode(): orjson.loads(value) for name, value in fields.items()}
+    except (orjson.JSONDecodeError, UnicodeDecodeError):
+        event = decode_lenient(fields)
+    return orjson.loads(orjson.dumps(event))
+
+
+def _add_odd_entries(client: redis.Redis) -> str:
+    """Entries the fast path must leave to the decoding path, in a task stream of their
+    own: values that are not JSON on their own (one pair that would be, joined), JSON
+    with a line break or carriage return, repeated and non-UTF-8 field names; plus JSON
+    spelt unusually (kept as written)."""
+    client.sadd(KEYS.kinds, "odd")
+    stream = KEYS.tasks("odd")
+    for fields in [
+        {"kind": b'"start-task"', "text": b"hello"},
+        {"a": b'{"x":1', "b": b'2},"b":3'},  # not JSON alone; '{"a":…,"b":…}' would parse
+        {"a": b"[1", "b": b'2],"b":3'},
+        {"n": b"NaN", "m": b"-Infinity"},
+        {"w": b"1\n", "kind": b'"x"'},
+        {"w": b'\r"x"', "kind": b'"x"'},  # bytes.splitlines would split the line there
+        {b"\xff": b"1", "kind": b'"x"'},
+        {
+            "big": b"18446744073709551616",
+            "e": b'"\\u00e9\\t"',
+            "f": b"1E2",
+            "s": b' { "k" : [1] } ',
+        },
+    ]:
+        client.xadd(stream, fields)
+    client.execute_command("XADD", stream, "*", "a", "1", "b", "2", "a", "3")
+    return stream
+
+
+@pytest.mark.parametrize("protocol", [2, 3, None])
+def test_archived_events_read_back_as_the_decoded_ones_and_engine_lines_are_unchanged(
+    redis_client: redis.Redis, redis_url: str, tmp_path: Path, protocol: int | None
+) -> None:
+    run_in_harness(redis_client, 5)
+    odd = _add_odd_entries(redis_client)
+    # The worker's raw XREADGROUP reply is shaped by the protocol (RESP2 lists, RESP3 maps).
+    client = redis.Redis.from_url(redis_url, protocol=protocol)
+    try:
+        archive_all(client, tmp_path)
+        # An entry deleted while pending (a restart's XAUTOCLAIM would drop it from the
+        # pending list, so read it as the running worker reads its own pending entries).
+        doomed = client.xadd(odd, {"kind": b'"start-task"'}).decode()
+        client.xreadgroup(RECEIPTS_GROUP, "receipts", {odd: ">"})
+        client.xdel(odd, doomed)
+        sink = SegmentSink(tmp_path)
+        worker = ReceiptsWorker(client, sink, KEYS, trim_every=None)
+        assert worker._read("0", None, [odd]) == 1
+        sink.close()
+        assert worker.stats.gone == 1
+        lines = list(read_archive(tmp_path))
+        findings, _ = check_chain(lines)
+        assert not findings
+        entries = {
+            (stream, i.decode()): fields
+            for stream in engine_streams(client)
+            for i, fields in client.xrange(stream)
+        }
+        checked = graphs = 0
+        for line, record in lines:
+            if "graph" in record:
+                graphs += 1
+            if "stream" not in record:
+                continue
+            assert record.keys() == {
+                "seq",
+                "prev",
+                "stream",
+                "id",
+                "event" if "event" in record else "gone",
+            }
+            if record["id"] == doomed:
+                assert record["stream"] == odd and record["gone"] is True
+                continue
+            fields = entries[record["stream"], record["id"]]
+            assert record["event"] == _decoded_as_before(fields)
+            if record["stream"] != odd:  # written by the engine: the same bytes as before
+                before = {k: v for k, v in record.items() if k != "event"}
+                before["event"] = {n.decode(): orjson.loads(v) for n, v in fields.items()}
+                assert line == orjson.dumps(before)
+            checked += 1
+        assert checked == len(entries) and graphs == 1
+        first_start = next(
+            n
+            for n, (_, r) in enumerate(lines)
+            if r.get("event", {}).get("kind") == "start-workflow"
+        )
+        assert "graph" in lines[first_start - 1][1]
+        assert_exactly_once(client, tmp_path)
+    finally:
+        client.close()
+
+
+def test_a_sink_without_json_fragments_receives_events_as_dicts(
+    redis_client: redis.Redis,
+) -> None:
+    class ListSink:
+        def __init__(self) -> None:
+            self.records: list[dict[str, Any]] = []
+
+        def last_ids(self) -> dict[str, str]:
+            return {}
+
+        def has_graph(self, digest: str) -> bool:
+            return any(r.get("graph") == digest for r in self.records)
+
+        def write(self, batch: list[dict[str, Any]]) -> None:
+            self.records.extend(batch)
+
+        def flush(self) -> None:
+            pass
+
+        def close(self) -> None:
+            pass
+
+    run_in_harness(redis_client, 3)
+    sink = ListSink()
+    ReceiptsWorker(redis_client, sink, KEYS, block_ms=20, trim_every=None).run(idle_timeout=0.2)
+    events = [r["event"] for r in sink.records if "event" in r]
+    assert events and all(type(e) is dict for e in events)
+    assert {e["kind"] for e in events} >= {"start-workflow", "start-task", "end-task"}
