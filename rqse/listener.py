@@ -200,6 +200,11 @@ class EventListener(Recovery, EventClient):
         return self._running
 
     @property
+    def stopping(self) -> bool:
+        """True once stop() was called or a signal asked the listener to stop."""
+        return self._stopping.is_set()
+
+    @property
     def established(self) -> bool:
         return self._established
 

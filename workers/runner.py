@@ -21,6 +21,7 @@ import logging
 import os
 import signal
 import threading
+import time
 from collections.abc import Sequence
 from types import FrameType
 from typing import Any
@@ -164,8 +165,9 @@ class Runner:
                     break
             for listener in self.listeners:
                 listener.stop()
+            deadline = time.monotonic() + self.drain_timeout  # one deadline for all
             for thread in self._threads:
-                thread.join(timeout=self.drain_timeout)
+                thread.join(timeout=max(0.0, deadline - time.monotonic()))
             stuck = [t.name for t in self._threads if t.is_alive()]
             if stuck:
                 log.warning("still busy after %.0fs, exiting: %s", self.drain_timeout, stuck)

@@ -32,6 +32,7 @@ import redis
 from lifecycle.events import START_TASK, end_task
 from lifecycle.keys import TASK_GROUP, Keys
 from rqse import EventListener
+from rqse.errors import EventEncodingError
 from workers.errors import BadTask
 from workers.scripts import load_script
 
@@ -43,8 +44,10 @@ _ENDED = frozenset({"finished", "failed", "terminated", "missing", "replaced"})
 
 
 class HandBack(Exception):  # noqa: N818 - a signal to the listener, not an error
-    """Raise from ``run`` to leave the task unanswered and pending: another worker (or
-    this one after a restart) takes it over after ``claim_idle``. For shutdowns."""
+    """Raise from ``run`` to give the task back unanswered. While the listener is stopping
+    (its use: shutdowns) the same start-task goes back on its stream, atomically with
+    this delivery's acknowledgement, for any worker to take, and never counts towards
+    ``max_deliveries``; otherwise it stays pending and is retried after ``claim_idle``."""
 
 
 class _CancelCheck:
@@ -185,7 +188,13 @@ class TaskListener(EventListener):
             output = self.run(task)
         except HandBack:
             log.info("task %s: handed back by %s", task.id, self.consumer)
-            raise
+            if not self.stopping:
+                raise
+            # Re-queued rather than left pending: redeliveries of a pending entry count
+            # towards max_deliveries, and a task handed back at every shutdown would end
+            # in the dead letters.
+            self.emit(event, self.current_stream)
+            return False
         except redis.ConnectionError:
             raise  # Redis went away, not the task: leave it pending, retried later
         except Exception as error:
@@ -193,5 +202,9 @@ class TaskListener(EventListener):
             message = f"{type(error).__name__}: {error}"
             self.emit(end_task(event, error=message, worker=self.consumer), self.keys.lifecycle)
             return True
-        self.emit(end_task(event, output, worker=self.consumer), self.keys.lifecycle)
+        try:  # emit() encodes before it queues anything
+            self.emit(end_task(event, output, worker=self.consumer), self.keys.lifecycle)
+        except EventEncodingError as error:  # e.g. a set, or an int beyond 64 bits
+            message = f"output is not JSON: {error}"
+            self.emit(end_task(event, error=message, worker=self.consumer), self.keys.lifecycle)
         return True

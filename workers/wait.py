@@ -32,7 +32,7 @@ from rqse.listener import default_consumer_name
 from workers.errors import BadTask, TemplateError, WaitParameterError
 from workers.scripts import load_script
 from workers.task import Task
-from workers.wait_events import EventWatcher, entry_order
+from workers.wait_events import EventWatcher, catch_up, entry_order
 from workers.waitspec import Delay, EventWait, Latch, wait_spec
 
 __all__ = ["DelayPump", "WaitTaskListener", "WaitWorker"]
@@ -65,11 +65,13 @@ class WaitTaskListener(EventListener):
         options.setdefault("claim_idle", 10.0)
         super().__init__(self.keys.tasks(WAIT_KIND), TASK_GROUP, ["start-task"], **options)
         self._register = load_script(self.connection, "wait_register")
+        self._complete = load_script(self.connection, "wait_complete")
         self.outcomes = {0: 0, 1: 0, 2: 0, 3: 0}  # taken already / ended / waiting / failed
 
     def process_batch(self, batch: list[tuple[str, dict[str, Any]]]) -> list[str]:
         pipe = self.connection.pipeline(transaction=False)
         taken = []
+        event_waits: list[tuple[str, str, dict[str, Any]] | None] = []
         for event_id, event in batch:
             try:
                 task = Task.from_event(event_id, event)
@@ -79,8 +81,18 @@ class WaitTaskListener(EventListener):
             keys, args = self._registration(task, event)
             self._register(keys=keys, args=[self.group, event_id, *args], client=pipe)
             taken.append(event_id)
-        for outcome in pipe.execute():
+            is_event = args[0] == "event"
+            kind = keys[3][len(self.keys.wait_events("")) :] if is_event else ""
+            event_waits.append((task.id, kind, orjson.loads(args[3])) if is_event else None)
+        registered = []
+        for outcome, wait in zip(pipe.execute(), event_waits, strict=True):
             self.outcomes[int(outcome)] += 1
+            if wait is not None and int(outcome) == 2:  # now waiting
+                registered.append(wait)
+        if registered:
+            # An event written between the start-task and this registration may have
+            # passed the watcher already: look back for it.
+            catch_up(self.connection, self.keys, self._complete, registered)
         return taken  # wait_register.lua acknowledged each of them
 
     def _registration(self, task: Task, event: dict[str, Any]) -> tuple[list[str], list[Any]]:

@@ -23,12 +23,14 @@ import logging
 from typing import Any
 
 import orjson
+import redis
 
 from lifecycle.keys import WAIT_EVENTS_GROUP, Keys
 from rqse import EventListener
+from rqse.events import decode_lenient
 from workers.scripts import load_script
 
-__all__ = ["EventWatcher", "entry_order"]
+__all__ = ["EventWatcher", "catch_up", "end_waits", "entry_order", "json_equal", "matches"]
 
 log = logging.getLogger(__name__)
 
@@ -40,11 +42,100 @@ def entry_order(entry_id: str) -> tuple[int, int]:
 
 
 def matches(match: dict[str, Any] | None, event: dict[str, Any]) -> bool:
-    """Does ``event`` carry every field of ``match`` with an equal value? None: any event."""
+    """Does ``event`` carry every field of ``match`` with an equal JSON value? None: any."""
     if not match:
         return True
-    missing = object()
-    return all(event.get(name, missing) == value for name, value in match.items())
+    return all(name in event and json_equal(event[name], value) for name, value in match.items())
+
+
+def json_equal(a: Any, b: Any) -> bool:
+    """Equality of JSON values: ``true`` is not ``1``, ``1`` is ``1.0``."""
+    if isinstance(a, bool) or isinstance(b, bool):
+        return isinstance(a, bool) and isinstance(b, bool) and a == b
+    if isinstance(a, int | float) and isinstance(b, int | float):
+        return a == b
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(json_equal(a[k], b[k]) for k in a)
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(map(json_equal, a, b))
+    return type(a) is type(b) and a == b
+
+
+def counts_for(event_id: str, wait: dict[str, Any]) -> bool:
+    """An event counts for a wait from the millisecond its start-task was written on.
+    Ids of two streams share the clock, not the sequence: compare milliseconds only."""
+    return entry_order(event_id)[0] >= entry_order(wait["since"])[0]
+
+
+def end_waits(
+    connection: redis.Redis,
+    keys: Keys,
+    complete: Any,
+    batch: list[tuple[str, dict[str, Any]]],
+    registered: dict[str, list[tuple[str, dict[str, Any]]]],
+) -> tuple[int, int]:
+    """End every registered wait that an event of ``batch`` satisfies (each once:
+    wait_complete.lua decides). Returns (ended, matched)."""
+    done: set[str] = set()
+    calls = []
+    for event_id, event in batch:
+        kind = str(event.get("kind"))
+        for task_id, wait in registered.get(kind, ()):
+            if task_id in done or not counts_for(event_id, wait):
+                continue
+            if not matches(wait.get("match"), event):
+                continue
+            done.add(task_id)
+            output = orjson.dumps(event["output"]) if "output" in event else b""
+            receipt = event_id if wait.get("receipt", True) else ""
+            calls.append((task_id, kind, output, receipt))
+    if not calls:
+        return 0, 0
+    pipe = connection.pipeline(transaction=False)
+    for task_id, kind, output, receipt in calls:
+        complete(
+            keys=[keys.waits, keys.lifecycle, keys.wait_events(kind)],
+            args=[task_id, output, receipt],
+            client=pipe,
+        )
+    return sum(int(n) for n in pipe.execute()), len(calls)
+
+
+def catch_up(
+    connection: redis.Redis,
+    keys: Keys,
+    complete: Any,
+    waits: list[tuple[str, str, dict[str, Any]]],
+) -> int:
+    """End new ``(task id, kind, wait)`` registrations that an event the watcher has
+    already read would have satisfied: the events written between the start-task and
+    the registration. Later events reach the watcher itself. Returns waits ended."""
+    groups = connection.xinfo_groups(keys.lifecycle)
+    read = next(
+        (g["last-delivered-id"] for g in groups if _text(g["name"]) == WAIT_EVENTS_GROUP), None
+    )
+    if read is None:  # no watcher yet: when it starts it reads the stream from the beginning
+        return 0
+    ended = 0
+    for task_id, kind, wait in waits:
+        cursor = f"{entry_order(wait['since'])[0]}-0"
+        while True:
+            entries = connection.xrange(keys.lifecycle, cursor, _text(read), count=1000)
+            batch = [(i.decode(), _decode(f)) for i, f in entries]
+            found, _ = end_waits(connection, keys, complete, batch, {kind: [(task_id, wait)]})
+            ended += found
+            if found or len(entries) < 1000:
+                break
+            cursor = "(" + entries[-1][0].decode()
+    return ended
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _decode(fields: dict[bytes, bytes]) -> dict[str, Any]:
+    return decode_lenient(fields)
 
 
 class EventWatcher(EventListener):
@@ -70,28 +161,8 @@ class EventWatcher(EventListener):
         }
         if not registered:
             return []
-        done: set[str] = set()
-        calls = []
-        for event_id, event in batch:
-            kind = str(event.get("kind"))
-            for task_id, wait in registered.get(kind, ()):
-                if task_id in done or entry_order(event_id) <= entry_order(wait["since"]):
-                    continue
-                if not matches(wait.get("match"), event):
-                    continue
-                done.add(task_id)
-                output = orjson.dumps(event["output"]) if "output" in event else b""
-                receipt = event_id if wait.get("receipt", True) else ""
-                calls.append((task_id, kind, output, receipt))
-        if calls:
-            pipe = self.connection.pipeline(transaction=False)
-            for task_id, kind, output, receipt in calls:
-                self._complete(
-                    keys=[self.keys.waits, self.keys.lifecycle, self.keys.wait_events(kind)],
-                    args=[task_id, output, receipt],
-                    client=pipe,
-                )
-            ended = sum(int(n) for n in pipe.execute())
+        ended, matched = end_waits(self.connection, self.keys, self._complete, batch, registered)
+        if matched:
             self.ended += ended
-            log.info("wait:event: %d of %d matching waits ended", ended, len(calls))
+            log.info("wait:event: %d of %d matching waits ended", ended, matched)
         return []

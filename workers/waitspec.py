@@ -22,6 +22,9 @@ __all__ = ["Delay", "EventWait", "Latch", "WaitSpec", "parse_duration", "wait_sp
 
 OPERATIONS = ("delay", "event", "acquire", "release", "countdown")
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+# Due times are integer milliseconds scored in a sorted set (exact up to 2**53 ms):
+# a hundred years is far beyond any real delay and far within that.
+MAX_SECONDS = 100 * 365 * 86400
 _PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
 
 
@@ -31,7 +34,10 @@ def parse_duration(value: Any) -> float:
     if isinstance(value, bool) or value is None:
         raise WaitParameterError(f"duration {value!r}: expected seconds or text like '90s'")
     if isinstance(value, int | float):
-        seconds = float(value)
+        try:
+            seconds = float(value)
+        except OverflowError:  # an int beyond any float
+            seconds = math.inf
     elif isinstance(value, str):
         text = value.strip().lower().replace(" ", "")
         try:
@@ -52,6 +58,10 @@ def parse_duration(value: Any) -> float:
         raise WaitParameterError(f"duration {value!r}: expected seconds or text like '90s'")
     if not math.isfinite(seconds) or seconds < 0:
         raise WaitParameterError(f"duration {value!r}: must be zero or more seconds")
+    if seconds > MAX_SECONDS:
+        raise WaitParameterError(
+            f"duration {value!r}: more than {MAX_SECONDS // 86400 // 365} years"
+        )
     return seconds
 
 
