@@ -45,6 +45,7 @@ KEYS = Keys()
 @dataclass
 class Figures:
     shape: str
+    server: str
     workflows: int
     tasks: int
     wall_s: float
@@ -59,6 +60,7 @@ class Figures:
     stuck: int
     peak_stream_length: dict[str, int] = field(default_factory=dict)
     cpu_s: dict[str, float] = field(default_factory=dict)
+    redis_us_per_task: dict[str, float] = field(default_factory=dict)  # by command
 
 
 def _cpu_seconds(pid: int) -> float:
@@ -68,6 +70,14 @@ def _cpu_seconds(pid: int) -> float:
         return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
     except (OSError, IndexError, ValueError):
         return 0.0
+
+
+def _server_name(client: redis.Redis) -> str:
+    """E.g. ``valkey 8.1.8 (libc)``: figures depend on the server and its allocator."""
+    info = client.info("server")
+    name = info.get("server_name") or "redis"
+    version = info.get("valkey_version") or info.get("redis_version")
+    return f"{name} {version} ({client.info('memory').get('mem_allocator', '?')})"
 
 
 def _spawn(url: str, *command: str) -> subprocess.Popen[bytes]:
@@ -88,26 +98,26 @@ def _stop(procs: list[subprocess.Popen[bytes]]) -> None:
             proc.kill()
 
 
-BENCH_GROUP = "bench"  # the benchmark's own group: trimming never drops what it has not read
+def _ended(client: redis.Redis) -> tuple[int, int]:
+    """(finished, failed or terminated) workflows, from the engine's outcome counters."""
+    finished, failed, terminated = client.hmget(KEYS.outcomes, "finished", "failed", "terminated")
+    return int(finished or 0), int(failed or 0) + int(terminated or 0)
 
 
-def _count_ends(client: redis.Redis, counts: list[int]) -> int:
-    """Read new lifecycle entries through the bench group; add end/fail counts; return
-    how many entries were read."""
-    read = 0
-    while True:
-        reply = client.xreadgroup(BENCH_GROUP, "bench", {KEYS.lifecycle: ">"}, count=10000)
-        entries = [entry for _, items in reply or [] for entry in items]
-        if not entries:
-            return read
-        for _, fields in entries:
-            kind = fields.get(b"kind")
-            if kind == b'"end-workflow"':
-                counts[0] += 1
-            elif kind == b'"failed-workflow"':
-                counts[1] += 1
-        client.xack(KEYS.lifecycle, BENCH_GROUP, *[entry_id for entry_id, _ in entries])
-        read += len(entries)
+def _events_added(client: redis.Redis) -> int:
+    """Entries ever added to the lifecycle stream: any step of any workflow adds one."""
+    return int(client.xinfo_stream(KEYS.lifecycle)["entries-added"])
+
+
+def _redis_time_by_command(commandstats: dict[str, Any], tasks: int) -> dict[str, float]:
+    """Microseconds of Redis time per task, by command, largest first (commands inside
+    scripts are counted under their own names and again in the EVALSHA that ran them)."""
+    times = {
+        name.removeprefix("cmdstat_"): stats["usec"] / max(tasks, 1)
+        for name, stats in commandstats.items()
+    }
+    ranked = sorted(times.items(), key=lambda item: -item[1])
+    return {name: round(us, 2) for name, us in ranked if us >= 0.05}
 
 
 def throughput(args: argparse.Namespace) -> Figures:
@@ -115,9 +125,8 @@ def throughput(args: argparse.Namespace) -> Figures:
     graph = compile_text(text)
     inputs = [MAP_INPUT if args.shape == "map10" else {"n": i} for i in range(args.workflows)]
     with ExitStack() as stack:
-        server = stack.enter_context(RedisServer(persistence=args.persistence))
+        server = stack.enter_context(RedisServer(args.server, persistence=args.persistence))
         client = redis.Redis.from_url(server.url)
-        client.xgroup_create(KEYS.lifecycle, BENCH_GROUP, id="0", mkstream=True)
         procs: dict[str, list[subprocess.Popen[bytes]]] = {"lifecycle": [], "noop": []}
         for n in range(args.lifecycle):
             procs["lifecycle"].append(
@@ -133,17 +142,17 @@ def throughput(args: argparse.Namespace) -> Figures:
         stack.callback(_stop, [p for group in procs.values() for p in group])
         time.sleep(1.0)  # let the workers create their groups
         client.config_resetstat()
-        started = time.perf_counter()
+        started, bench_cpu = time.perf_counter(), time.process_time()
         start_workflows(client, graph, inputs, [f"w{i}" for i in range(args.workflows)], KEYS)
         submitted = time.perf_counter() - started
-        counts, peaks = [0, 0], {"lifecycle": 0, "tasks": 0}
-        last_change = time.perf_counter()
-        while counts[0] + counts[1] < args.workflows:
+        peaks = {"lifecycle": 0, "tasks": 0}
+        last_change, added = time.perf_counter(), 0
+        while sum(_ended(client)) < args.workflows:
             time.sleep(0.05)
             # Progress is any new lifecycle event: with many workflows in flight at once,
             # none may finish for a long while although tasks end all the time.
-            if _count_ends(client, counts):
-                last_change = time.perf_counter()
+            if (now_added := _events_added(client)) != added:
+                last_change, added = time.perf_counter(), now_added
             elif time.perf_counter() - last_change > args.stall:
                 break
             peaks["lifecycle"] = max(peaks["lifecycle"], client.xlen(KEYS.lifecycle))
@@ -154,12 +163,17 @@ def throughput(args: argparse.Namespace) -> Figures:
         }
         info_cpu = client.info("cpu")
         cpu["redis"] = round(info_cpu["used_cpu_user"] + info_cpu["used_cpu_sys"], 2)
-        commands = sum(v["calls"] for k, v in client.info("commandstats").items())
+        cpu["bench"] = round(time.process_time() - bench_cpu, 2)
+        cpu["total"] = round(sum(cpu.values()), 2)
+        server_name = _server_name(client)
+        commandstats = client.info("commandstats")
+        commands = sum(v["calls"] for v in commandstats.values())
         peak = int(client.info("memory")["used_memory_peak"])
-    finished, failed = counts
+        finished, failed = _ended(client)
     tasks = finished * tasks_per_workflow
     return Figures(
         shape=args.shape,
+        server=server_name,
         workflows=args.workflows,
         tasks=tasks,
         wall_s=round(wall, 2),
@@ -174,13 +188,14 @@ def throughput(args: argparse.Namespace) -> Figures:
         peak_stream_length=peaks,
         stuck=args.workflows - finished - failed,
         cpu_s=cpu,
+        redis_us_per_task=_redis_time_by_command(commandstats, tasks),
     )
 
 
 def latency(args: argparse.Namespace) -> dict[str, Any]:
     graph = compile_text("A")
     with ExitStack() as stack:
-        server = stack.enter_context(RedisServer())
+        server = stack.enter_context(RedisServer(args.server))
         client = redis.Redis.from_url(server.url)
         procs = [
             _spawn(server.url, "lifecycle", "worker"),
@@ -233,6 +248,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--count", type=int, default=500, help="latency: workflows to time")
     parser.add_argument(
         "--stall", type=float, default=30.0, help="give up after this long without progress"
+    )
+    parser.add_argument(
+        "--server", help="Redis/Valkey server binary (default: the one the tests use)"
     )
     parser.add_argument("--json", help="also write the figures to this file")
     parser.add_argument(

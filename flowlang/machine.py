@@ -20,7 +20,19 @@ from typing import Any
 from flowlang.data import DataError, gather, guard_matches, merge
 from flowlang.graph import Graph, NodeKind
 
-__all__ = ["Failed", "Finished", "Machine", "StartTask", "State", "instance_key", "parse_key"]
+__all__ = [
+    "FAILED",
+    "FINISHED",
+    "RUNNING",
+    "TERMINATED",
+    "Failed",
+    "Finished",
+    "Machine",
+    "StartTask",
+    "State",
+    "instance_key",
+    "parse_key",
+]
 
 RUNNING, FINISHED, FAILED, TERMINATED = "running", "finished", "failed", "terminated"
 Path = tuple[int, ...]

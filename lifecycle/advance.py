@@ -21,7 +21,16 @@ from typing import Any, Protocol
 import orjson
 import redis
 
-from flowlang.machine import Failed, Finished, Machine, StartTask, State
+from flowlang.machine import (
+    FAILED,
+    FINISHED,
+    TERMINATED,
+    Failed,
+    Finished,
+    Machine,
+    StartTask,
+    State,
+)
 from lifecycle import events as ev
 from lifecycle.commit import BatchResult, Commit, Pending, timer_member
 from lifecycle.errors import BadEvent, FlowNotStored, LifecycleError
@@ -250,7 +259,7 @@ class Advancer:
                 state = State(status="terminated", error=event[1])
                 commit.created = str(now)
                 commit.set("created", now)
-                commit.set("ended", now)
+                commit.end(now, TERMINATED)
                 commit.append(
                     self.keys.lifecycle,
                     {
@@ -298,7 +307,7 @@ class Advancer:
             if state.status != "running":
                 return None
             machine.terminate(state, event[1])
-            commit.set("ended", now)
+            commit.end(now, TERMINATED)
             commit.append(
                 self.keys.lifecycle,
                 {
@@ -369,13 +378,13 @@ class Advancer:
                     member = timer_member(ev.TIMEOUT_TASK, workflow, action.key, action.attempt)
                     commit.timers += (now + int(policy.timeout * 1000), member)
             elif isinstance(action, Finished):
-                commit.set("ended", now)
+                commit.end(now, FINISHED)
                 commit.append(
                     self.keys.lifecycle,
                     {"kind": ev.END_WORKFLOW, "workflow": workflow, "output": action.output},
                 )
             elif isinstance(action, Failed):
-                commit.set("ended", now)
+                commit.end(now, FAILED)
                 commit.append(
                     self.keys.lifecycle,
                     {"kind": ev.FAILED_WORKFLOW, "workflow": workflow, "reason": action.reason},

@@ -50,7 +50,13 @@ class Commit:
 
     def __init__(self, keys: Keys, workflow: str) -> None:
         self.keys = keys
-        self.stream_keys = [keys.workflow(workflow), keys.lifecycle, keys.timers, keys.workflows]
+        self.stream_keys = [
+            keys.workflow(workflow),
+            keys.lifecycle,
+            keys.timers,
+            keys.workflows,
+            keys.outcomes,
+        ]
         self.stream_index: dict[str, int] = {}
         self.acks: list[str] = []
         self.fields: list[Any] = []
@@ -59,9 +65,15 @@ class Commit:
         self.timers: list[Any] = []
         self.cancels: list[str] = []
         self.created = ""
+        self.outcome = ""  # the status the workflow ended with, when this commit ends it
 
     def set(self, name: str, value: Any) -> None:
         self.fields += (name, value)
+
+    def end(self, now: int, status: str) -> None:
+        """The workflow ends with this commit: its end time, and one more of ``status``."""
+        self.set("ended", now)
+        self.outcome = status
 
     def append(self, stream: str, event: dict[str, Any]) -> None:
         index = 2 if stream == self.keys.lifecycle else self.stream_index.get(stream)
@@ -88,6 +100,7 @@ class Commit:
             len(self.cancels),
             *self.cancels,
             self.created,
+            self.outcome,
         ]
 
 

@@ -144,22 +144,24 @@ def end_task(
     worker: str | None = None,
 ) -> dict[str, Any]:
     """The end-task event answering a start-task event: SUCCESS with ``output``,
-    or FAILURE with ``error`` when one is given."""
+    or FAILURE with ``error`` when one is given.
+
+    Only what the engine reads: the task's ``name``, ``index`` and ``id`` follow
+    from ``workflow``/``key``/``attempt`` and the start-task (every field costs on
+    every hop: written, read by the lifecycle and by the receipts worker).
+    """
     event: dict[str, Any] = {
         "kind": END_TASK,
         "workflow": start["workflow"],
-        "name": start.get("name"),
-        "index": start.get("index"),
         "key": start.get("key", str(start.get("index"))),
-        "status": FAILURE if error is not None else SUCCESS,
     }
     if "attempt" in start:
         event["attempt"] = start["attempt"]
-    if "id" in start:
-        event["id"] = start["id"]
     if error is not None:
+        event["status"] = FAILURE
         event["error"] = error
     else:
+        event["status"] = SUCCESS
         event["output"] = output if output is not None else {}
     if worker is not None:
         event["worker"] = worker

@@ -38,6 +38,7 @@ _SHOWN = {
 def timeline(entries: list[Entry]) -> list[dict[str, Any]]:
     """One row per workflow event, in time order: who started/ended which attempt, when."""
     rows = []
+    names: dict[Any, Any] = {}  # key -> task name, from its start-task (end-tasks omit it)
     for stream, entry_id, event in sorted(entries, key=lambda e: id_order(e[1])):
         kind = event.get("kind")
         if kind not in _SHOWN:
@@ -48,6 +49,9 @@ def timeline(entries: list[Entry]) -> list[dict[str, Any]]:
                 row[name] = event[name]
         if kind == ev.START_TASK:
             row["stream"] = stream
+            names[event.get("key")] = event.get("name")
+        elif "key" in row and "name" not in row and names.get(row["key"]) is not None:
+            row["name"] = names[row["key"]]
         rows.append(row)
     return rows
 

@@ -75,6 +75,12 @@ class Keys:
         return f"{self.prefix}:workflows"
 
     @property
+    def outcomes(self) -> str:
+        """Hash of how many workflows ended, by status: ``finished``, ``failed``,
+        ``terminated`` (counted by the commit that ends each one, so exactly once)."""
+        return f"{self.prefix}:outcomes"
+
+    @property
     def timers(self) -> str:
         """Sorted set of durable timers, scored by due time (ms)."""
         return f"{self.prefix}:timers"

@@ -4,7 +4,8 @@
 -- KEYS[2]  the lifecycle stream         ({flow}:lifecycle)
 -- KEYS[3]  the timers sorted set        ({flow}:timers)
 -- KEYS[4]  the workflows index          ({flow}:workflows)
--- KEYS[5…] task streams named by the XADD section
+-- KEYS[5]  the outcome counters         ({flow}:outcomes)
+-- KEYS[6…] task streams named by the XADD section
 --
 -- ARGV[1]  the lifecycle consumer group
 -- ARGV[2]  the version the transition was computed from ('' = the workflow must not exist)
@@ -14,7 +15,8 @@
 --   events  n, (key index, m, (field, value) × m) × n  XADD key * fields
 --   timers  n, (score, member) × n                   ZADD on KEYS[3]
 --   cancels n, member × n                            ZREM on KEYS[3]
--- and last: the creation time for KEYS[4], or '' when the workflow already exists.
+-- and last: the creation time for KEYS[4], or '' when the workflow already exists;
+-- the status the workflow ends with (counted in KEYS[5]), or '' while it runs.
 --
 -- Returns 1 when committed, 0 when the version moved (another worker advanced
 -- the workflow first: nothing is written, the caller reloads and recomputes).
@@ -74,5 +76,8 @@ i = sliced({'ZREM', KEYS[3]}, i, n, 1)
 
 if ARGV[i] ~= '' then
   redis.call('ZADD', KEYS[4], ARGV[i], string.match(KEYS[1], ':wf:(.*)$'))
+end
+if ARGV[i + 1] ~= '' then
+  redis.call('HINCRBY', KEYS[5], ARGV[i + 1], 1)
 end
 return 1

@@ -30,4 +30,6 @@ def test_a_tiny_benchmark_run_finishes_every_workflow_and_writes_its_figures(
         assert key in figures
     assert (figures["finished"], figures["failed"], figures["stuck"]) == (100, 0, 0)
     assert figures["tasks"] == 100 * 12
-    assert set(figures["cpu_s"]) == {"lifecycle", "noop", "receipts", "redis"}
+    assert set(figures["cpu_s"]) == {"lifecycle", "noop", "receipts", "redis", "bench", "total"}
+    assert figures["server"]
+    assert "evalsha" in figures["redis_us_per_task"]

@@ -126,6 +126,32 @@ def test_terminate_ends_a_running_workflow(harness: Harness, redis_client) -> No
     assert orjson.loads(redis_client.hget(Keys().workflow(workflow), "s"))["status"] == "terminated"
 
 
+def test_each_ending_is_counted_once_by_its_status(harness: Harness, redis_client) -> None:
+    from lifecycle.submit import terminate_workflow
+
+    def fail_b(call: TaskCall) -> Any:
+        if call.name == "B":
+            raise RuntimeError("no")
+        return {}
+
+    for _ in range(3):
+        harness.run(compile_text("A"), echo)
+    harness.run(compile_text("A → B"), fail_b)
+    stopped = harness.submit(compile_text("A → B"))
+    harness.advance()
+    terminate_workflow(redis_client, stopped, "stop")
+    terminate_workflow(redis_client, stopped, "stop again")  # changes nothing: already ended
+    harness.advance()
+    end = redis_client.xrange(Keys().lifecycle)[-1][1]
+    redis_client.xadd(Keys().lifecycle, end)  # a redelivered event counts nothing either
+    harness.advance()
+    assert redis_client.hgetall(Keys().outcomes) == {
+        b"finished": b"3",
+        b"failed": b"1",
+        b"terminated": b"1",
+    }
+
+
 def test_a_task_that_outlives_its_timeout_is_failed_by_a_durable_timer(
     harness: Harness, redis_client
 ) -> None:

@@ -39,6 +39,12 @@ def test_the_restock_example_runs_end_to_end_with_latches_a_guard_a_join_and_a_d
     assert time.monotonic() - started >= 1.0  # the delay
     assert wait_for_end(redis_client, waiter)["status"] == "finished"
     assert state(redis_client, waiter)["output"] == {}
-    names = [e["name"] for _, e in events(redis_client, KEYS.lifecycle, "end-task")]
+    started_names = {
+        (e["workflow"], e["key"]): e["name"]
+        for kind in ("stock", "wait")
+        for _, e in events(redis_client, KEYS.tasks(kind), "start-task")
+    }
+    ends = [e for _, e in events(redis_client, KEYS.lifecycle, "end-task")]
+    names = [started_names[e["workflow"], e["key"]] for e in ends]
     assert names.count("stock:count") == 4 and names.count("stock:reorder") == 2
     assert names.index("wait:countdown") == names.index("wait:release") + 1

@@ -37,7 +37,9 @@ def test_a_task_listener_runs_a_workflow_with_iteration_end_to_end(
     ]
     ends = events(redis_client, KEYS.lifecycle, "end-task")
     assert {e["worker"] for _, e in ends} == {worker.consumer}
-    assert all(e["id"] == f"{workflow}/{e['key']}/{e['attempt']}" for _, e in ends)
+    starts = events(redis_client, KEYS.tasks("text"), "start-task")
+    answered = {f"{e['workflow']}/{e['key']}/{e['attempt']}" for _, e in ends}
+    assert answered == {e["id"] for _, e in starts} and len(ends) == len(starts)
 
 
 def test_an_exception_in_run_fails_the_task_with_its_type_and_text(

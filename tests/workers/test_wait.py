@@ -133,9 +133,17 @@ def test_fifty_workflows_hold_one_latch_and_a_countdown_ends_only_when_it_reache
     held.permits.release()
     assert wait_for_end(redis_client, counter) == {"status": "finished", "output": {"b": 1}}
     assert all(wait_for_end(redis_client, w)["status"] == "finished" for w in holders)
-    ends = events(redis_client, KEYS.lifecycle, "end-task")
-    releases = [i for i, e in ends if e["name"] == "wait:release"]
-    (countdown_end,) = [i for i, e in ends if e["name"] == "wait:countdown"]
+    # end-tasks name their task by workflow and key; the start-tasks say which task that is
+    names = {
+        (e["workflow"], e["key"]): e["name"]
+        for _, e in events(redis_client, KEYS.tasks("wait"), "start-task")
+    }
+    ends = [
+        (i, names.get((e["workflow"], e["key"])))
+        for i, e in events(redis_client, KEYS.lifecycle, "end-task")
+    ]
+    releases = [i for i, name in ends if name == "wait:release"]
+    (countdown_end,) = [i for i, name in ends if name == "wait:countdown"]
     assert len(releases) == 50
     assert countdown_end > max(releases, key=lambda i: tuple(map(int, i.split("-"))))
     assert not redis_client.exists(latch, KEYS.latch_waiters("batch-1"), KEYS.waits)
