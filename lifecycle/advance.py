@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import orjson
@@ -44,8 +45,18 @@ __all__ = ["Advancer", "BatchResult", "Commit", "Pending"]
 log = logging.getLogger(__name__)
 
 _SCRIPTS = lua.scripts_dir(__file__)
+_START_TASK_JSON = orjson.dumps(ev.START_TASK)
 _MAX_CONFLICTS = 50
 _dumps = orjson.dumps
+
+
+@dataclass(frozen=True, slots=True)
+class _TaskFacts:
+    stream: str
+    name: bytes  # JSON, as the start-task's fields hold them
+    index: bytes
+    parameters: bytes
+    policy: Policy
 
 
 def _ms() -> int:
@@ -90,7 +101,7 @@ class Advancer:
         self.clock = clock
         self.graphs: GraphSource = GraphCache(client, self.keys)
         self.script = lua.load_script(client, "advance", _SCRIPTS)
-        self._policies: dict[tuple[str, int], tuple[Any, Policy]] = {}
+        self._tasks: dict[tuple[str, int], _TaskFacts] = {}
 
     @classmethod
     def offline(
@@ -101,7 +112,7 @@ class Advancer:
         advancer.keys = keys or Keys()
         advancer.clock = clock
         advancer.graphs = graphs
-        advancer._policies = {}
+        advancer._tasks = {}
         return advancer
 
     def compute(self, item: Pending, result: BatchResult) -> Commit | None:
@@ -182,27 +193,21 @@ class Advancer:
         return None
 
     def _load(self, pending: list[Pending]) -> None:
+        workflow_key = self.keys.workflow
+        needing = [_keys_needing_input(item) for item in pending]
         commands = [
-            (
-                "HMGET",
-                self.keys.workflow(item.workflow),
-                "v",
-                "s",
-                "g",
-                *[f"n:{key}" for key in _keys_needing_input(item)],
-            )
-            for item in pending
+            ("HMGET", workflow_key(item.workflow), "v", "s", "g", *[f"n:{key}" for key in keys])
+            for item, keys in zip(pending, needing, strict=True)
         ]
-        for item, values in zip(
-            pending, _raise_errors(fastpipe.execute(self.client, commands)), strict=True
-        ):
+        replies = _raise_errors(fastpipe.execute(self.client, commands))
+        for item, keys, values in zip(pending, needing, replies, strict=True):
             version, state, digest, *inputs = values
             item.version = version.decode() if version else ""
             item.state = State.from_dict(orjson.loads(state)) if state else None
             item.digest = digest.decode() if digest else None
             item.inputs = {
                 key: orjson.loads(raw)[2]
-                for key, raw in zip(_keys_needing_input(item), inputs, strict=True)
+                for key, raw in zip(keys, inputs, strict=True)
                 if raw is not None
             }
 
@@ -322,7 +327,7 @@ class Advancer:
         attempt = event.attempt if event.attempt is not None else state.running.get(key)
         if state.status != "running" or attempt is None or state.running.get(key) != attempt:
             return None  # stale: another attempt runs, or the workflow has ended
-        policy = self._policy(item, machine, key)[1]
+        policy = self._policy(item, machine, key)
         if kind == ev.RETRY_TASK:
             return [machine.task_action(key, attempt, item.inputs.get(key))]
         if policy.timeout:
@@ -355,28 +360,32 @@ class Advancer:
         now: int,
     ) -> None:
         workflow = item.workflow
+        workflow_json = None
         for action in actions:
             if isinstance(action, StartTask):
-                params, policy = self._policy(item, machine, action.key)
-                task_id = ev.task_instance_id(workflow, action.key, action.attempt)
-                commit.set(f"n:{action.key}", _dumps([action.attempt, now, action.input]))
-                commit.append(
-                    self.keys.tasks(task_kind(action.name, action.kind)),
-                    {
-                        "kind": ev.START_TASK,
-                        "workflow": workflow,
-                        "name": action.name,
-                        "index": action.node,
-                        "key": action.key,
-                        "attempt": action.attempt,
-                        "id": task_id,
-                        "input": action.input,
-                        "parameters": params if params is not None else {},
-                    },
-                )
-                if policy.timeout:
-                    member = timer_member(ev.TIMEOUT_TASK, workflow, action.key, action.attempt)
-                    commit.timers += (now + int(policy.timeout * 1000), member)
+                task = self._task(item, machine, action.node)
+                key, attempt = action.key, action.attempt
+                workflow_json = workflow_json or _dumps(workflow)
+                input_json = _dumps(action.input)
+                # n:<key> = [attempt, started ms, input], spliced: the input is encoded once
+                commit.set(f"n:{key}", b"[%d,%d,%b]" % (attempt, now, input_json))
+                commit.append_encoded(
+                    task.stream,
+                    [
+                        "kind", _START_TASK_JSON,
+                        "workflow", workflow_json,
+                        "name", task.name,
+                        "index", task.index,
+                        "key", _dumps(key),
+                        "attempt", b"%d" % attempt,
+                        "id", _dumps(ev.task_instance_id(workflow, key, attempt)),
+                        "input", input_json,
+                        "parameters", task.parameters,
+                    ],
+                )  # fmt: skip
+                if task.policy.timeout:
+                    member = timer_member(ev.TIMEOUT_TASK, workflow, key, attempt)
+                    commit.timers += (now + int(task.policy.timeout * 1000), member)
             elif isinstance(action, Finished):
                 commit.end(now, FINISHED)
                 commit.append(
@@ -390,17 +399,29 @@ class Advancer:
                     {"kind": ev.FAILED_WORKFLOW, "workflow": workflow, "reason": action.reason},
                 )
 
-    def _policy(self, item: Pending, machine: Machine, key: str) -> tuple[Any, Policy]:
-        """(parameters the task sees, retry/timeout policy) of a node, cached per graph."""
-        node = int(key.split(".", 1)[0])
+    def _task(self, item: Pending, machine: Machine, node: int) -> _TaskFacts:
+        """What every start-task of ``node`` shares, cached per graph: its stream, its
+        encoded name/index/parameters, and its retry/timeout policy."""
         cache_key = (item.digest or "", node)
-        found = self._policies.get(cache_key)
+        found = self._tasks.get(cache_key)
         if found is None:
+            spec = machine.nodes[node]
+            name = spec.name or ""
             try:
-                found = split_params(machine.nodes[node].params)
+                params, policy = split_params(spec.params)
             except LifecycleError as error:
                 # `lifecycle run` refuses such flows; one stored by other means still runs.
                 log.warning("workflow %s node %s: %s; no retry policy", item.workflow, node, error)
-                found = (machine.nodes[node].params, Policy())
-            self._policies[cache_key] = found
+                params, policy = spec.params, Policy()
+            found = self._tasks[cache_key] = _TaskFacts(
+                stream=self.keys.tasks(task_kind(name, str(spec.kind))),
+                name=_dumps(name),
+                index=_dumps(node),
+                parameters=_dumps(params if params is not None else {}),
+                policy=policy,
+            )
         return found
+
+    def _policy(self, item: Pending, machine: Machine, key: str) -> Policy:
+        """The retry/timeout policy of the node of instance ``key``."""
+        return self._task(item, machine, int(key.split(".", 1)[0])).policy

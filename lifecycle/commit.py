@@ -7,6 +7,7 @@ and by replay, which runs the same code without Redis.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any
 
 import orjson
@@ -45,18 +46,19 @@ class Pending:
     inputs: dict[str, Any] = field(default_factory=dict)  # task inputs loaded for retries
 
 
+@lru_cache(maxsize=16)
+def _shared_keys(keys: Keys) -> tuple[str, ...]:
+    """KEYS[2…5] of every call (the key names are built once, not per commit)."""
+    return keys.lifecycle, keys.timers, keys.workflows, keys.outcomes
+
+
 class Commit:
     """The arguments of one advance.lua call, built up as actions are carried out."""
 
     def __init__(self, keys: Keys, workflow: str) -> None:
         self.keys = keys
-        self.stream_keys = [
-            keys.workflow(workflow),
-            keys.lifecycle,
-            keys.timers,
-            keys.workflows,
-            keys.outcomes,
-        ]
+        self.lifecycle = keys.lifecycle
+        self.stream_keys = [keys.workflow(workflow), *_shared_keys(keys)]
         self.stream_index: dict[str, int] = {}
         self.acks: list[str] = []
         self.fields: list[Any] = []
@@ -76,13 +78,19 @@ class Commit:
         self.outcome = status
 
     def append(self, stream: str, event: dict[str, Any]) -> None:
-        index = 2 if stream == self.keys.lifecycle else self.stream_index.get(stream)
+        fields: list[Any] = []
+        for name, value in event.items():
+            fields += (name, _dumps(value))
+        self.append_encoded(stream, fields)
+
+    def append_encoded(self, stream: str, fields: list[Any]) -> None:
+        """An event already on the wire format: field names and JSON values, alternating."""
+        index = 2 if stream == self.lifecycle else self.stream_index.get(stream)
         if index is None:
             self.stream_keys.append(stream)
             index = self.stream_index[stream] = len(self.stream_keys)
-        self.events += (index, len(event))
-        for name, value in event.items():
-            self.events += (name, _dumps(value))
+        self.events += (index, len(fields) // 2)
+        self.events += fields
         self.event_count += 1
 
     def args(self, group: str, version: str) -> list[Any]:
