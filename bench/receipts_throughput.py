@@ -27,6 +27,7 @@ import redis
 from bench.engine import SHAPES, _spawn, _stop
 from flowlang.compiler import compile_text
 from lifecycle.archive import SegmentSink
+from lifecycle.events import end_task
 from lifecycle.keys import LIFECYCLE_GROUP, RECEIPTS_GROUP, Keys
 from lifecycle.receipts import ReceiptsWorker
 from lifecycle.submit import start_workflows
@@ -52,9 +53,7 @@ def _fill(client: redis.Redis, events: int) -> None:
             "input": {"n": n // 10},
             "parameters": {},
         }
-        end = {**start, "kind": "end-task", "status": "SUCCESS", "output": {"n": n // 10}}
-        end["worker"] = "noop-host-1234-abcdef"
-        del end["input"], end["parameters"]
+        end = end_task(start, {"n": n // 10}, worker="noop-host-1234-abcdef")
         pipe.xadd(KEYS.tasks("default"), {k: orjson.dumps(v) for k, v in start.items()})
         pipe.xadd(KEYS.lifecycle, {k: orjson.dumps(v) for k, v in end.items()})
         if n % 5000 == 0:

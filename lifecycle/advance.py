@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -61,6 +61,9 @@ class _TaskFacts:
 
 def _ms() -> int:
     return int(time.time() * 1000)
+
+
+Send = Callable[[Sequence[Any]], list[Any]]  # one round trip on a fastpipe session
 
 
 class GraphSource(Protocol):  # GraphCache live; the archive's graphs in replay
@@ -129,18 +132,28 @@ class Advancer:
         pending = self._group(entries, result)
         rounds = 0
         while pending:
-            self._load(pending)
-            commits = []
-            for item in pending:
-                # A workflow that loses the race is recomputed from fresh state: what this
-                # round said of its events counts only if the round's commit wins.
-                said = BatchResult()
-                commit = self._compute(item, said)
-                if commit is None:
-                    result.absorb(said)
-                else:
-                    commits.append((item, commit, said))
-            outcome = self._commit([(item, commit) for item, commit, _ in commits])
+            # The first round commits the whole batch in one MULTI/EXEC under WATCH of its
+            # workflows: plain commands, a third of the script's cost in Redis. If another
+            # worker advanced any of them meanwhile nothing is written, and the next rounds
+            # commit workflow by workflow through advance.lua's version check, so one
+            # contended workflow never holds back the rest of a batch twice.
+            watched = rounds == 0
+            with fastpipe.session(self.client) as send:
+                self._load(pending, send, watch=watched)
+                commits = []
+                for item in pending:
+                    # A workflow that loses the race is recomputed from fresh state: what
+                    # this round said of its events counts only if the round's commit wins.
+                    said = BatchResult()
+                    commit = self._compute(item, said)
+                    if commit is None:
+                        result.absorb(said)
+                    else:
+                        commits.append((item, commit, said))
+                if watched:
+                    outcome = self._commit_watched([commit for _, commit, _ in commits], send)
+            if not watched:
+                outcome = self._commit([(item, commit) for item, commit, _ in commits])
             pending = []
             for (item, commit, said), won in zip(commits, outcome, strict=True):
                 if won:
@@ -192,14 +205,16 @@ class Advancer:
             return ev.parse_terminate(event_id, event)
         return None
 
-    def _load(self, pending: list[Pending]) -> None:
+    def _load(self, pending: list[Pending], send: Send, watch: bool) -> None:
         workflow_key = self.keys.workflow
         needing = [_keys_needing_input(item) for item in pending]
         commands = [
             ("HMGET", workflow_key(item.workflow), "v", "s", "g", *[f"n:{key}" for key in keys])
             for item, keys in zip(pending, needing, strict=True)
         ]
-        replies = _raise_errors(fastpipe.execute(self.client, commands))
+        if watch:
+            commands.insert(0, ("WATCH", *[command[1] for command in commands]))
+        replies = _raise_errors(send(commands))[1 if watch else 0 :]
         for item, keys, values in zip(pending, needing, replies, strict=True):
             version, state, digest, *inputs = values
             item.version = version.decode() if version else ""
@@ -210,6 +225,24 @@ class Advancer:
                 for key, raw in zip(keys, inputs, strict=True)
                 if raw is not None
             }
+
+    def _commit_watched(self, commits: list[Commit], send: Send) -> list[bool]:
+        """All ``commits`` in one MULTI/EXEC on the connection that sent the WATCH: all
+        written (True each) or, when a watched workflow changed, none (False each)."""
+        if not commits:
+            send([("UNWATCH",)])
+            return []
+        commands: list[tuple[Any, ...]] = [("MULTI",)]
+        for commit in commits:
+            commands += commit.commands()
+        acks = [event_id for commit in commits for event_id in commit.acks]
+        commands.append(("XACK", self.keys.lifecycle, self.keys.lifecycle_group, *acks))
+        commands.append(("EXEC",))
+        replies = _raise_errors(send(commands))  # a command refused while queued
+        if replies[-1] is None:
+            return [False] * len(commits)
+        _raise_errors(replies[-1])
+        return [True] * len(commits)
 
     def _commit(self, commits: list[tuple[Pending, Commit]]) -> list[bool]:
         if not commits:

@@ -6,6 +6,7 @@ and by replay, which runs the same code without Redis.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
@@ -53,10 +54,13 @@ def _shared_keys(keys: Keys) -> tuple[str, ...]:
 
 
 class Commit:
-    """The arguments of one advance.lua call, built up as actions are carried out."""
+    """One workflow's transition, built up as actions are carried out: the arguments of
+    one advance.lua call (:meth:`args`) or the same writes as plain commands for a
+    watched transaction (:meth:`commands`)."""
 
     def __init__(self, keys: Keys, workflow: str) -> None:
         self.keys = keys
+        self.workflow = workflow
         self.lifecycle = keys.lifecycle
         self.stream_keys = [keys.workflow(workflow), *_shared_keys(keys)]
         self.stream_index: dict[str, int] = {}
@@ -92,6 +96,32 @@ class Commit:
         self.events += (index, len(fields) // 2)
         self.events += fields
         self.event_count += 1
+
+    def encoded_events(self) -> Iterator[tuple[str, list[Any]]]:
+        """(stream, [name, JSON value, ...]) of every event to append, in order."""
+        events, at = self.events, 0
+        while at < len(events):
+            index, count = events[at], events[at + 1]
+            yield self.stream_keys[index - 1], events[at + 2 : at + 2 + 2 * count]
+            at += 2 + 2 * count
+
+    def commands(self) -> list[tuple[Any, ...]]:
+        """The writes of :meth:`args` as plain commands, for a MULTI/EXEC whose WATCH
+        stands for the version check. Acknowledgements excluded: the caller sends one
+        XACK for all the commits of a transaction."""
+        keys = self.stream_keys
+        commands: list[tuple[Any, ...]] = [("HSET", keys[0], *self.fields)]
+        for stream, fields in self.encoded_events():
+            commands.append(("XADD", stream, "*", *fields))
+        if self.timers:
+            commands.append(("ZADD", keys[2], *self.timers))
+        if self.cancels:
+            commands.append(("ZREM", keys[2], *self.cancels))
+        if self.created:
+            commands.append(("ZADD", keys[3], self.created, self.workflow))
+        if self.outcome:
+            commands.append(("HINCRBY", keys[4], self.outcome, 1))
+        return commands
 
     def args(self, group: str, version: str) -> list[Any]:
         return [

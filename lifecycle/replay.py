@@ -194,15 +194,10 @@ def replay_workflow(item: WorkflowReplay, graphs: ArchiveGraphs, keys: Keys) -> 
 
 
 def _emitted(commit: Any) -> Iterable[tuple[str, dict[str, Any]]]:
-    """The events an advance would XADD: (stream, event), decoded from the script args."""
-    flat, position = commit.events, 0
-    while position < len(flat):
-        index, count = flat[position], flat[position + 1]
-        pairs = flat[position + 2 : position + 2 + 2 * count]
-        position += 2 + 2 * count
+    """The events an advance would XADD: (stream, event), decoded from the commit."""
+    for stream, pairs in commit.encoded_events():
         names, values = pairs[::2], pairs[1::2]
-        event = {name: orjson.loads(value) for name, value in zip(names, values, strict=True)}
-        yield commit.stream_keys[index - 1], event
+        yield stream, {name: orjson.loads(value) for name, value in zip(names, values, strict=True)}
 
 
 def _short(value: Any, limit: int = 120) -> str:

@@ -6,6 +6,7 @@ import orjson
 
 from flowlang.compiler import compile_text
 from flowlang.runner import TaskCall, run
+from lifecycle.advance import Advancer
 from lifecycle.keys import Keys
 from lifecycle.store import load_workflow
 from tests.lifecycle.harness import Harness, decode
@@ -150,6 +151,41 @@ def test_each_ending_is_counted_once_by_its_status(harness: Harness, redis_clien
         b"failed": b"1",
         b"terminated": b"1",
     }
+
+
+def test_a_batch_whose_workflow_another_worker_advanced_meanwhile_commits_in_a_later_round(
+    harness: Harness, redis_client
+) -> None:
+    """Two workers hold the two ends of one join; the one that loses the race writes
+    nothing in its watched transaction, then commits from fresh state: D starts once."""
+    keys = Keys()
+    other = Advancer(redis_client, keys)
+    workflow = harness.submit(compile_text("A → { B C } → D"))
+    harness.advance()
+    harness.work(echo)
+    harness.advance()  # A ended: B and C start
+    harness.work(echo)  # both end
+    reply = redis_client.xreadgroup(keys.lifecycle_group, "t", {keys.lifecycle: ">"})
+    (end_b, end_c) = [(i.decode(), decode(f)) for _, items in reply for i, f in items]
+    raced: list[Any] = []
+
+    class Racing(Advancer):
+        def _compute(self, item, result):  # the other worker commits C in between
+            if not raced:
+                raced.append(other.apply([end_c]))
+            return super()._compute(item, result)
+
+    result = Racing(redis_client, keys).apply([end_b])
+    assert raced[0].committed == 1 and raced[0].conflicts == 0
+    assert (result.committed, result.conflicts) == (1, 1)
+    assert sorted(result.acknowledged) == [end_b[0]]
+    harness.work(echo)
+    harness.advance()
+    record = load_workflow(redis_client, keys, workflow)
+    assert record.status == "finished"
+    starts = [decode(f)["name"] for _, f in redis_client.xrange(keys.tasks("default"))]
+    assert starts == ["A", "B", "C", "D"] or starts == ["A", "C", "B", "D"]
+    assert redis_client.xpending(keys.lifecycle, keys.lifecycle_group)["pending"] == 0
 
 
 def test_a_task_that_outlives_its_timeout_is_failed_by_a_durable_timer(
