@@ -80,12 +80,18 @@ def _server_name(client: redis.Redis) -> str:
     return f"{name} {version} ({client.info('memory').get('mem_allocator', '?')})"
 
 
-def _spawn(url: str, *command: str) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(
-        [sys.executable, "-m", *command, "--redis-url", url],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+def _spawn(url: str, *command: str, log: Path | None = None) -> subprocess.Popen[bytes]:
+    """A worker process; its output goes to ``log`` (appended) or nowhere."""
+    output = open(log, "ab") if log else subprocess.DEVNULL  # noqa: SIM115 - the child's
+    try:
+        return subprocess.Popen(
+            [sys.executable, "-m", *command, "--redis-url", url],
+            stdout=output,
+            stderr=subprocess.STDOUT if log else subprocess.DEVNULL,
+        )
+    finally:
+        if log:
+            output.close()
 
 
 def _stop(procs: list[subprocess.Popen[bytes]]) -> None:
@@ -127,18 +133,24 @@ def throughput(args: argparse.Namespace) -> Figures:
     with ExitStack() as stack:
         server = stack.enter_context(RedisServer(args.server, persistence=args.persistence))
         client = redis.Redis.from_url(server.url)
+        logs = Path(args.logs) if args.logs else None
+        if logs:
+            logs.mkdir(parents=True, exist_ok=True)
+
+        def log(name: str) -> Path | None:
+            return logs / f"{name}.log" if logs else None
+
         procs: dict[str, list[subprocess.Popen[bytes]]] = {"lifecycle": [], "noop": []}
         for n in range(args.lifecycle):
-            procs["lifecycle"].append(
-                _spawn(server.url, "lifecycle", "worker", "--no-wait", "--consumer", f"lc{n}")
-            )
+            command = ("lifecycle", "worker", "--no-wait", "--consumer", f"lc{n}")
+            procs["lifecycle"].append(_spawn(server.url, *command, log=log(f"lc{n}")))
         for n in range(args.workers):
-            procs["noop"].append(
-                _spawn(server.url, "workers", "noop", "--kinds", "default", "--consumer", f"w{n}")
-            )
+            command = ("workers", "noop", "--kinds", "default", "--consumer", f"w{n}")
+            procs["noop"].append(_spawn(server.url, *command, log=log(f"w{n}")))
         if not args.no_receipts:
             archive = stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-receipts-"))
-            procs["receipts"] = [_spawn(server.url, "lifecycle", "receipts", "--archive", archive)]
+            command = ("lifecycle", "receipts", "--archive", archive)
+            procs["receipts"] = [_spawn(server.url, *command, log=log("receipts"))]
         stack.callback(_stop, [p for group in procs.values() for p in group])
         time.sleep(1.0)  # let the workers create their groups
         client.config_resetstat()
@@ -253,6 +265,7 @@ def main(argv: list[str] | None = None) -> int:
         "--server", help="Redis/Valkey server binary (default: the one the tests use)"
     )
     parser.add_argument("--json", help="also write the figures to this file")
+    parser.add_argument("--logs", help="write each worker process's output to DIR/<name>.log")
     parser.add_argument(
         "--no-receipts", action="store_true", help="run without the receipts worker (its share)"
     )

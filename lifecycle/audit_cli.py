@@ -88,6 +88,7 @@ def run_command(args: argparse.Namespace, keys: Keys) -> int | None:
 def _receipts(args: argparse.Namespace, client: redis.Redis, keys: Keys) -> int:
     from lifecycle.archive import SegmentSink
     from lifecycle.receipts import ReceiptsWorker
+    from rqse.process import settle_gc
 
     logging.getLogger().setLevel(logging.DEBUG if args.verbose else logging.INFO)
     sink = SegmentSink(
@@ -102,14 +103,17 @@ def _receipts(args: argparse.Namespace, client: redis.Redis, keys: Keys) -> int:
         trim_every=None if args.no_trim else args.trim_interval,
     )
     worker.install_signal_handlers()
+    settle_gc()
     log.info("receipts worker %s archiving %s* into %s", args.consumer, keys.prefix, args.archive)
     try:
         stats = worker.run()
     finally:
         sink.close()
     log.info(
-        "receipts: archived %d, skipped %d already archived, trimmed %d; peak lengths %s",
+        "receipts: archived %d in %d batches, skipped %d already archived, trimmed %d; "
+        "peak lengths %s",
         stats.archived,
+        stats.batches,
         stats.skipped,
         stats.trimmed,
         stats.peak_lengths,

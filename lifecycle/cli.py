@@ -186,6 +186,7 @@ def compile_file(file: str) -> Any:
 
 def _worker(args: argparse.Namespace, client: redis.Redis, keys: Keys) -> int:
     from lifecycle.worker import LifecycleWorker
+    from rqse.process import settle_gc
 
     worker = LifecycleWorker(
         keys,
@@ -212,6 +213,7 @@ def _worker(args: argparse.Namespace, client: redis.Redis, keys: Keys) -> int:
             handle_signals=False,
         )
         wait.start()
+    settle_gc()
     try:
         worker.listen()
     finally:

@@ -12,6 +12,7 @@ import redis
 from lifecycle.keys import Keys
 from rqse.connection import RedisSettings
 from rqse.errors import RqseError
+from rqse.process import settle_gc
 from workers.errors import WorkerError
 
 __all__ = ["main"]
@@ -114,12 +115,15 @@ def _command(args: argparse.Namespace, keys: Keys, pool: redis.ConnectionPool) -
                 pool=pool,
                 **options,
             )
+        settle_gc()
         worker.listen()
         return EXIT_OK
     if args.command == "wait":
         from workers.wait import WaitWorker
 
-        WaitWorker(keys, pool=pool, events=not args.no_events, **options).listen()
+        wait = WaitWorker(keys, pool=pool, events=not args.no_events, **options)
+        settle_gc()
+        wait.listen()
         return EXIT_OK
     from workers.runner import Runner, build_listener, load_listener_class
 
@@ -146,6 +150,7 @@ def _command(args: argparse.Namespace, keys: Keys, pool: redis.ConnectionPool) -
         )
         for n in range(args.concurrency)
     ]
+    settle_gc()
     return Runner(listeners, drain_timeout=getattr(args, "drain_timeout", 30.0)).run()
 
 

@@ -29,9 +29,10 @@ def test_replies_come_back_in_order_with_errors_in_place_and_the_connection_stay
 def test_replies_larger_than_one_socket_read_are_reassembled(redis_client: redis.Redis) -> None:
     value = b"x" * 300_000
     count = 40
-    assert fastpipe.execute(redis_client, [("SET", f"k{i}", value) for i in range(count)]) == [
-        b"OK"
-    ] * count
+    assert (
+        fastpipe.execute(redis_client, [("SET", f"k{i}", value) for i in range(count)])
+        == [b"OK"] * count
+    )
     replies = fastpipe.execute(redis_client, [("GET", f"k{i}") for i in range(count)])
     assert replies == [value] * count
     assert redis_client.strlen("k0") == len(value)
