@@ -31,6 +31,7 @@ from lifecycle.events import end_task
 from lifecycle.keys import LIFECYCLE_GROUP, RECEIPTS_GROUP, Keys
 from lifecycle.receipts import ReceiptsWorker
 from lifecycle.submit import start_workflows
+from rqse.process import settle_process
 from rqse.server import RedisServer
 
 KEYS = Keys()
@@ -71,6 +72,8 @@ def filled(args: argparse.Namespace) -> dict[str, Any]:
         worker = ReceiptsWorker(
             client, sink, KEYS, batch_size=args.batch_size, block_ms=50, trim_every=None
         )
+        if not args.no_settle:
+            settle_process()  # as `python -m lifecycle receipts` does
         began, cpu_began = time.perf_counter(), time.process_time()
         stats = worker.run(idle_timeout=0.2)
         elapsed = time.perf_counter() - began - 0.2  # the idle wait at the end is not work
@@ -161,6 +164,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("mode", choices=["filled", "engine"])
     parser.add_argument("--events", type=int, default=100_000)
     parser.add_argument("--batch-size", type=int, default=1000)
+    parser.add_argument(
+        "--no-settle", action="store_true", help="keep the default GC and heap settings"
+    )
     parser.add_argument("--compress", action="store_true")
     parser.add_argument("--segment-mb", type=float, default=64.0)
     parser.add_argument("--workflows", type=int, default=10_000)

@@ -88,7 +88,7 @@ def run_command(args: argparse.Namespace, keys: Keys) -> int | None:
 def _receipts(args: argparse.Namespace, client: redis.Redis, keys: Keys) -> int:
     from lifecycle.archive import SegmentSink
     from lifecycle.receipts import ReceiptsWorker
-    from rqse.process import settle_gc
+    from rqse.process import settle_process
 
     logging.getLogger().setLevel(logging.DEBUG if args.verbose else logging.INFO)
     sink = SegmentSink(
@@ -103,7 +103,7 @@ def _receipts(args: argparse.Namespace, client: redis.Redis, keys: Keys) -> int:
         trim_every=None if args.no_trim else args.trim_interval,
     )
     worker.install_signal_handlers()
-    settle_gc()
+    settle_process()
     log.info("receipts worker %s archiving %s* into %s", args.consumer, keys.prefix, args.archive)
     try:
         stats = worker.run()

@@ -186,7 +186,7 @@ def compile_file(file: str) -> Any:
 
 def _worker(args: argparse.Namespace, client: redis.Redis, keys: Keys) -> int:
     from lifecycle.worker import LifecycleWorker
-    from rqse.process import settle_gc
+    from rqse.process import settle_process
 
     worker = LifecycleWorker(
         keys,
@@ -213,7 +213,7 @@ def _worker(args: argparse.Namespace, client: redis.Redis, keys: Keys) -> int:
             handle_signals=False,
         )
         wait.start()
-    settle_gc()
+    settle_process()
     try:
         worker.listen()
     finally:

@@ -12,7 +12,7 @@ import redis
 from lifecycle.keys import Keys
 from rqse.connection import RedisSettings
 from rqse.errors import RqseError
-from rqse.process import settle_gc
+from rqse.process import settle_process
 from workers.errors import WorkerError
 
 __all__ = ["main"]
@@ -115,14 +115,14 @@ def _command(args: argparse.Namespace, keys: Keys, pool: redis.ConnectionPool) -
                 pool=pool,
                 **options,
             )
-        settle_gc()
+        settle_process()
         worker.listen()
         return EXIT_OK
     if args.command == "wait":
         from workers.wait import WaitWorker
 
         wait = WaitWorker(keys, pool=pool, events=not args.no_events, **options)
-        settle_gc()
+        settle_process()
         wait.listen()
         return EXIT_OK
     from workers.runner import Runner, build_listener, load_listener_class
@@ -150,7 +150,7 @@ def _command(args: argparse.Namespace, keys: Keys, pool: redis.ConnectionPool) -
         )
         for n in range(args.concurrency)
     ]
-    settle_gc()
+    settle_process()
     return Runner(listeners, drain_timeout=getattr(args, "drain_timeout", 30.0)).run()
 
 
