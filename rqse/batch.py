@@ -77,6 +77,15 @@ class BatchHandler:
     def process(self, event_id: str, event: dict[str, Any]) -> bool:
         raise NotImplementedError
 
+    def decode_entry(self, fields: dict[bytes, bytes], event_id: str) -> dict[str, Any]:
+        """The event of one entry, as ``process`` will receive it; raises MalformedEntry.
+
+        By default every field decoded per the wire format (``decode_fields``). A
+        pass-through consumer may override it to keep values as their JSON bytes
+        (what it returns must still map the select field to the event's kind).
+        """
+        return decode_fields(fields, event_id, self._select_attribute, self._max_entry_bytes)
+
     # A subclass that overrides process_batch() gets the whole batch of decoded,
     # selected events in one call instead of one process() call per event: for
     # consumers that group work across events (the lifecycle batches its Redis
@@ -106,7 +115,7 @@ class BatchHandler:
         stopping = self._stopping
         select = self._select
         kind_field = self._select_attribute
-        max_bytes = self._max_entry_bytes
+        decode = self.decode_entry
         max_deliveries = self._max_deliveries
         process = self.process
         batch_mode = self.process_batch is not None
@@ -137,7 +146,7 @@ class BatchHandler:
                     continue
                 event_id = entry_id.decode()
                 try:
-                    event = decode_fields(fields, event_id, kind_field, max_bytes)
+                    event = decode(fields, event_id)
                 except MalformedEntry as e:
                     self._dead_letter(stream, entry_id, fields, e.reason, str(e), deliveries)
                     acks.append(entry_id)

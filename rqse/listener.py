@@ -244,7 +244,21 @@ class EventListener(Recovery, EventClient):
         Use :meth:`append` instead when the id is needed or the event must be
         visible before ``process`` returns (e.g. a receipt before a long task).
         """
-        fields = encode_event(event)
+        self.emit_fields(
+            encode_event(event), key, maxlen=maxlen, minid=minid, approximate=approximate
+        )
+
+    def emit_fields(
+        self,
+        fields: Mapping[str, bytes],
+        key: str | None = None,
+        *,
+        maxlen: int | None = None,
+        minid: str | None = None,
+        approximate: bool = True,
+    ) -> None:
+        """:meth:`emit` for an event already in the wire format: field name -> JSON
+        value as bytes (for pass-through consumers that never decode what they copy)."""
         stream = key or self.key
         options = _xadd_options(maxlen, minid, approximate)
         if not self._in_batch:
