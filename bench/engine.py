@@ -61,6 +61,7 @@ class Figures:
     peak_stream_length: dict[str, int] = field(default_factory=dict)
     cpu_s: dict[str, float] = field(default_factory=dict)
     redis_us_per_task: dict[str, float] = field(default_factory=dict)  # by command
+    redis_calls_per_task: dict[str, float] = field(default_factory=dict)
 
 
 def _cpu_seconds(pid: int) -> float:
@@ -115,15 +116,18 @@ def _events_added(client: redis.Redis) -> int:
     return int(client.xinfo_stream(KEYS.lifecycle)["entries-added"])
 
 
-def _redis_time_by_command(commandstats: dict[str, Any], tasks: int) -> dict[str, float]:
-    """Microseconds of Redis time per task, by command, largest first (commands inside
-    scripts are counted under their own names and again in the EVALSHA that ran them)."""
-    times = {
-        name.removeprefix("cmdstat_"): stats["usec"] / max(tasks, 1)
+def _per_task(
+    commandstats: dict[str, Any], tasks: int, stat: str, smallest: float
+) -> dict[str, float]:
+    """One INFO commandstats figure (``usec``, ``calls``) per task, by command, largest
+    first. Commands inside MULTI/EXEC and scripts count under their own names, and
+    their time again in the EXEC or EVALSHA that ran them."""
+    figures = {
+        name.removeprefix("cmdstat_"): stats[stat] / max(tasks, 1)
         for name, stats in commandstats.items()
     }
-    ranked = sorted(times.items(), key=lambda item: -item[1])
-    return {name: round(us, 2) for name, us in ranked if us >= 0.05}
+    ranked = sorted(figures.items(), key=lambda item: -item[1])
+    return {name: round(value, 3) for name, value in ranked if value >= smallest}
 
 
 def throughput(args: argparse.Namespace) -> Figures:
@@ -200,7 +204,8 @@ def throughput(args: argparse.Namespace) -> Figures:
         peak_stream_length=peaks,
         stuck=args.workflows - finished - failed,
         cpu_s=cpu,
-        redis_us_per_task=_redis_time_by_command(commandstats, tasks),
+        redis_us_per_task=_per_task(commandstats, tasks, "usec", 0.05),
+        redis_calls_per_task=_per_task(commandstats, tasks, "calls", 0.001),
     )
 
 
