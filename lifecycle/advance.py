@@ -238,10 +238,13 @@ class Advancer:
         acks = [event_id for commit in commits for event_id in commit.acks]
         commands.append(("XACK", self.keys.lifecycle, self.keys.lifecycle_group, *acks))
         commands.append(("EXEC",))
-        replies = _raise_errors(send(commands))  # a command refused while queued
-        if replies[-1] is None:
+        replies = send(commands)
+        executed = replies[-1]
+        if isinstance(executed, BaseException):  # EXECABORT: a command refused while queued
+            _raise_errors(replies)
+        if executed is None:
             return [False] * len(commits)
-        _raise_errors(replies[-1])
+        _raise_errors(executed)
         return [True] * len(commits)
 
     def _commit(self, commits: list[tuple[Pending, Commit]]) -> list[bool]:
