@@ -1,12 +1,13 @@
 """Advance workflows from a batch of lifecycle events: compute with the Machine, commit atomically.
 
 For each workflow in the batch: load its version and state (one pipelined
-round trip for the whole batch), apply its events in order with
-:class:`flowlang.machine.Machine`, then commit with ``advance.lua`` — new
-state, task instance records, start-task events, timers and the
-acknowledgement of the events, all in one script that first checks the
-version. When another worker advanced the workflow in between, nothing is
-written and the workflow is recomputed from fresh state. Duplicate and
+round trip for the whole batch, under WATCH), apply its events in order with
+:class:`flowlang.machine.Machine`, then commit — new state, task instance
+records, start-task events, timers and the acknowledgement of the events —
+as one MULTI/EXEC for the whole batch, or, after another worker advanced one
+of its workflows in between (EXEC refused, nothing written), workflow by
+workflow with ``advance.lua``, which first checks the version. A workflow
+that loses a race is recomputed from fresh state. Duplicate and
 stale events change nothing (the machine ignores an end for an attempt that
 is not running), so redelivery after a crash is harmless.
 """

@@ -1,4 +1,5 @@
-"""What one advance of one workflow writes: the arguments of one ``advance.lua`` call.
+"""What one advance of one workflow writes: plain commands for a watched transaction,
+or the arguments of one ``advance.lua`` call.
 
 Built by :mod:`lifecycle.advance` as the machine's actions are carried out,
 and by replay, which runs the same code without Redis.
@@ -27,7 +28,7 @@ class BatchResult:
     duplicates: list[str] = field(default_factory=list)  # event ids that changed nothing
     rejected: list[tuple[str, str]] = field(default_factory=list)  # (event id, reason)
     conflicts: int = 0  # recomputations after another worker won
-    acknowledged: list[str] = field(default_factory=list)  # event ids XACKed by advance.lua
+    acknowledged: list[str] = field(default_factory=list)  # event ids XACKed with the commits
 
     def absorb(self, other: BatchResult) -> None:
         """Add what ``other`` said of its events (duplicates and rejections)."""

@@ -38,7 +38,7 @@ _SHOWN = {
 def timeline(entries: list[Entry]) -> list[dict[str, Any]]:
     """One row per workflow event, in time order: who started/ended which attempt, when."""
     rows = []
-    names: dict[Any, Any] = {}  # key -> task name, from its start-task (end-tasks omit it)
+    names: dict[str, Any] = {}  # key -> task name, from its start-task (end-tasks omit it)
     for stream, entry_id, event in sorted(entries, key=lambda e: id_order(e[1])):
         kind = event.get("kind")
         if kind not in _SHOWN:
@@ -47,11 +47,13 @@ def timeline(entries: list[Entry]) -> list[dict[str, Any]]:
         for name in ("key", "attempt", "name", "status", "worker", "error", "reason"):
             if event.get(name) is not None:
                 row[name] = event[name]
+        key = row.get("key")
         if kind == ev.START_TASK:
             row["stream"] = stream
-            names[event.get("key")] = event.get("name")
-        elif "key" in row and "name" not in row and names.get(row["key"]) is not None:
-            row["name"] = names[row["key"]]
+            if isinstance(key, str):
+                names[key] = event.get("name")
+        elif isinstance(key, str) and "name" not in row and names.get(key) is not None:
+            row["name"] = names[key]
         rows.append(row)
     return rows
 

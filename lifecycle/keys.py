@@ -2,7 +2,7 @@
 
 All keys share one hash tag, ``{flow}`` by default: a workflow's record, the
 lifecycle stream, the task streams and the timers live in one slot, so the
-atomic advance (one Lua script) only ever touches keys of one slot. A Redis
+atomic advance (a MULTI/EXEC or one Lua script) only ever touches keys of one slot. A Redis
 Cluster deployment later splits the engine into several partitions, each
 with its own tag; nothing else about the layout changes.
 """

@@ -1,8 +1,8 @@
 """The lifecycle worker: reads the lifecycle stream, advances workflows, fires timers.
 
 Several may run against one Redis: they share the ``lifecycle`` consumer
-group, so each event is delivered to one of them, and the advance script's
-version check makes concurrent transitions of one workflow safe. A worker
+group, so each event is delivered to one of them, and the advance's WATCH (or its
+script's version check) makes concurrent transitions of one workflow safe. A worker
 killed at any point leaves its events pending; another claims them after
 ``claim_idle`` and, because a transition commits together with the
 acknowledgement of its events, each takes effect exactly once.
@@ -46,7 +46,7 @@ class LifecycleWorker(EventListener):
             self.timers.stop()
 
     def process_batch(self, batch: list[tuple[str, dict[str, Any]]]) -> list[str]:
-        """Advance; return the ids advance.lua acknowledged with its commits."""
+        """Advance; return the ids the advance acknowledged with its commits."""
         result = self.advancer.apply(batch)
         for event_id, reason in result.rejected:
             log.warning("lifecycle: rejected %s", reason)

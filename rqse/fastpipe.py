@@ -42,11 +42,27 @@ def execute(client: redis.Redis, commands: Sequence[Command]) -> list[Any]:
 def session(client: redis.Redis) -> Iterator[Callable[[Sequence[Command]], list[Any]]]:
     """Several round trips on one connection, for what needs it (WATCH, then MULTI/EXEC):
     ``with session(client) as send: send(commands)``. The caller leaves the connection
-    as it found it (no WATCH or MULTI left open)."""
+    as it found it (no WATCH or MULTI left open).
+
+    Once the first round trip went out, the session never reconnects: a WATCH lives
+    in its connection, and redis-py would otherwise replace a dropped connection
+    silently (a health check, a retry) and let the transaction run unwatched. A
+    lost connection raises ``redis.ConnectionError`` instead.
+    """
     pool = client.connection_pool
     connection = pool.get_connection()
+    bound: list[Any] = []  # the socket of the first round trip
+
+    def send(commands: Sequence[Command]) -> list[Any]:
+        if bound and getattr(connection, "_sock", None) is not bound[0]:
+            raise redis.ConnectionError("connection lost in the middle of a session")
+        replies = _round_trip(connection, commands, check_health=not bound)
+        if not bound:
+            bound.append(getattr(connection, "_sock", None))
+        return replies
+
     try:
-        yield lambda commands: _round_trip(connection, commands)
+        yield send
     except BaseException:
         # The stream of replies may be out of step with the commands: never reuse it.
         connection.disconnect()
@@ -55,13 +71,18 @@ def session(client: redis.Redis) -> Iterator[Callable[[Sequence[Command]], list[
         pool.release(connection)
 
 
-def _round_trip(connection: Any, commands: Sequence[Command]) -> list[Any]:
+def _round_trip(connection: Any, commands: Sequence[Command], check_health: bool) -> list[Any]:
     if not commands:
         return []
-    connection.send_packed_command([b"".join([hiredis.pack_command(tuple(c)) for c in commands])])
+    connection.send_packed_command(
+        [b"".join([hiredis.pack_command(tuple(c)) for c in commands])], check_health=check_health
+    )
     reader = getattr(getattr(connection, "_parser", None), "_reader", None)
     sock = getattr(connection, "_sock", None)
-    if _NOT_ENOUGH_DATA is not None and isinstance(reader, hiredis.Reader) and sock is not None:
+    # RESP3 may interleave push frames (invalidations, notices) with replies: those
+    # connections take redis-py's own reading, which sets them aside.
+    resp2 = getattr(connection, "protocol", 2) in (2, "2", None)
+    if resp2 and _NOT_ENOUGH_DATA is not None and isinstance(reader, hiredis.Reader) and sock:
         return _read_replies(reader, sock, len(commands))
     replies: list[Any] = []
     for _ in commands:

@@ -36,6 +36,7 @@ _END_TASK_JSON = orjson.dumps(END_TASK)
 _SUCCESS_JSON = orjson.dumps(SUCCESS)
 _ECHOED = (b"workflow", b"key", b"attempt")  # copied as they are, with the input
 _RAW = "raw"  # the event's key for the entry's own fields, on the pass-through path
+_loads = orjson.loads
 
 
 class NoopWorker(EventListener):
@@ -55,19 +56,30 @@ class NoopWorker(EventListener):
         self._worker_json = orjson.dumps(self.consumer)
 
     def decode_entry(self, fields: dict[bytes, bytes], event_id: str) -> dict[str, Any]:
-        if type(self).output is not NoopWorker.output or fields.get(b"kind") != _START_TASK_JSON:
+        if not self._passes_through or fields.get(b"kind") != _START_TASK_JSON:
             return self._decoded(fields, event_id)
         try:
-            echoed = [fields[name] for name in _ECHOED]
-            echoed.append(fields.get(b"input", b"null"))
-            # One parse says the copied values are JSON (else the ordinary path
-            # dead-letters the entry, naming the field).
-            valid = len(orjson.loads(b"[" + b",".join(echoed) + b"]")) == len(echoed)
+            # What is copied is checked as the ordinary path would check it (each value
+            # JSON on its own, of the engine's types); what is not copied is not decoded.
+            workflow, key, attempt = (_loads(fields[name]) for name in _ECHOED)
+            _loads(fields.get(b"input", b"null"))
         except (KeyError, orjson.JSONDecodeError):
-            valid = False
-        if not valid:
+            return self._decoded(fields, event_id)
+        if not (
+            isinstance(workflow, str)
+            and isinstance(key, str)
+            and type(attempt) is int
+            and sum(map(len, fields.values())) + sum(map(len, fields)) <= self._max_entry_bytes
+        ):
             return self._decoded(fields, event_id)
         return {"kind": START_TASK, _RAW: fields}
+
+    @property
+    def _passes_through(self) -> bool:
+        """Whether the echo is this class's own (a subclass that computes its output or
+        handles tasks itself gets decoded events)."""
+        cls = type(self)
+        return cls.output is NoopWorker.output and cls.process is NoopWorker.process
 
     def _decoded(self, fields: dict[bytes, bytes], event_id: str) -> dict[str, Any]:
         """The ordinary path; a start-task that names no workflow goes to the dead

@@ -1,5 +1,7 @@
 """fastpipe: many commands per round trip, replies in order, errors as values."""
 
+import time
+
 import redis
 
 from rqse import fastpipe
@@ -51,6 +53,39 @@ def test_a_transaction_in_a_session_sees_its_watch(redis_client: redis.Redis) ->
         replies = send([("MULTI",), ("SET", "w", "mine"), ("INCR", "w"), ("EXEC",)])
     assert replies[-1][0] == b"OK" and isinstance(replies[-1][1], redis.ResponseError)
     assert redis_client.get("w") == b"mine"
+
+
+def test_a_session_never_reconnects_behind_its_watch(redis_client: redis.Redis) -> None:
+    """A health check (or a retry) would replace a dropped connection silently and the
+    transaction would run without its WATCH: the session raises instead."""
+    kwargs = redis_client.connection_pool.connection_kwargs
+    watched = redis.Redis(host=kwargs["host"], port=kwargs["port"], health_check_interval=1)
+    redis_client.set("w", "0")
+    try:
+        with fastpipe.session(watched) as send:
+            assert send([("CLIENT", "ID"), ("WATCH", "w")])[1] == b"OK"
+            redis_client.set("w", "changed by another")
+            for client in redis_client.client_list():
+                if client["cmd"] == "watch":
+                    redis_client.client_kill_filter(_id=client["id"])
+            time.sleep(1.1)  # a health check is due
+            send([("MULTI",), ("SET", "w", "stale"), ("EXEC",)])
+        raise AssertionError("the session went on without its WATCH")
+    except redis.ConnectionError:
+        pass
+    assert redis_client.get("w") == b"changed by another"
+    assert watched.ping()  # the pool recovers for the next user
+
+
+def test_push_frames_of_resp3_do_not_shift_the_replies(redis_client: redis.Redis) -> None:
+    tracked = redis.Redis.from_url(_url(redis_client) + "?protocol=3")
+    redis_client.set("a", "1")
+    redis_client.set("b", "2")
+    with fastpipe.session(tracked) as send:
+        send([("CLIENT", "TRACKING", "ON"), ("GET", "a")])  # "a" tracked on this connection
+    redis_client.set("a", "changed")  # the server pushes an invalidation there
+    assert fastpipe.execute(tracked, [("GET", "a"), ("GET", "b")]) == [b"changed", b"2"]
+    assert fastpipe.execute(tracked, [("GET", "b")]) == [b"2"]
 
 
 def _url(client: redis.Redis) -> str:

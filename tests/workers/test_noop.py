@@ -99,6 +99,23 @@ def test_a_seed_style_start_task_takes_the_decoding_path(redis_client: redis.Red
     assert (end["workflow"], end["key"], end["output"]) == ("w9", "2", {"x": 1})
 
 
+def test_a_subclass_that_handles_tasks_itself_gets_decoded_events(
+    redis_client: redis.Redis,
+) -> None:
+    seen: list[dict] = []
+
+    class Recording(NoopWorker):
+        def process(self, event_id: str, event: dict) -> bool:
+            seen.append(event)
+            return super().process(event_id, event)
+
+    start = _start_task("w1", "1", {"n": 1})
+    _add(redis_client, _encoded(start))
+    _run(Recording(["default"], **_options(redis_client)), 1)
+    assert seen == [start]
+    assert _ends(redis_client)[0]["output"] == {"n": 1}
+
+
 def test_the_simulated_worker_still_decodes_to_build_its_output(
     redis_client: redis.Redis,
 ) -> None:
