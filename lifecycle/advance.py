@@ -406,18 +406,19 @@ class Advancer:
                 input_json = _dumps(action.input)
                 # n:<key> = [attempt, started ms, input], spliced: the input is encoded once
                 commit.set(f"n:{key}", b"[%d,%d,%b]" % (attempt, now, input_json))
+                # Names as bytes: packing a str argument costs an encoding each time.
                 commit.append_encoded(
                     task.stream,
                     [
-                        "kind", _START_TASK_JSON,
-                        "workflow", workflow_json,
-                        "name", task.name,
-                        "index", task.index,
-                        "key", _dumps(key),
-                        "attempt", b"%d" % attempt,
-                        "id", _dumps(ev.task_instance_id(workflow, key, attempt)),
-                        "input", input_json,
-                        "parameters", task.parameters,
+                        b"kind", _START_TASK_JSON,
+                        b"workflow", workflow_json,
+                        b"name", task.name,
+                        b"index", task.index,
+                        b"key", _dumps(key),
+                        b"attempt", b"%d" % attempt,
+                        b"id", _dumps(ev.task_instance_id(workflow, key, attempt)),
+                        b"input", input_json,
+                        b"parameters", task.parameters,
                     ],
                 )  # fmt: skip
                 if task.policy.timeout:

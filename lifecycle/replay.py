@@ -196,7 +196,8 @@ def replay_workflow(item: WorkflowReplay, graphs: ArchiveGraphs, keys: Keys) -> 
 def _emitted(commit: Any) -> Iterable[tuple[str, dict[str, Any]]]:
     """The events an advance would XADD: (stream, event), decoded from the commit."""
     for stream, pairs in commit.encoded_events():
-        names, values = pairs[::2], pairs[1::2]
+        names = [name.decode() if isinstance(name, bytes) else name for name in pairs[::2]]
+        values = pairs[1::2]
         yield stream, {name: orjson.loads(value) for name, value in zip(names, values, strict=True)}
 
 

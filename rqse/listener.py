@@ -250,15 +250,16 @@ class EventListener(Recovery, EventClient):
 
     def emit_fields(
         self,
-        fields: Mapping[str, bytes],
+        fields: Mapping[str | bytes, bytes],
         key: str | None = None,
         *,
         maxlen: int | None = None,
         minid: str | None = None,
         approximate: bool = True,
     ) -> None:
-        """:meth:`emit` for an event already in the wire format: field name -> JSON
-        value as bytes (for pass-through consumers that never decode what they copy)."""
+        """:meth:`emit` for an event already in the wire format: field name (str, or
+        UTF-8 bytes) -> JSON value as bytes (for pass-through consumers that never
+        decode what they copy)."""
         stream = key or self.key
         options = _xadd_options(maxlen, minid, approximate)
         if not self._in_batch:
