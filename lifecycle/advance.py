@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -62,9 +62,6 @@ class _TaskFacts:
 
 def _ms() -> int:
     return int(time.time() * 1000)
-
-
-Send = Callable[[Sequence[Any]], list[Any]]  # one round trip on a fastpipe session
 
 
 class GraphSource(Protocol):  # GraphCache live; the archive's graphs in replay
@@ -206,7 +203,7 @@ class Advancer:
             return ev.parse_terminate(event_id, event)
         return None
 
-    def _load(self, pending: list[Pending], send: Send, watch: bool) -> None:
+    def _load(self, pending: list[Pending], send: fastpipe.Send, watch: bool) -> None:
         workflow_key = self.keys.workflow
         needing = [_keys_needing_input(item) for item in pending]
         commands = [
@@ -227,26 +224,19 @@ class Advancer:
                 if raw is not None
             }
 
-    def _commit_watched(self, commits: list[Commit], send: Send) -> list[bool]:
+    def _commit_watched(self, commits: list[Commit], send: fastpipe.Send) -> list[bool]:
         """All ``commits`` in one MULTI/EXEC on the connection that sent the WATCH: all
         written (True each) or, when a watched workflow changed, none (False each)."""
         if not commits:
             send([("UNWATCH",)])
             return []
-        commands: list[tuple[Any, ...]] = [("MULTI",)]
+        commands: list[tuple[Any, ...]] = []
         for commit in commits:
             commands += commit.commands()
         acks = [event_id for commit in commits for event_id in commit.acks]
         commands.append(("XACK", self.keys.lifecycle, self.keys.lifecycle_group, *acks))
-        commands.append(("EXEC",))
-        replies = send(commands)
-        executed = replies[-1]
-        if isinstance(executed, BaseException):  # EXECABORT: a command refused while queued
-            _raise_errors(replies)
-        if executed is None:
-            return [False] * len(commits)
-        _raise_errors(executed)
-        return [True] * len(commits)
+        won = fastpipe.transaction(send, commands) is not None
+        return [won] * len(commits)
 
     def _commit(self, commits: list[tuple[Pending, Commit]]) -> list[bool]:
         if not commits:

@@ -25,9 +25,10 @@ try:  # what redis-py's hiredis reader returns for "no whole reply buffered yet"
 except ImportError:  # another redis-py layout: read_response() is used instead
     _NOT_ENOUGH_DATA = None
 
-__all__ = ["execute", "execute_transaction", "session"]
+__all__ = ["Send", "execute", "execute_transaction", "session", "transaction"]
 
 Command = Sequence[bytes | str | int | float]
+Send = Callable[[Sequence[Command]], list[Any]]  # one round trip of a session
 
 
 def execute(client: redis.Redis, commands: Sequence[Command]) -> list[Any]:
@@ -39,7 +40,7 @@ def execute(client: redis.Redis, commands: Sequence[Command]) -> list[Any]:
 
 
 @contextmanager
-def session(client: redis.Redis) -> Iterator[Callable[[Sequence[Command]], list[Any]]]:
+def session(client: redis.Redis) -> Iterator[Send]:
     """Several round trips on one connection, for what needs it (WATCH, then MULTI/EXEC):
     ``with session(client) as send: send(commands)``. The caller leaves the connection
     as it found it (no WATCH or MULTI left open).
@@ -120,16 +121,30 @@ def _read_replies(reader: hiredis.Reader, sock: socket.socket, count: int) -> li
 def execute_transaction(client: redis.Redis, commands: Sequence[Command]) -> list[Any]:
     """``commands`` inside MULTI/EXEC: all or none. Raises on an error reply."""
     if len(commands) == 1:
-        replies = execute(client, commands)
-    else:
-        replies = execute(client, [("MULTI",), *commands, ("EXEC",)])
-        for reply in replies[: len(commands) + 1]:
-            if isinstance(reply, BaseException):  # a command refused while queueing
-                raise reply
-        replies = replies[-1]
-        if replies is None:
-            raise redis.WatchError("transaction aborted")
-    for reply in replies:
+        (reply,) = execute(client, commands)
         if isinstance(reply, BaseException):
             raise reply
-    return list(replies)
+        return [reply]
+    with session(client) as send:
+        replies = transaction(send, commands)
+    if replies is None:
+        raise redis.WatchError("transaction aborted")
+    return replies
+
+
+def transaction(send: Send, commands: Sequence[Command]) -> list[Any] | None:
+    """``commands`` inside MULTI/EXEC in one round trip of a :func:`session`: their
+    replies, or None when a key the session WATCHes changed (nothing was written).
+    Raises on an error reply, or when a command was refused while queued."""
+    replies = send([("MULTI",), *commands, ("EXEC",)])
+    executed = replies[-1]
+    if isinstance(executed, BaseException):  # EXECABORT: say which command was refused
+        for reply in replies:
+            if isinstance(reply, BaseException):
+                raise reply
+    if executed is None:
+        return None
+    for reply in executed:  # QUEUED replies carry no error once EXEC ran
+        if isinstance(reply, BaseException):
+            raise reply
+    return list(executed)

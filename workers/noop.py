@@ -54,6 +54,10 @@ class NoopWorker(EventListener):
         options.setdefault("batch_size", 200)
         super().__init__(streams, TASK_GROUP, [START_TASK], **options)
         self._worker_json = orjson.dumps(self.consumer)
+        # The echo is this class's own: a subclass that computes its output or handles
+        # tasks itself gets decoded events.
+        cls = type(self)
+        self._passes_through = cls.output is NoopWorker.output and cls.process is NoopWorker.process
 
     def decode_entry(self, fields: dict[bytes, bytes], event_id: str) -> dict[str, Any]:
         if not self._passes_through or fields.get(b"kind") != _START_TASK_JSON:
@@ -73,13 +77,6 @@ class NoopWorker(EventListener):
         ):
             return self._decoded(fields, event_id)
         return {"kind": START_TASK, _RAW: fields}
-
-    @property
-    def _passes_through(self) -> bool:
-        """Whether the echo is this class's own (a subclass that computes its output or
-        handles tasks itself gets decoded events)."""
-        cls = type(self)
-        return cls.output is NoopWorker.output and cls.process is NoopWorker.process
 
     def _decoded(self, fields: dict[bytes, bytes], event_id: str) -> dict[str, Any]:
         """The ordinary path; a start-task that names no workflow goes to the dead

@@ -91,3 +91,20 @@ def test_push_frames_of_resp3_do_not_shift_the_replies(redis_client: redis.Redis
 def _url(client: redis.Redis) -> str:
     kwargs = client.connection_pool.connection_kwargs
     return f"redis://{kwargs['host']}:{kwargs['port']}/{kwargs.get('db', 0)}"
+
+
+def test_a_transaction_returns_none_when_its_watch_fired_and_raises_on_an_error(
+    redis_client: redis.Redis,
+) -> None:
+    with fastpipe.session(redis_client) as send:
+        send([("WATCH", "t")])
+        redis_client.set("t", "other")
+        assert fastpipe.transaction(send, [("SET", "t", "mine")]) is None
+    assert redis_client.get("t") == b"other"
+    with fastpipe.session(redis_client) as send:
+        assert fastpipe.transaction(send, [("SET", "t", "1"), ("INCR", "t")]) == [b"OK", 2]
+    try:
+        fastpipe.execute_transaction(redis_client, [("SET", "t", "x"), ("INCR", "t")])
+        raise AssertionError("an error inside EXEC must raise")
+    except redis.ResponseError as error:
+        assert "not an integer" in str(error)
