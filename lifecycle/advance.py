@@ -54,10 +54,25 @@ _dumps = orjson.dumps
 @dataclass(frozen=True, slots=True)
 class _TaskFacts:
     stream: str
-    name: bytes  # JSON, as the start-task's fields hold them
-    index: bytes
-    parameters: bytes
+    start_task: fastpipe.Template  # XADD of its start-task; slots: see _carry_out
     policy: Policy
+
+
+def _start_task_template(stream: str, name: str, node: int, parameters: Any) -> fastpipe.Template:
+    """What every start-task of one node shares, packed once (docs/events.md)."""
+    slot = fastpipe.SLOT
+    return fastpipe.Template(
+        "XADD", stream, "*",
+        b"kind", _START_TASK_JSON,
+        b"workflow", slot,
+        b"name", _dumps(name),
+        b"index", _dumps(node),
+        b"key", slot,
+        b"attempt", slot,
+        b"id", slot,
+        b"input", slot,
+        b"parameters", _dumps(parameters),
+    )  # fmt: skip
 
 
 def _ms() -> int:
@@ -242,16 +257,11 @@ class Advancer:
         if not commits:
             return []
         group = self.keys.lifecycle_group
-        commands = [
-            (
-                "EVALSHA",
-                self.script.sha,
-                len(commit.stream_keys),
-                *commit.stream_keys,
-                *commit.args(group, item.version),
-            )
-            for item, commit in commits
-        ]
+        commands = []
+        for item, commit in commits:
+            args = commit.args(group, item.version)  # first: it adds the event streams' keys
+            keys = commit.stream_keys
+            commands.append(("EVALSHA", self.script.sha, len(keys), *keys, *args))
         replies = fastpipe.execute(self.client, commands)
         if any(_is_noscript(reply) for reply in replies):  # after a restart or SCRIPT FLUSH
             self.client.script_load(lua.script_source("advance", _SCRIPTS))
@@ -396,21 +406,17 @@ class Advancer:
                 input_json = _dumps(action.input)
                 # n:<key> = [attempt, started ms, input], spliced: the input is encoded once
                 commit.set(f"n:{key}", b"[%d,%d,%b]" % (attempt, now, input_json))
-                # Names as bytes: packing a str argument costs an encoding each time.
-                commit.append_encoded(
+                commit.append_filled(
                     task.stream,
-                    [
-                        b"kind", _START_TASK_JSON,
-                        b"workflow", workflow_json,
-                        b"name", task.name,
-                        b"index", task.index,
-                        b"key", _dumps(key),
-                        b"attempt", b"%d" % attempt,
-                        b"id", _dumps(ev.task_instance_id(workflow, key, attempt)),
-                        b"input", input_json,
-                        b"parameters", task.parameters,
-                    ],
-                )  # fmt: skip
+                    task.start_task,
+                    (
+                        workflow_json,
+                        _dumps(key),
+                        b"%d" % attempt,
+                        _dumps(ev.task_instance_id(workflow, key, attempt)),
+                        input_json,
+                    ),
+                )
                 if task.policy.timeout:
                     member = timer_member(ev.TIMEOUT_TASK, workflow, key, attempt)
                     commit.timers += (now + int(task.policy.timeout * 1000), member)
@@ -441,12 +447,10 @@ class Advancer:
                 # `lifecycle run` refuses such flows; one stored by other means still runs.
                 log.warning("workflow %s node %s: %s; no retry policy", item.workflow, node, error)
                 params, policy = spec.params, Policy()
+            stream = self.keys.tasks(task_kind(name, str(spec.kind)))
+            parameters = params if params is not None else {}
             found = self._tasks[cache_key] = _TaskFacts(
-                stream=self.keys.tasks(task_kind(name, str(spec.kind))),
-                name=_dumps(name),
-                index=_dumps(node),
-                parameters=_dumps(params if params is not None else {}),
-                policy=policy,
+                stream, _start_task_template(stream, name, node, parameters), policy
             )
         return found
 

@@ -16,6 +16,7 @@ import orjson
 
 from flowlang.machine import State
 from lifecycle.keys import Keys
+from rqse.fastpipe import Template
 
 __all__ = ["BatchResult", "Commit", "Pending", "timer_member"]
 
@@ -67,8 +68,8 @@ class Commit:
         self.stream_index: dict[str, int] = {}
         self.acks: list[str] = []
         self.fields: list[Any] = []
-        self.events: list[Any] = []
-        self.event_count = 0
+        # (stream, fields, None) or (stream, slot values, the Template to fill)
+        self.events: list[tuple[str, Any, Template | None]] = []
         self.timers: list[Any] = []
         self.cancels: list[str] = []
         self.created = ""
@@ -90,30 +91,29 @@ class Commit:
 
     def append_encoded(self, stream: str, fields: list[Any]) -> None:
         """An event already on the wire format: field names and JSON values, alternating."""
-        index = 2 if stream == self.lifecycle else self.stream_index.get(stream)
-        if index is None:
-            self.stream_keys.append(stream)
-            index = self.stream_index[stream] = len(self.stream_keys)
-        self.events += (index, len(fields) // 2)
-        self.events += fields
-        self.event_count += 1
+        self.events.append((stream, fields, None))
+
+    def append_filled(self, stream: str, template: Template, values: tuple[bytes, ...]) -> None:
+        """An event as ``XADD stream * <fields>`` from ``template`` (the start-tasks of one
+        node share everything but a few values): packed by one fill in a transaction."""
+        self.events.append((stream, values, template))
 
     def encoded_events(self) -> Iterator[tuple[str, list[Any]]]:
         """(stream, [name, JSON value, ...]) of every event to append, in order."""
-        events, at = self.events, 0
-        while at < len(events):
-            index, count = events[at], events[at + 1]
-            yield self.stream_keys[index - 1], events[at + 2 : at + 2 + 2 * count]
-            at += 2 + 2 * count
+        for stream, fields, template in self.events:
+            yield stream, (template.unpacked(*fields)[3:] if template else fields)
 
-    def commands(self) -> list[tuple[Any, ...]]:
-        """The writes of :meth:`args` as plain commands, for a MULTI/EXEC whose WATCH
-        stands for the version check. Acknowledgements excluded: the caller sends one
-        XACK for all the commits of a transaction."""
+    def commands(self) -> list[Any]:
+        """The writes of :meth:`args` as plain commands (or packed ones), for a MULTI/EXEC
+        whose WATCH stands for the version check. Acknowledgements excluded: the caller
+        sends one XACK for all the commits of a transaction."""
         keys = self.stream_keys
-        commands: list[tuple[Any, ...]] = [("HSET", keys[0], *self.fields)]
-        for stream, fields in self.encoded_events():
-            commands.append(("XADD", stream, "*", *fields))
+        commands: list[Any] = [("HSET", keys[0], *self.fields)]
+        for stream, fields, template in self.events:
+            if template is None:
+                commands.append(("XADD", stream, "*", *fields))
+            else:
+                commands.append(template.fill(*fields))
         if self.timers:
             commands.append(("ZADD", keys[2], *self.timers))
         if self.cancels:
@@ -125,6 +125,16 @@ class Commit:
         return commands
 
     def args(self, group: str, version: str) -> list[Any]:
+        """ARGV of one advance.lua call (KEYS: :attr:`stream_keys`, extended here by the
+        streams the events go to)."""
+        keys, index_of = self.stream_keys, self.stream_index
+        events: list[Any] = []
+        for stream, fields in self.encoded_events():
+            index = 2 if stream == self.lifecycle else index_of.get(stream)
+            if index is None:
+                keys.append(stream)
+                index = index_of[stream] = len(keys)
+            events += (index, len(fields) // 2, *fields)
         return [
             group,
             version,
@@ -132,8 +142,8 @@ class Commit:
             *self.acks,
             len(self.fields) // 2,
             *self.fields,
-            self.event_count,
-            *self.events,
+            len(self.events),
+            *events,
             len(self.timers) // 2,
             *self.timers,
             len(self.cancels),

@@ -8,6 +8,9 @@ command, one ``sendall`` writes them all, and the replies are read in order
 with the connection's own parser. Error replies are returned in place as
 :class:`redis.ResponseError` instances, so one failed command (a ``NOSCRIPT``)
 can be retried alone.
+
+A command may also arrive already packed (``bytes``): a :class:`Template` packs
+the arguments that never change once, and fills in the rest per use.
 """
 
 from __future__ import annotations
@@ -25,10 +28,59 @@ try:  # what redis-py's hiredis reader returns for "no whole reply buffered yet"
 except ImportError:  # another redis-py layout: read_response() is used instead
     _NOT_ENOUGH_DATA = None
 
-__all__ = ["Send", "execute", "execute_transaction", "session", "transaction"]
+__all__ = [
+    "SLOT",
+    "Send",
+    "Template",
+    "execute",
+    "execute_transaction",
+    "session",
+    "transaction",
+]
 
-Command = Sequence[bytes | str | int | float]
+Argument = bytes | str | int | float
+# A command's arguments, or the whole command already packed (Template.fill).
+Command = Sequence[Argument] | bytes
 Send = Callable[[Sequence[Command]], list[Any]]  # one round trip of a session
+
+
+SLOT = None  # in a Template: an argument given at each fill()
+
+
+class Template:
+    """A command whose arguments are fixed but for a few ``SLOT``s, packed once.
+
+    ``fill(*values)`` costs one bytes format, about half of packing every
+    argument anew (the engine's events repeat most of their fields: names,
+    kinds, the stream). Slot values are ``bytes``.
+    """
+
+    __slots__ = ("arguments", "_format", "_slots")
+
+    def __init__(self, *arguments: Argument | None) -> None:
+        self.arguments = arguments
+        parts = [b"*%d\r\n" % len(arguments)]
+        for argument in arguments:
+            if argument is SLOT:
+                parts.append(b"$%d\r\n%b\r\n")
+            else:  # the packed constant, its % escaped for the format
+                parts.append(hiredis.pack_command((argument,))[4:].replace(b"%", b"%%"))
+        self._format = b"".join(parts)
+        self._slots = arguments.count(SLOT)
+
+    def fill(self, *values: bytes) -> bytes:
+        """The packed command with ``values`` in its slots, in order."""
+        if len(values) != self._slots:
+            raise ValueError(f"{self._slots} slot values expected, got {len(values)}")
+        sized: list[Any] = []
+        for value in values:
+            sized += (len(value), value)
+        return self._format % tuple(sized)
+
+    def unpacked(self, *values: bytes) -> list[Argument]:
+        """The arguments ``fill(*values)`` packs, as a list."""
+        slots = iter(values)
+        return [next(slots) if a is SLOT else a for a in self.arguments]  # type: ignore[misc]
 
 
 def execute(client: redis.Redis, commands: Sequence[Command]) -> list[Any]:
@@ -75,8 +127,10 @@ def session(client: redis.Redis) -> Iterator[Send]:
 def _round_trip(connection: Any, commands: Sequence[Command], check_health: bool) -> list[Any]:
     if not commands:
         return []
+    pack = hiredis.pack_command
     connection.send_packed_command(
-        [b"".join([hiredis.pack_command(tuple(c)) for c in commands])], check_health=check_health
+        [b"".join([c if type(c) is bytes else pack(tuple(c)) for c in commands])],
+        check_health=check_health,
     )
     reader = getattr(getattr(connection, "_parser", None), "_reader", None)
     sock = getattr(connection, "_sock", None)

@@ -44,6 +44,7 @@ from rqse.client import EventClient, _xadd_options
 from rqse.connection import is_transient, translate_errors
 from rqse.errors import ConfigurationError, RedisCommandError
 from rqse.events import KIND, encode_event, stream_items
+from rqse.fastpipe import Template, execute
 from rqse.lease import Lease
 from rqse.outbox import Outbox
 from rqse.recovery import Recovery
@@ -267,6 +268,19 @@ class EventListener(Recovery, EventClient):
                 self._redis.xadd(stream, fields, **options)
             return
         self._outbox.add(stream, fields, options)
+
+    def emit_filled(self, xadd: Template, *values: bytes) -> None:
+        """:meth:`emit` of an ``XADD <stream> * <fields>`` :class:`rqse.fastpipe.Template`
+        filled with ``values``: for consumers whose answers differ from one another in
+        a few fields only (packing a filled template costs half of packing each field)."""
+        command = xadd.fill(*values)
+        if not self._in_batch:
+            with translate_errors("XADD", f"{xadd.arguments[1]!r} at {self.location}"):
+                (reply,) = execute(self._redis, [command])
+                if isinstance(reply, BaseException):
+                    raise reply
+            return
+        self._outbox.add_packed(command)
 
     def sleep(self, seconds: float) -> bool:
         """Wait ``seconds`` or until a stop is requested; True if stopping."""

@@ -26,7 +26,8 @@ class Outbox:
 
     def __init__(self) -> None:
         self.acks: dict[str, list[bytes]] = {}
-        self.adds: list[tuple[str, Fields, dict[str, Any]]] = []
+        # (stream, fields, XADD options), or an XADD already packed (a filled Template)
+        self.adds: list[tuple[str, Fields, dict[str, Any]] | bytes] = []
         self.deletes: list[tuple[str, tuple[str | bytes, ...]]] = []
 
     def acks_for(self, stream: str) -> list[bytes]:
@@ -38,6 +39,9 @@ class Outbox:
 
     def add(self, stream: str, fields: Fields, options: dict[str, Any]) -> None:
         self.adds.append((stream, fields, options))
+
+    def add_packed(self, xadd: bytes) -> None:
+        self.adds.append(xadd)
 
     def delete(self, stream: str, *ids: str | bytes) -> None:
         self.deletes.append((stream, ids))
@@ -57,8 +61,12 @@ class Outbox:
         its stream before that entry's acknowledgement is visible.
         """
         try:
-            commands: list[list[Any]] = []
-            for stream, fields, options in self.adds:
+            commands: list[Any] = []
+            for add in self.adds:
+                if type(add) is bytes:
+                    commands.append(add)
+                    continue
+                stream, fields, options = add
                 command: list[Any] = ["XADD", stream, *_trim_arguments(options), "*"]
                 for name, value in fields.items():
                     command += (name, value)

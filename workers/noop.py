@@ -17,6 +17,7 @@ from lifecycle.keys import DEFAULT_KIND, TASK_GROUP, Keys
 from rqse import EventListener
 from rqse.deadletter import REJECTED
 from rqse.errors import MalformedEntry
+from rqse.fastpipe import SLOT, Template
 
 __all__ = ["NoopWorker", "SimulatedWorker", "served_kinds"]
 
@@ -54,6 +55,17 @@ class NoopWorker(EventListener):
         options.setdefault("batch_size", 200)
         super().__init__(streams, TASK_GROUP, [START_TASK], **options)
         self._worker_json = orjson.dumps(self.consumer)
+        slot = SLOT
+        self._end_task = Template(
+            "XADD", self.keys.lifecycle, "*",
+            b"kind", _END_TASK_JSON,
+            b"workflow", slot,
+            b"key", slot,
+            b"attempt", slot,
+            b"status", _SUCCESS_JSON,
+            b"output", slot,
+            b"worker", self._worker_json,
+        )  # fmt: skip
         # The echo is this class's own: a subclass that computes its output or handles
         # tasks itself gets decoded events.
         cls = type(self)
@@ -98,17 +110,12 @@ class NoopWorker(EventListener):
             self.emit(answer, self.keys.lifecycle)
             return True
         output = fields.get(b"input", b"{}")
-        self.emit_fields(
-            {  # names as bytes: packing a str costs an encoding each time
-                b"kind": _END_TASK_JSON,
-                b"workflow": fields[b"workflow"],
-                b"key": fields[b"key"],
-                b"attempt": fields[b"attempt"],
-                b"status": _SUCCESS_JSON,
-                b"output": b"{}" if output == b"null" else output,  # as end_task(): {} for none
-                b"worker": self._worker_json,
-            },
-            self.keys.lifecycle,
+        self.emit_filled(
+            self._end_task,
+            fields[b"workflow"],
+            fields[b"key"],
+            fields[b"attempt"],
+            b"{}" if output == b"null" else output,  # as end_task(): {} for none
         )
         return True
 

@@ -1,0 +1,119 @@
+"""CPU per event of each engine component, measured one at a time.
+
+``python -m bench.phases --workflows 5000`` submits chain10 workflows, then
+runs the components in turn in this process until each has drained its input:
+the lifecycle worker (start-workflow, then each round of end-tasks), the no-op
+worker (each round of start-tasks), and the receipts worker (everything, at
+the end). Each phase's CPU (this process) and the server's CPU (INFO cpu) are
+divided by the events it handled. Nothing runs concurrently, so the figures
+are repeatable where the whole-system benchmark (``python -m bench``) is at
+the mercy of two busy cores; compare them as ratios between two commits.
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import time
+from collections import defaultdict
+from typing import Any
+
+import redis
+
+from bench.engine import SHAPES
+from flowlang.compiler import compile_text
+from lifecycle.archive import SegmentSink
+from lifecycle.keys import Keys
+from lifecycle.receipts import ReceiptsWorker
+from lifecycle.submit import start_workflows
+from lifecycle.worker import LifecycleWorker
+from rqse.process import settle_process
+from rqse.server import RedisServer
+from workers.noop import NoopWorker
+
+KEYS = Keys()
+
+
+def _server_cpu(client: redis.Redis) -> float:
+    info = client.info("cpu")
+    return float(info["used_cpu_user"] + info["used_cpu_sys"])
+
+
+def _drain(listener: Any) -> int:
+    before = listener.stats.handled
+    listener.listen(idle_timeout=0.05)
+    return int(listener.stats.handled - before)
+
+
+def run(workflows: int, shape: str, server_path: str | None) -> dict[str, dict[str, float]]:
+    text, _ = SHAPES[shape]
+    graph = compile_text(text)
+    cpu: dict[str, float] = defaultdict(float)
+    server_cpu: dict[str, float] = defaultdict(float)
+    events: dict[str, int] = defaultdict(int)
+    with RedisServer(server_path) as server, tempfile.TemporaryDirectory() as archive:
+        client = redis.Redis.from_url(server.url)
+        lifecycle = LifecycleWorker(
+            KEYS, timers=False, consumer="lc", pool=client.connection_pool, handle_signals=False
+        )
+        noop = NoopWorker(
+            ["default"], KEYS, consumer="w", pool=client.connection_pool, handle_signals=False
+        )
+        sink = SegmentSink(archive)
+        receipts = ReceiptsWorker(client, sink, KEYS, trim_every=None)
+        receipts._discover()  # joins its groups now, so that it sees every entry
+        inputs = [{"n": i} for i in range(workflows)]
+        start_workflows(client, graph, inputs, [f"w{i}" for i in range(workflows)], KEYS)
+        settle_process()
+
+        def phase(name: str, step: Any) -> int:
+            s0, c0 = _server_cpu(client), time.process_time()
+            handled = step()
+            cpu[name] += time.process_time() - c0
+            server_cpu[name] += _server_cpu(client) - s0
+            events[name] += handled
+            return int(handled)
+
+        while phase("lifecycle", lambda: _drain(lifecycle)):
+            if not phase("noop", lambda: _drain(noop)):
+                break
+
+        def archive_all() -> int:
+            before = receipts.stats.archived
+            receipts.run(idle_timeout=0.05)
+            return receipts.stats.archived - before
+
+        phase("receipts", archive_all)
+        sink.close()
+    return {
+        name: {
+            "events": events[name],
+            "us_per_event": round(cpu[name] / max(events[name], 1) * 1e6, 2),
+            "server_us_per_event": round(server_cpu[name] / max(events[name], 1) * 1e6, 2),
+        }
+        for name in ("lifecycle", "noop", "receipts")
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.phases", description=__doc__)
+    parser.add_argument("--workflows", type=int, default=5000)
+    parser.add_argument("--shape", choices=sorted(SHAPES), default="chain10")
+    parser.add_argument("--server", help="Redis/Valkey server binary")
+    parser.add_argument(
+        "--repeat", type=int, default=1, help="runs; each figure is the smallest of them"
+    )
+    args = parser.parse_args(argv)
+    best: dict[str, dict[str, float]] = {}
+    for _ in range(args.repeat):
+        for name, figures in run(args.workflows, args.shape, args.server).items():
+            kept = best.setdefault(name, figures)
+            for key, value in figures.items():
+                kept[key] = min(kept[key], value)
+    for name, figures in best.items():
+        print(f"{name:<10} " + "  ".join(f"{k} {v}" for k, v in figures.items()))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
