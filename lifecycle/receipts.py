@@ -1,21 +1,25 @@
 """The receipts worker: archive every entry of every engine stream, exactly once, then ack.
 
 It reads ``{flow}:lifecycle``, every ``{flow}:tasks:<kind>`` (kinds from
-``{flow}:kinds``, rescanned while running) and their ``:dead`` streams through
-its own consumer group, writes each entry to a :class:`lifecycle.archive.Sink`,
-flushes (fsync) and only then acknowledges. Exactly once across crashes:
+``{flow}:kinds``, rescanned while running) and their ``:dead`` streams in id
+order with XREAD, from the last id the archive holds per stream, writes each
+entry to a :class:`lifecycle.archive.Sink`, flushes (fsync) and only then moves
+its consumer group's last-delivered-id there (XGROUP SETID). Exactly once
+across crashes:
 
-* at least once, because nothing is acknowledged before it is durable in the
-  archive: a SIGKILL leaves the batch pending, and a restart re-reads pending
-  entries (its own, and any other consumer's, claimed at start) before new ones;
-* at most once, because the sink knows the last id archived per stream, and
-  a stream delivers its entries to one consumer in id order: an entry at or
-  below that id was archived before the crash and is acknowledged unwritten.
+* at least once, because the archive is where reading resumes: a SIGKILL before
+  the fsync loses the batch from the archive, and a restart reads it again;
+* at most once, because reading resumes after the last archived id, and a
+  stream's ids only grow.
 
-That argument needs one receipts worker per archive and partition; the
-archive directory's lock enforces the first half. The worker also trims the
-engine streams with rqse's ``trim_acknowledged`` (only entries every group,
-this one included, has acknowledged), so streams stay bounded.
+The group holds no pending entries (reading it with XREADGROUP would make Redis
+record and then forget every entry once more); it marks how far the archive
+is, for trimming and for operators. Entries an older receipts worker left
+pending in it are archived and acknowledged at start. That argument needs one
+receipts worker per archive and partition; the archive directory's lock
+enforces the first half. The worker also trims the engine streams with rqse's
+``trim_acknowledged`` (only entries every group, this one included, is past),
+so streams stay bounded.
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ from typing import Any
 import orjson
 import redis
 
-from lifecycle.archive import Sink
+from lifecycle.archive import Sink, id_order
 from lifecycle.events import START_WORKFLOW
 from lifecycle.keys import LIFECYCLE_GROUP, RECEIPTS_GROUP, TASK_GROUP, Keys
 from rqse.events import decode_lenient
@@ -44,6 +48,7 @@ __all__ = ["ReceiptsStats", "ReceiptsWorker"]
 log = logging.getLogger(__name__)
 
 _loads = orjson.loads
+RECEIPTS_GROUP_BYTES = RECEIPTS_GROUP.encode()
 DEFAULT_CONSUMER = "receipts"  # stable: a restart finds its own pending entries
 _MAX_SHAPES = 1024  # distinct field-name tuples remembered (engine events have a handful)
 
@@ -119,6 +124,9 @@ class ReceiptsWorker:
         self.stats = ReceiptsStats()
         self.streams: list[str] = []
         self._last = sink.last_ids()
+        self._positions: dict[str, str] = {}  # stream -> the id XREAD reads after
+        self._handled = 0  # entries in the reply last archived
+        self._read_ids: list[bytes] = []  # their ids
         # A sink that takes an entry's event as JSON bytes (orjson.Fragment) gets it so.
         self._fragments = getattr(sink, "json_fragments", False) is True
         self._shapes: dict[tuple[bytes, ...], Any] = {}  # field names -> _shape(), or ()
@@ -155,13 +163,13 @@ class ReceiptsWorker:
                 if self.trim_every is not None and now >= next_trim:
                     self._trim()
                     next_trim = now + self.trim_every
-                if self._read(">", self.block_ms):
+                if self._read(self.block_ms):
                     last_entry = self.clock()
                 elif idle_timeout is not None and self.clock() - last_entry >= idle_timeout:
                     break
             except redis.ConnectionError as error:
-                # Redis away: whatever was not acknowledged stays pending and is re-read
-                # (and skipped if already archived) once the streams are established again.
+                # Redis away: reading resumes from the archive's last ids once the
+                # streams are joined again.
                 log.warning("receipts: Redis unavailable (%s); retrying in 1s", error)
                 self.streams = []
                 self._stopping.wait(1.0)
@@ -171,7 +179,9 @@ class ReceiptsWorker:
 
     # -- steps ---------------------------------------------------------------------
     def _discover(self) -> None:
-        """Join every engine stream not joined yet, then archive what it holds pending."""
+        """Join every engine stream not joined yet: archive what an older worker left
+        pending in the group, then read on from the archive's last id (or the group's,
+        if further: an archive started after the group sees what comes next)."""
         keys = self.keys
         bases = [keys.lifecycle] + sorted(
             keys.tasks(kind.decode()) for kind in self.client.smembers(keys.kinds)
@@ -193,10 +203,18 @@ class ReceiptsWorker:
             new.append(stream)
         for stream in new:
             self._claim_orphans(stream)
-        self.streams.extend(new)
-        for stream in new:  # own pending first: they are older than anything '>' returns
-            while self._read("0", None, [stream]):
+            while self._read_pending(stream):
                 pass
+            group = next(
+                g for g in self.client.xinfo_groups(stream) if g["name"] == RECEIPTS_GROUP_BYTES
+            )
+            delivered = group["last-delivered-id"]
+            delivered = delivered.decode() if isinstance(delivered, bytes) else delivered
+            archived = self._last.get(stream)
+            self._positions[stream] = (
+                archived if archived and id_order(archived) >= id_order(delivered) else delivered
+            )
+        self.streams.extend(new)
 
     def _claim_orphans(self, stream: str) -> None:
         """Take over entries a previous receipts consumer of another name left pending."""
@@ -209,49 +227,86 @@ class ReceiptsWorker:
             if cursor == "0-0":
                 return
 
-    def _read(self, start: str, block_ms: int | None, streams: list[str] | None = None) -> int:
-        """One XREADGROUP from ``start`` (``>`` new, ``0`` own pending); archive and ack.
-        Returns the number of entries handled."""
-        streams = streams or self.streams
+    def _read(self, block_ms: int | None) -> int:
+        """One XREAD of every stream from its position; archive, then move the group.
+        Returns the number of entries archived."""
+        streams = self.streams
         if not streams:
             return 0
-        command: list[str | int] = ["XREADGROUP", "GROUP", RECEIPTS_GROUP, self.consumer]
-        command += ["COUNT", self.batch_size]
+        positions = self._positions
+        command: list[str | int] = ["XREAD", "COUNT", self.batch_size]
         if block_ms is not None:
             command += ["BLOCK", block_ms]
-        command += ["STREAMS", *streams, *[start] * len(streams)]
+        command += ["STREAMS", *streams, *[positions[s] for s in streams]]
+        seen = self._archive(self._reply(command))
+        if not seen:
+            return 0
+        positions.update(seen)
+        self._send(
+            [("XGROUP", "SETID", stream, RECEIPTS_GROUP, last) for stream, last in seen.items()]
+        )
+        return self._handled
+
+    def _read_pending(self, stream: str) -> int:
+        """Entries this consumer holds pending in the group (left by an older worker):
+        archive those not archived yet, acknowledge all. Returns how many were read."""
+        command = ["XREADGROUP", "GROUP", RECEIPTS_GROUP, self.consumer]
+        command += ["COUNT", self.batch_size, "STREAMS", stream, "0"]
+        reply = self._reply(command)
+        self._archive(reply)
+        if not self._read_ids:
+            return 0
+        self._send([("XACK", stream, RECEIPTS_GROUP, *self._read_ids)])
+        return len(self._read_ids)
+
+    def _reply(self, command: list[Any]) -> Any:
         # The raw reply (hiredis): RESP2 [[stream, entries], ...], RESP3 {stream: entries},
         # an entry [id, [name, value, ...]] or [id, None] once deleted; None on a timeout.
         # redis-py's reply post-processing (tuples, a dict per entry) cost a quarter of a batch.
         (reply,) = execute(self.client, [command])
         if isinstance(reply, BaseException):
             raise reply
+        return reply
+
+    def _send(self, commands: list[Any]) -> None:
+        for reply in execute(self.client, commands):
+            if isinstance(reply, BaseException):
+                raise reply
+
+    def _archive(self, reply: Any) -> dict[str, str]:
+        """Write the entries of an XREAD/XREADGROUP reply to the sink and flush: return
+        the last id read per stream. Entries at or below the archive's last id of their
+        stream (read again after a crash) are skipped, not written twice."""
+        self._handled = 0
+        self._read_ids: list[bytes] = []
         if not reply:
-            return 0
+            return {}
         batch: list[dict[str, Any]] = []
-        acks: list[list[Any]] = []
-        archived = handled = 0
+        archived = 0
         fragments = self._fragments
         # The last ids of this batch become "archived" only once the sink has flushed:
         # an error before that (a Redis call in _add_graph, the disk) must leave the
         # entries to be read and archived again, not skipped as already archived.
         seen: dict[str, str] = {}
+        written: dict[str, str] = {}
         for name, entries in reply.items() if isinstance(reply, dict) else reply:
             if not entries:
                 continue
             stream = name.decode()
-            acks.append(["XACK", name, RECEIPTS_GROUP, *[entry[0] for entry in entries]])
-            handled += len(entries)
+            self._handled += len(entries)
+            self._read_ids += [entry[0] for entry in entries]
+            seen[stream] = entries[-1][0].decode()
             last = self._last.get(stream)
-            last_order = _order(last.encode()) if last else -1
-            for raw_id, fields in entries:
-                order = _order(raw_id)
-                if order <= last_order:
-                    self.stats.skipped += 1
-                    continue
-                last_order = order
+            start = 0
+            if last is not None:  # ids grow: only a prefix can have been archived already
+                last_order = _order(last.encode())
+                while start < len(entries) and _order(entries[start][0]) <= last_order:
+                    start += 1
+                self.stats.skipped += start
+            if start < len(entries):
+                written[stream] = seen[stream]
+            for raw_id, fields in entries[start:] if start else entries:
                 entry_id = raw_id.decode()
-                seen[stream] = entry_id
                 archived += 1
                 if not fields:  # deleted before we read it: say so rather than hide the gap
                     batch.append({"stream": stream, "id": entry_id, "gone": True})
@@ -268,18 +323,14 @@ class ReceiptsWorker:
                 if start_workflow:
                     self._add_graph(digest, batch)
                 batch.append({"stream": stream, "id": entry_id, "event": event})
-        if not acks:
-            return 0
         if batch:
             self.sink.write(batch)
-            self.sink.flush()  # durable before acknowledged: the whole guarantee
+            self.sink.flush()  # durable before the group moves: the whole guarantee
             self.stats.archived += archived
-        self._last.update(seen)
-        for ack in execute(self.client, acks):
-            if isinstance(ack, BaseException):
-                raise ack
-        self.stats.batches += 1
-        return handled
+            self._last.update(written)
+        if seen:
+            self.stats.batches += 1
+        return seen
 
     def _encoded(self, fields: list[bytes]) -> tuple[orjson.Fragment, bool, Any] | None:
         """The event's JSON object built from the entry's own JSON values, not decoded and

@@ -56,14 +56,31 @@ def test_entries_archived_but_not_acknowledged_before_a_crash_are_not_archived_a
     redis_client: redis.Redis, tmp_path: Path
 ) -> None:
     run_in_harness(redis_client, 10)
-    first = archive_all(redis_client, tmp_path)
-    # As if the process died between fsync and XACK: every entry is delivered again.
+    archive_all(redis_client, tmp_path)
+    # As if the process died between fsync and moving its group: the group is behind.
     for stream in engine_streams(redis_client):
         redis_client.xgroup_setid(stream, RECEIPTS_GROUP, "0")
     second = archive_all(redis_client, tmp_path)
     assert second.stats.archived == 0
-    assert second.stats.skipped == first.stats.archived
     assert_exactly_once(redis_client, tmp_path)
+    # The next entries are archived, and the group catches up with the archive.
+    probes = {s: redis_client.xadd(s, {"kind": b'"probe"'}) for s in engine_streams(redis_client)}
+    assert archive_all(redis_client, tmp_path).stats.archived == len(probes)
+    for stream, probe in probes.items():
+        (group,) = [g for g in redis_client.xinfo_groups(stream) if g["name"] == b"receipts"]
+        assert group["last-delivered-id"] == probe and group["pending"] == 0
+
+
+def test_the_receipts_group_holds_no_pending_entries_and_marks_the_archived_position(
+    redis_client: redis.Redis, tmp_path: Path
+) -> None:
+    run_in_harness(redis_client, 10)
+    archive_all(redis_client, tmp_path)
+    last = {r["stream"]: r["id"] for _, r in read_archive(tmp_path) if "stream" in r}
+    for stream in engine_streams(redis_client):
+        (group,) = [g for g in redis_client.xinfo_groups(stream) if g["name"] == b"receipts"]
+        assert group["pending"] == 0
+        assert group["last-delivered-id"].decode() == last[stream]
 
 
 def test_a_line_torn_by_a_crash_is_dropped_and_its_entry_archived_again(
@@ -198,7 +215,7 @@ def test_archived_events_read_back_as_the_decoded_ones_and_engine_lines_are_unch
         client.xdel(odd, doomed)
         sink = SegmentSink(tmp_path)
         worker = ReceiptsWorker(client, sink, KEYS, trim_every=None)
-        assert worker._read("0", None, [odd]) == 1
+        assert worker._read_pending(odd) == 1
         sink.close()
         assert worker.stats.gone == 1
         lines = list(read_archive(tmp_path))
