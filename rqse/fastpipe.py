@@ -27,6 +27,7 @@ try:  # what redis-py's hiredis reader returns for "no whole reply buffered yet"
     from redis._parsers.hiredis import NOT_ENOUGH_DATA as _NOT_ENOUGH_DATA
 except ImportError:  # another redis-py layout: read_response() is used instead
     _NOT_ENOUGH_DATA = None
+_PUSH = getattr(hiredis, "PushNotification", None)  # hiredis >= 3.2
 
 __all__ = [
     "SLOT",
@@ -132,13 +133,20 @@ def _round_trip(connection: Any, commands: Sequence[Command], check_health: bool
         [b"".join([c if type(c) is bytes else pack(tuple(c)) for c in commands])],
         check_health=check_health,
     )
-    reader = getattr(getattr(connection, "_parser", None), "_reader", None)
+    parser = getattr(connection, "_parser", None)
+    reader = getattr(parser, "_reader", None)
     sock = getattr(connection, "_sock", None)
-    # RESP3 may interleave push frames (invalidations, notices) with replies: those
-    # connections take redis-py's own reading, which sets them aside.
+    # RESP3 may interleave push frames (invalidations, maintenance notices) with
+    # replies: hiredis marks them (PushNotification, hiredis >= 3.2) and they go to
+    # the parser's own handler; without that mark, redis-py's reading sets them aside.
     resp2 = getattr(connection, "protocol", 2) in (2, "2", None)
-    if resp2 and _NOT_ENOUGH_DATA is not None and isinstance(reader, hiredis.Reader) and sock:
-        return _read_replies(reader, sock, len(commands))
+    if (
+        (resp2 or _PUSH is not None)
+        and _NOT_ENOUGH_DATA is not None
+        and isinstance(reader, hiredis.Reader)
+        and sock
+    ):
+        return _read_replies(reader, sock, len(commands), None if resp2 else parser)
     replies: list[Any] = []
     for _ in commands:
         try:
@@ -148,21 +156,31 @@ def _round_trip(connection: Any, commands: Sequence[Command], check_health: bool
     return replies
 
 
-def _read_replies(reader: hiredis.Reader, sock: socket.socket, count: int) -> list[Any]:
+def _read_replies(
+    reader: hiredis.Reader, sock: socket.socket, count: int, resp3_parser: Any
+) -> list[Any]:
     """``count`` replies straight from the connection's own hiredis reader (so nothing it
     buffered is skipped): a third of ``read_response``'s cost per reply, which matters
     when a transaction answers QUEUED to every command. Error replies come back as the
-    exception instances redis-py's parser makes of them (NoScriptError, ...)."""
+    exception instances redis-py's parser makes of them (NoScriptError, ...). On a
+    RESP3 connection (``resp3_parser`` given), push frames go to its handler."""
     replies: list[Any] = []
     gets, feed = reader.gets, reader.feed
+    # RESP2 has no booleans: a reader made without notEnoughData says False for "no
+    # whole reply yet". In RESP3 False is a reply; redis-py always sets notEnoughData.
+    resp2 = resp3_parser is None
     try:
         while len(replies) < count:
             reply = gets()
-            if reply is _NOT_ENOUGH_DATA or reply is False:  # False: RESP2 has no booleans
+            if reply is _NOT_ENOUGH_DATA or (reply is False and resp2):
                 data = sock.recv(65536)
                 if not data:
                     raise redis.ConnectionError("Connection closed by server.")
                 feed(data)
+            elif not resp2 and type(reply) is _PUSH:
+                handle = getattr(resp3_parser, "handle_push_response", None)
+                if handle is not None:
+                    handle(reply)
             else:
                 replies.append(reply)
     except TimeoutError as error:

@@ -2,6 +2,7 @@
 
 import time
 
+import pytest
 import redis
 
 from rqse import fastpipe
@@ -86,6 +87,28 @@ def test_push_frames_of_resp3_do_not_shift_the_replies(redis_client: redis.Redis
     redis_client.set("a", "changed")  # the server pushes an invalidation there
     assert fastpipe.execute(tracked, [("GET", "a"), ("GET", "b")]) == [b"changed", b"2"]
     assert fastpipe.execute(tracked, [("GET", "b")]) == [b"2"]
+
+
+@pytest.mark.parametrize("protocol", [2, 3])
+def test_replies_are_read_by_fastpipe_itself_under_both_protocols(
+    redis_client: redis.Redis, protocol: int
+) -> None:
+    """The fast path must stay on with the redis-py in use (its default protocol became
+    RESP3, which once sent every reply through read_response() unnoticed)."""
+    client = redis.Redis.from_url(f"{_url(redis_client)}?protocol={protocol}")
+    client.ping()
+    connection = client.connection_pool.get_connection()
+    client.connection_pool.release(connection)
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError("read_response() used")
+
+    connection.read_response = refuse  # type: ignore[method-assign]
+    replies = fastpipe.execute(
+        client, [("SET", "k", "v"), ("GET", "k"), ("EXISTS", "none"), ("INCR", "k")]
+    )
+    assert replies[:3] == [b"OK", b"v", 0]
+    assert isinstance(replies[3], redis.ResponseError)
 
 
 def _url(client: redis.Redis) -> str:
