@@ -73,12 +73,16 @@ def _cpu_seconds(pid: int) -> float:
         return 0.0
 
 
-def _server_name(client: redis.Redis) -> str:
-    """E.g. ``valkey 8.1.8 (libc)``: figures depend on the server and its allocator."""
+def _server_name(client: redis.Redis, server: RedisServer) -> str:
+    """E.g. ``valkey 8.1.8 (libc, mimalloc preloaded)``: figures depend on the server and
+    its allocator (a preloaded one replaces malloc unbeknown to the server's INFO)."""
     info = client.info("server")
     name = info.get("server_name") or "redis"
     version = info.get("valkey_version") or info.get("redis_version")
-    return f"{name} {version} ({client.info('memory').get('mem_allocator', '?')})"
+    allocator = client.info("memory").get("mem_allocator", "?")
+    if server.preloaded:
+        allocator += f", {Path(server.preloaded).stem.removeprefix('lib')} preloaded"
+    return f"{name} {version} ({allocator})"
 
 
 def _spawn(url: str, *command: str, log: Path | None = None) -> subprocess.Popen[bytes]:
@@ -135,7 +139,9 @@ def throughput(args: argparse.Namespace) -> Figures:
     graph = compile_text(text)
     inputs = [MAP_INPUT if args.shape == "map10" else {"n": i} for i in range(args.workflows)]
     with ExitStack() as stack:
-        server = stack.enter_context(RedisServer(args.server, persistence=args.persistence))
+        server = stack.enter_context(
+            RedisServer(args.server, persistence=args.persistence, allocator=args.allocator)
+        )
         client = redis.Redis.from_url(server.url)
         logs = Path(args.logs) if args.logs else None
         if logs:
@@ -181,7 +187,7 @@ def throughput(args: argparse.Namespace) -> Figures:
         cpu["redis"] = round(info_cpu["used_cpu_user"] + info_cpu["used_cpu_sys"], 2)
         cpu["bench"] = round(time.process_time() - bench_cpu, 2)
         cpu["total"] = round(sum(cpu.values()), 2)
-        server_name = _server_name(client)
+        server_name = _server_name(client, server)
         commandstats = client.info("commandstats")
         commands = sum(v["calls"] for v in commandstats.values())
         peak = int(client.info("memory")["used_memory_peak"])
@@ -212,7 +218,7 @@ def throughput(args: argparse.Namespace) -> Figures:
 def latency(args: argparse.Namespace) -> dict[str, Any]:
     graph = compile_text("A")
     with ExitStack() as stack:
-        server = stack.enter_context(RedisServer(args.server))
+        server = stack.enter_context(RedisServer(args.server, allocator=args.allocator))
         client = redis.Redis.from_url(server.url)
         procs = [
             _spawn(server.url, "lifecycle", "worker"),
@@ -268,6 +274,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--server", help="Redis/Valkey server binary (default: the one the tests use)"
+    )
+    parser.add_argument(
+        "--allocator",
+        choices=["auto", "builtin"],
+        default="auto",
+        help="auto: mimalloc preloaded into a wheel's server when installed (rqse.server)",
     )
     parser.add_argument("--json", help="also write the figures to this file")
     parser.add_argument("--logs", help="write each worker process's output to DIR/<name>.log")

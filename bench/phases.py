@@ -45,13 +45,18 @@ def _drain(listener: Any) -> int:
     return int(listener.stats.handled - before)
 
 
-def run(workflows: int, shape: str, server_path: str | None) -> dict[str, dict[str, float]]:
+def run(
+    workflows: int, shape: str, server_path: str | None, allocator: str = "auto"
+) -> dict[str, dict[str, float]]:
     text, _ = SHAPES[shape]
     graph = compile_text(text)
     cpu: dict[str, float] = defaultdict(float)
     server_cpu: dict[str, float] = defaultdict(float)
     events: dict[str, int] = defaultdict(int)
-    with RedisServer(server_path) as server, tempfile.TemporaryDirectory() as archive:
+    with (
+        RedisServer(server_path, allocator=allocator) as server,
+        tempfile.TemporaryDirectory() as archive,
+    ):
         client = redis.Redis.from_url(server.url)
         lifecycle = LifecycleWorker(
             KEYS, timers=False, consumer="lc", pool=client.connection_pool, handle_signals=False
@@ -100,13 +105,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workflows", type=int, default=5000)
     parser.add_argument("--shape", choices=sorted(SHAPES), default="chain10")
     parser.add_argument("--server", help="Redis/Valkey server binary")
+    parser.add_argument("--allocator", choices=["auto", "builtin"], default="auto")
     parser.add_argument(
         "--repeat", type=int, default=1, help="runs; each figure is the smallest of them"
     )
     args = parser.parse_args(argv)
     best: dict[str, dict[str, float]] = {}
     for _ in range(args.repeat):
-        for name, figures in run(args.workflows, args.shape, args.server).items():
+        for name, figures in run(args.workflows, args.shape, args.server, args.allocator).items():
             kept = best.setdefault(name, figures)
             for key, value in figures.items():
                 kept[key] = min(kept[key], value)

