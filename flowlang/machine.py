@@ -51,9 +51,12 @@ def parse_key(key: str) -> tuple[int, Path]:
     return int(node), tuple(int(i) for i in path)
 
 
-@dataclass(slots=True, frozen=True)
+@dataclass(slots=True)
 class StartTask:
-    """Start a task instance: a TASK node, or a URI source/sink to load or store."""
+    """Start a task instance: a TASK node, or a URI source/sink to load or store.
+
+    Not changed once made, but not ``frozen``: one is made per task started, and a
+    frozen dataclass sets each field through ``object.__setattr__`` (4x the cost)."""
 
     key: str
     attempt: int

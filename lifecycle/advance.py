@@ -34,7 +34,7 @@ from flowlang.machine import (
     State,
 )
 from lifecycle import events as ev
-from lifecycle.commit import BatchResult, Commit, Pending, shared_keys, timer_member
+from lifecycle.commit import BatchResult, Commit, Pending, Said, shared_keys, timer_member
 from lifecycle.errors import BadEvent, FlowNotStored, LifecycleError
 from lifecycle.keys import Keys, task_kind
 from lifecycle.policy import Policy, split_params
@@ -133,7 +133,7 @@ class Advancer:
         advancer._shared = shared_keys(advancer.keys)
         return advancer
 
-    def compute(self, item: Pending, result: BatchResult) -> Commit | None:
+    def compute(self, item: Pending, result: BatchResult | Said) -> Commit | None:
         """The pure step: apply ``item.events`` to ``item.state`` and return what to commit
         (None when nothing changes). No Redis call once the graph is cached."""
         return self._compute(item, result)
@@ -142,7 +142,8 @@ class Advancer:
 
     def apply(self, entries: list[tuple[str, dict[str, Any]]]) -> BatchResult:
         """Apply lifecycle events (entry id, decoded event). The caller acknowledges
-        ``duplicates`` and dead-letters ``rejected``; committed events are acked here."""
+        ``duplicates`` and dead-letters ``rejected``; the ids in ``acknowledged`` (committed
+        events, and duplicates acknowledged with them) are acknowledged here."""
         result = BatchResult()
         pending = self._group(entries, result)
         rounds = 0
@@ -159,20 +160,29 @@ class Advancer:
                 for item in pending:
                     # A workflow that loses the race is recomputed from fresh state: what
                     # this round said of its events counts only if the round's commit wins.
-                    said = BatchResult()
+                    said = Said()
                     commit = self._compute(item, said)
                     if commit is None:
-                        result.absorb(said)
+                        said.into(result)
                     else:
                         commits.append((item, commit, said))
                 if watched:
-                    outcome = self._commit_watched([commit for _, commit, _ in commits], send)
+                    # Events that change nothing are acknowledged in the same transaction
+                    # (not in a round trip of their own) when it wins.
+                    extra = result.duplicates + [
+                        d for _, _, said in commits for d in said.duplicates
+                    ]
+                    outcome = self._commit_watched(
+                        [commit for _, commit, _ in commits], extra, send
+                    )
+                    if extra and (outcome[0] if outcome else True):
+                        result.acknowledged += extra
             if not watched:
                 outcome = self._commit([(item, commit) for item, commit, _ in commits])
             pending = []
             for (item, commit, said), won in zip(commits, outcome, strict=True):
                 if won:
-                    result.absorb(said)
+                    said.into(result)
                     result.acknowledged += commit.acks
                     result.committed += 1
                 else:
@@ -241,17 +251,21 @@ class Advancer:
                 if raw is not None
             }
 
-    def _commit_watched(self, commits: list[Commit], send: fastpipe.Send) -> list[bool]:
-        """All ``commits`` in one MULTI/EXEC on the connection that sent the WATCH: all
-        written (True each) or, when a watched workflow changed, none (False each)."""
+    def _commit_watched(
+        self, commits: list[Commit], extra_acks: list[str], send: fastpipe.Send
+    ) -> list[bool]:
+        """All ``commits`` in one MULTI/EXEC on the connection that sent the WATCH, with the
+        acknowledgement of their events and of ``extra_acks``: all written (True each) or,
+        when a watched workflow changed, none (False each)."""
+        xack = ("XACK", self._shared[0], self.keys.lifecycle_group)
         if not commits:
-            send([("UNWATCH",)])
+            send([("UNWATCH",), (*xack, *extra_acks)] if extra_acks else [("UNWATCH",)])
             return []
         commands: list[tuple[Any, ...]] = []
         for commit in commits:
             commands += commit.commands()
         acks = [event_id for commit in commits for event_id in commit.acks]
-        commands.append(("XACK", self.keys.lifecycle, self.keys.lifecycle_group, *acks))
+        commands.append((*xack, *acks, *extra_acks))
         won = fastpipe.transaction(send, commands) is not None
         return [won] * len(commits)
 
@@ -272,7 +286,7 @@ class Advancer:
 
     # -- one workflow ------------------------------------------------------------
 
-    def _compute(self, item: Pending, result: BatchResult) -> Commit | None:
+    def _compute(self, item: Pending, result: BatchResult | Said) -> Commit | None:
         commit = Commit(self.keys, item.workflow, self._shared)
         now = self.clock()
         state = item.state

@@ -17,7 +17,7 @@ from flowlang.machine import State
 from lifecycle.keys import Keys
 from rqse.fastpipe import Template
 
-__all__ = ["BatchResult", "Commit", "Pending", "shared_keys", "timer_member"]
+__all__ = ["BatchResult", "Commit", "Pending", "Said", "shared_keys", "timer_member"]
 
 _dumps = orjson.dumps
 
@@ -30,10 +30,21 @@ class BatchResult:
     conflicts: int = 0  # recomputations after another worker won
     acknowledged: list[str] = field(default_factory=list)  # event ids XACKed with the commits
 
-    def absorb(self, other: BatchResult) -> None:
-        """Add what ``other`` said of its events (duplicates and rejections)."""
-        self.duplicates += other.duplicates
-        self.rejected += other.rejected
+
+class Said:
+    """What computing one workflow said of its events: kept apart until its commit wins."""
+
+    __slots__ = ("duplicates", "rejected")
+
+    def __init__(self) -> None:
+        self.duplicates: list[str] = []
+        self.rejected: list[tuple[str, str]] = []
+
+    def into(self, result: BatchResult) -> None:
+        if self.duplicates:
+            result.duplicates += self.duplicates
+        if self.rejected:
+            result.rejected += self.rejected
 
 
 @dataclass

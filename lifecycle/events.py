@@ -83,10 +83,13 @@ def parse_start_workflow(event_id: str, event: dict[str, Any]) -> StartWorkflow:
     )
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class EndTask:
     """A task attempt ended. ``key``/``attempt`` are None for seed-style workers that
-    only echo ``index``: the engine then takes the node's one running attempt."""
+    only echo ``index``: the engine then takes the node's one running attempt.
+
+    Not changed once parsed, but not ``frozen``: one is made per event, and a frozen
+    dataclass sets each field through ``object.__setattr__`` (4x the cost)."""
 
     workflow: str
     key: str

@@ -14,7 +14,6 @@ import logging
 from typing import Any
 
 from lifecycle.advance import Advancer
-from lifecycle.events import LIFECYCLE_INPUTS
 from lifecycle.keys import Keys
 from lifecycle.timers import TimerPump
 from rqse import EventListener
@@ -31,9 +30,10 @@ class LifecycleWorker(EventListener):
         self.keys = keys or Keys()
         options.setdefault("batch_size", 200)
         options.setdefault("claim_idle", 10.0)
-        super().__init__(
-            self.keys.lifecycle, self.keys.lifecycle_group, LIFECYCLE_INPUTS, **options
-        )
+        # Every kind reaches the advancer, not just LIFECYCLE_INPUTS: it acknowledges the
+        # others (end-workflow, ...) inside its own transaction instead of the listener
+        # spending a round trip per batch on them.
+        super().__init__(self.keys.lifecycle, self.keys.lifecycle_group, None, **options)
         self.advancer = Advancer(self.connection, self.keys)
         self.timers = TimerPump(self.connection, self.keys) if timers else None
 

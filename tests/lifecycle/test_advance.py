@@ -188,6 +188,54 @@ def test_a_batch_whose_workflow_another_worker_advanced_meanwhile_commits_in_a_l
     assert redis_client.xpending(keys.lifecycle, keys.lifecycle_group)["pending"] == 0
 
 
+def _ends_and_a_bystander(harness: Harness, redis_client) -> tuple[Any, Any, Any]:
+    """In flight: the ends of B and C of ``A → { B C } → D``, and an entry that changes
+    nothing (a workflow event of another kind), all read by consumer "t"."""
+    keys = Keys()
+    harness.submit(compile_text("A → { B C } → D"))
+    harness.advance()
+    harness.work(echo)
+    harness.advance()
+    harness.work(echo)
+    redis_client.xadd(keys.lifecycle, {"kind": b'"end-workflow"', "workflow": b'"elsewhere"'})
+    reply = redis_client.xreadgroup(keys.lifecycle_group, "t", {keys.lifecycle: ">"})
+    end_b, end_c, bystander = [(i.decode(), decode(f)) for _, items in reply for i, f in items]
+    return end_b, end_c, bystander
+
+
+def test_events_that_change_nothing_are_acknowledged_with_the_batch_transaction(
+    harness: Harness, redis_client
+) -> None:
+    keys = Keys()
+    end_b, end_c, bystander = _ends_and_a_bystander(harness, redis_client)
+    result = Advancer(redis_client, keys).apply([end_b, bystander, end_c, end_b])
+    assert result.committed == 1 and result.duplicates == [bystander[0], end_b[0]]
+    assert sorted(result.acknowledged) == sorted([end_b[0], end_c[0], bystander[0], end_b[0]])
+    assert redis_client.xpending(keys.lifecycle, keys.lifecycle_group)["pending"] == 0
+
+
+def test_when_the_watched_transaction_loses_nothing_that_changed_nothing_is_acknowledged(
+    harness: Harness, redis_client
+) -> None:
+    keys = Keys()
+    end_b, end_c, bystander = _ends_and_a_bystander(harness, redis_client)
+    other = Advancer(redis_client, keys)
+    raced: list[Any] = []
+
+    class Racing(Advancer):
+        def _compute(self, item, result):  # the other worker commits C in between
+            if not raced:
+                raced.append(other.apply([end_c]))
+            return super()._compute(item, result)
+
+    result = Racing(redis_client, keys).apply([end_b, bystander])
+    assert (result.committed, result.conflicts) == (1, 1)
+    assert result.acknowledged == [end_b[0]]  # the later round's own commit only
+    assert result.duplicates == [bystander[0]]  # for the caller to acknowledge
+    pending = redis_client.xpending_range(keys.lifecycle, keys.lifecycle_group, "-", "+", 10)
+    assert [p["message_id"].decode() for p in pending] == [bystander[0]]
+
+
 def test_a_task_that_outlives_its_timeout_is_failed_by_a_durable_timer(
     harness: Harness, redis_client
 ) -> None:
