@@ -47,6 +47,8 @@ def instance_key(node: int, path: Path) -> str:
 
 
 def parse_key(key: str) -> tuple[int, Path]:
+    if "." not in key:  # outside any iteration: most keys
+        return int(key), ()
     node, *path = key.split(".")
     return int(node), tuple(int(i) for i in path)
 

@@ -48,6 +48,7 @@ log = logging.getLogger(__name__)
 _SCRIPTS = lua.scripts_dir(__file__)
 _START_TASK_JSON = orjson.dumps(ev.START_TASK)
 _MAX_CONFLICTS = 50
+_LOAD = fastpipe.Template("HMGET", fastpipe.SLOT, "v", "s", "g")  # version, state, graph
 _dumps = orjson.dumps
 
 
@@ -233,12 +234,14 @@ class Advancer:
     def _load(self, pending: list[Pending], send: fastpipe.Send, watch: bool) -> None:
         workflow_key = self.keys.workflow
         needing = [_keys_needing_input(item) for item in pending]
-        commands = [
-            ("HMGET", workflow_key(item.workflow), "v", "s", "g", *[f"n:{key}" for key in keys])
-            for item, keys in zip(pending, needing, strict=True)
-        ]
-        if watch:
-            commands.insert(0, ("WATCH", *[command[1] for command in commands]))
+        names = [workflow_key(item.workflow) for item in pending]
+        commands: list[Any] = [("WATCH", *names)] if watch else []
+        load = _LOAD.fill
+        for key, inputs in zip(names, needing, strict=True):
+            if inputs:  # a retry may need the inputs of failed attempts
+                commands.append(("HMGET", key, "v", "s", "g", *[f"n:{k}" for k in inputs]))
+            else:
+                commands.append(load(key.encode()))
         replies = _raise_errors(send(commands))[1 if watch else 0 :]
         for item, keys, values in zip(pending, needing, replies, strict=True):
             version, state, digest, *inputs = values

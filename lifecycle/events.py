@@ -101,6 +101,22 @@ class EndTask:
 
 
 def parse_end_task(event_id: str, event: dict[str, Any]) -> EndTask:
+    workflow, key, attempt = event.get("workflow"), event.get("key"), event.get("attempt")
+    status, worker = event.get("status"), event.get("worker")
+    if (  # the common shape, as end_task() writes it: the checks below hold
+        type(workflow) is str
+        and type(key) is str
+        and type(attempt) is int
+        and status == SUCCESS
+        and "error" not in event
+        and (worker is None or type(worker) is str)
+    ):
+        output = event.get("output")
+        return EndTask(workflow, key, attempt, True, output, None, worker)
+    return _parse_end_task(event_id, event)
+
+
+def _parse_end_task(event_id: str, event: dict[str, Any]) -> EndTask:
     workflow = _field(event_id, event, "workflow", str)
     if "key" in event:
         key = _field(event_id, event, "key", str)
