@@ -35,7 +35,6 @@ def served_kinds(client: Any, keys: Keys, kinds: Iterable[str] | None = None) ->
 _START_TASK_JSON = orjson.dumps(START_TASK)
 _END_TASK_JSON = orjson.dumps(END_TASK)
 _SUCCESS_JSON = orjson.dumps(SUCCESS)
-_ECHOED = (b"workflow", b"key", b"attempt")  # copied as they are, with the input
 _RAW = "raw"  # the event's key for the entry's own fields, on the pass-through path
 _loads = orjson.loads
 
@@ -77,7 +76,9 @@ class NoopWorker(EventListener):
         try:
             # What is copied is checked as the ordinary path would check it (each value
             # JSON on its own, of the engine's types); what is not copied is not decoded.
-            workflow, key, attempt = (_loads(fields[name]) for name in _ECHOED)
+            workflow = _loads(fields[b"workflow"])
+            key = _loads(fields[b"key"])
+            attempt = _loads(fields[b"attempt"])
             _loads(fields.get(b"input", b"null"))
         except (KeyError, orjson.JSONDecodeError):
             return self._decoded(fields, event_id)
