@@ -73,6 +73,12 @@ def _cpu_seconds(pid: int) -> float:
         return 0.0
 
 
+def redis_cpu_seconds(client: redis.Redis) -> float:
+    """The server's user + system CPU so far (INFO cpu)."""
+    info = client.info("cpu")
+    return float(info["used_cpu_user"] + info["used_cpu_sys"])
+
+
 def _server_name(client: redis.Redis, server: RedisServer) -> str:
     """E.g. ``valkey 8.1.8 (libc, mimalloc preloaded)``: figures depend on the server and
     its allocator (a preloaded one replaces malloc unbeknown to the server's INFO)."""
@@ -164,6 +170,9 @@ def throughput(args: argparse.Namespace) -> Figures:
         stack.callback(_stop, [p for group in procs.values() for p in group])
         time.sleep(1.0)  # let the workers create their groups
         client.config_resetstat()
+        # CPU from here on: the workers' start-up (imports, connecting) is not the run's.
+        cpu_before = {p.pid: _cpu_seconds(p.pid) for group in procs.values() for p in group}
+        redis_before = redis_cpu_seconds(client)
         started, bench_cpu = time.perf_counter(), time.process_time()
         start_workflows(client, graph, inputs, [f"w{i}" for i in range(args.workflows)], KEYS)
         submitted = time.perf_counter() - started
@@ -181,10 +190,10 @@ def throughput(args: argparse.Namespace) -> Figures:
             peaks["tasks"] = max(peaks["tasks"], client.xlen(KEYS.tasks("default")))
         wall = time.perf_counter() - started
         cpu = {
-            kind: round(sum(_cpu_seconds(p.pid) for p in group), 2) for kind, group in procs.items()
+            kind: round(sum(_cpu_seconds(p.pid) - cpu_before[p.pid] for p in group), 2)
+            for kind, group in procs.items()
         }
-        info_cpu = client.info("cpu")
-        cpu["redis"] = round(info_cpu["used_cpu_user"] + info_cpu["used_cpu_sys"], 2)
+        cpu["redis"] = round(redis_cpu_seconds(client) - redis_before, 2)
         cpu["bench"] = round(time.process_time() - bench_cpu, 2)
         cpu["total"] = round(sum(cpu.values()), 2)
         server_name = _server_name(client, server)

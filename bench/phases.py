@@ -20,7 +20,7 @@ from typing import Any
 
 import redis
 
-from bench.engine import SHAPES
+from bench.engine import SHAPES, redis_cpu_seconds
 from flowlang.compiler import compile_text
 from lifecycle.archive import SegmentSink
 from lifecycle.keys import Keys
@@ -32,11 +32,6 @@ from rqse.server import RedisServer
 from workers.noop import NoopWorker
 
 KEYS = Keys()
-
-
-def _server_cpu(client: redis.Redis) -> float:
-    info = client.info("cpu")
-    return float(info["used_cpu_user"] + info["used_cpu_sys"])
 
 
 def _drain(listener: Any, idle: float) -> int:
@@ -89,10 +84,10 @@ def run(
         settle_process()
 
         def phase(name: str, step: Any) -> int:
-            s0, c0 = _server_cpu(client), time.process_time()
+            s0, c0 = redis_cpu_seconds(client), time.process_time()
             handled = step()
             cpu[name] += time.process_time() - c0
-            server_cpu[name] += _server_cpu(client) - s0
+            server_cpu[name] += redis_cpu_seconds(client) - s0
             events[name] += handled
             return int(handled)
 
