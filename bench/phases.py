@@ -42,8 +42,10 @@ def _drain(listener: Any, idle: float) -> int:
     for stream in listener.streams:
         groups = client.xinfo_groups(stream) if client.exists(stream) else []
         lags = [g["lag"] for g in groups if g["name"].decode() == listener.group]
-        # No group yet: the listener creates it at id 0 and reads the whole stream.
-        queued += int(lags[0] or 0) if lags else int(client.xlen(stream))
+        # No group yet: the listener creates it at id 0 and reads the whole stream. A lag
+        # Redis does not know (None) is taken as the whole stream too: the idle timeout
+        # then ends the phase.
+        queued += int(lags[0]) if lags and lags[0] is not None else int(client.xlen(stream))
     if not queued:
         return 0
     before = listener.stats.handled

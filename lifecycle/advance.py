@@ -262,7 +262,9 @@ class Advancer:
         when a watched workflow changed, none (False each)."""
         xack = ("XACK", self._shared[0], self.keys.lifecycle_group)
         if not commits:
-            send([("UNWATCH",), (*xack, *extra_acks)] if extra_acks else [("UNWATCH",)])
+            _raise_errors(
+                send([("UNWATCH",), (*xack, *extra_acks)] if extra_acks else [("UNWATCH",)])
+            )
             return []
         commands: list[tuple[Any, ...]] = []
         for commit in commits:

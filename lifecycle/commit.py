@@ -28,7 +28,9 @@ class BatchResult:
     duplicates: list[str] = field(default_factory=list)  # event ids that changed nothing
     rejected: list[tuple[str, str]] = field(default_factory=list)  # (event id, reason)
     conflicts: int = 0  # recomputations after another worker won
-    acknowledged: list[str] = field(default_factory=list)  # event ids XACKed with the commits
+    # event ids XACKed by the advance: committed events, and those that changed nothing
+    # acknowledged in the same transaction
+    acknowledged: list[str] = field(default_factory=list)
 
 
 class Said:

@@ -1,4 +1,4 @@
-"""The receipts worker: archive every entry of every engine stream, exactly once, then ack.
+"""The receipts worker: archive every entry of every engine stream, exactly once.
 
 It reads ``{flow}:lifecycle``, every ``{flow}:tasks:<kind>`` (kinds from
 ``{flow}:kinds``, rescanned while running) and their ``:dead`` streams in id
@@ -14,7 +14,8 @@ across crashes:
 
 The group holds no pending entries (reading it with XREADGROUP would make Redis
 record and then forget every entry once more); it marks how far the archive
-is, for trimming and for operators. Entries an older receipts worker left
+is (its last-delivered-id; XINFO's lag is not kept for it), for trimming and
+for operators. Entries an older receipts worker left
 pending in it are archived and acknowledged at start. That argument needs one
 receipts worker per archive and partition; the archive directory's lock
 enforces the first half. The worker also trims the engine streams with rqse's
@@ -49,7 +50,7 @@ log = logging.getLogger(__name__)
 
 _loads = orjson.loads
 RECEIPTS_GROUP_BYTES = RECEIPTS_GROUP.encode()
-DEFAULT_CONSUMER = "receipts"  # stable: a restart finds its own pending entries
+DEFAULT_CONSUMER = "receipts"  # stable: finds what an older worker of this name left pending
 _MAX_SHAPES = 1024  # distinct field-name tuples remembered (engine events have a handful)
 
 
@@ -89,8 +90,8 @@ def _shape(names: tuple[bytes, ...]) -> tuple[list[bytes], int | None, int | Non
 @dataclass
 class ReceiptsStats:
     archived: int = 0  # entries written
-    skipped: int = 0  # redelivered entries already in the archive
-    gone: int = 0  # entries deleted before they could be read
+    skipped: int = 0  # entries an older worker left pending that the archive holds already
+    gone: int = 0  # entries an older worker left pending, deleted before they were archived
     batches: int = 0
     trimmed: int = 0
     peak_lengths: dict[str, int] = field(default_factory=dict)  # XLEN seen before each trim
@@ -229,7 +230,7 @@ class ReceiptsWorker:
 
     def _read(self, block_ms: int | None) -> int:
         """One XREAD of every stream from its position; archive, then move the group.
-        Returns the number of entries archived."""
+        Returns the number of entries read."""
         streams = self.streams
         if not streams:
             return 0

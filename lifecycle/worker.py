@@ -32,7 +32,8 @@ class LifecycleWorker(EventListener):
         options.setdefault("claim_idle", 10.0)
         # Every kind reaches the advancer, not just LIFECYCLE_INPUTS: it acknowledges the
         # others (end-workflow, ...) inside its own transaction instead of the listener
-        # spending a round trip per batch on them.
+        # spending a round trip per batch on them. So they count as processed, not
+        # ignored, and share their batch's fate: left pending when it fails.
         super().__init__(self.keys.lifecycle, self.keys.lifecycle_group, None, **options)
         self.advancer = Advancer(self.connection, self.keys)
         self.timers = TimerPump(self.connection, self.keys) if timers else None

@@ -76,8 +76,12 @@ def allocator_library() -> str | None:
         return None
     for file in files:
         if file.name == "libmimalloc.so":
-            path = Path(str(file.locate()))
-            return str(path) if path.is_file() else None
+            path = str(file.locate())
+            # The loader splits LD_PRELOAD at spaces and colons: such a path would be
+            # dropped silently, and the server would run on libc while we say otherwise.
+            if not Path(path).is_file() or any(c in path for c in " :"):
+                return None
+            return path
     return None
 
 
@@ -176,7 +180,8 @@ class RedisServer:
         ]
         env = None
         if self.preloaded:
-            preload = " ".join(filter(None, [self.preloaded, os.environ.get("LD_PRELOAD")]))
+            # What the environment preloads already comes first (a sanitizer runtime must).
+            preload = " ".join(filter(None, [os.environ.get("LD_PRELOAD"), self.preloaded]))
             env = {**os.environ, "LD_PRELOAD": preload}
         self.process = subprocess.Popen(
             args,

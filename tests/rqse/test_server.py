@@ -37,3 +37,22 @@ def test_a_wheel_server_runs_with_mimalloc_preloaded_and_builtin_turns_it_off() 
 def test_an_unknown_allocator_is_refused_with_the_choices() -> None:
     with pytest.raises(ValueError, match="'auto' or 'builtin'"):
         RedisServer(allocator="jemalloc")
+
+
+def test_a_library_path_the_loader_would_split_is_not_preloaded(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """LD_PRELOAD is split at spaces and colons: such a path would be dropped silently
+    while the server's figures claimed mimalloc."""
+    spaced = tmp_path / "with space" / "libmimalloc.so"
+    spaced.parent.mkdir()
+    spaced.write_bytes(b"")
+
+    class Found:
+        name = "libmimalloc.so"
+
+        def locate(self) -> Path:
+            return spaced
+
+    monkeypatch.setattr("importlib.metadata.files", lambda _: [Found()])
+    assert allocator_library() is None
