@@ -153,6 +153,19 @@ def test_each_ending_is_counted_once_by_its_status(harness: Harness, redis_clien
     }
 
 
+def _racing(other: Advancer, events: list[Any], raced: list[Any]) -> type[Advancer]:
+    """An advancer class during whose first compute ``other`` applies ``events`` (what
+    another worker commits between this one's WATCH and its EXEC); results in ``raced``."""
+
+    class Racing(Advancer):
+        def _compute(self, item, result):
+            if not raced:
+                raced.append(other.apply(events))
+            return super()._compute(item, result)
+
+    return Racing
+
+
 def test_a_batch_whose_workflow_another_worker_advanced_meanwhile_commits_in_a_later_round(
     harness: Harness, redis_client
 ) -> None:
@@ -168,14 +181,7 @@ def test_a_batch_whose_workflow_another_worker_advanced_meanwhile_commits_in_a_l
     reply = redis_client.xreadgroup(keys.lifecycle_group, "t", {keys.lifecycle: ">"})
     (end_b, end_c) = [(i.decode(), decode(f)) for _, items in reply for i, f in items]
     raced: list[Any] = []
-
-    class Racing(Advancer):
-        def _compute(self, item, result):  # the other worker commits C in between
-            if not raced:
-                raced.append(other.apply([end_c]))
-            return super()._compute(item, result)
-
-    result = Racing(redis_client, keys).apply([end_b])
+    result = _racing(other, [end_c], raced)(redis_client, keys).apply([end_b])
     assert raced[0].committed == 1 and raced[0].conflicts == 0
     assert (result.committed, result.conflicts) == (1, 1)
     assert sorted(result.acknowledged) == [end_b[0]]
@@ -219,16 +225,8 @@ def test_when_the_watched_transaction_loses_nothing_that_changed_nothing_is_ackn
 ) -> None:
     keys = Keys()
     end_b, end_c, bystander = _ends_and_a_bystander(harness, redis_client)
-    other = Advancer(redis_client, keys)
-    raced: list[Any] = []
-
-    class Racing(Advancer):
-        def _compute(self, item, result):  # the other worker commits C in between
-            if not raced:
-                raced.append(other.apply([end_c]))
-            return super()._compute(item, result)
-
-    result = Racing(redis_client, keys).apply([end_b, bystander])
+    racing = _racing(Advancer(redis_client, keys), [end_c], [])
+    result = racing(redis_client, keys).apply([end_b, bystander])
     assert (result.committed, result.conflicts) == (1, 1)
     assert result.acknowledged == [end_b[0]]  # the later round's own commit only
     assert result.duplicates == [bystander[0]]  # for the caller to acknowledge
