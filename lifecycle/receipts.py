@@ -126,8 +126,6 @@ class ReceiptsWorker:
         self.streams: list[str] = []
         self._last = sink.last_ids()
         self._positions: dict[str, str] = {}  # stream -> the id XREAD reads after
-        self._handled = 0  # entries in the reply last archived
-        self._read_ids: list[bytes] = []  # their ids
         # A sink that takes an entry's event as JSON bytes (orjson.Fragment) gets it so.
         self._fragments = getattr(sink, "json_fragments", False) is True
         self._shapes: dict[tuple[bytes, ...], Any] = {}  # field names -> _shape(), or ()
@@ -239,26 +237,26 @@ class ReceiptsWorker:
         if block_ms is not None:
             command += ["BLOCK", block_ms]
         command += ["STREAMS", *streams, *[positions[s] for s in streams]]
-        seen = self._archive(self._reply(command))
-        if not seen:
+        read = self._archive(self._reply(command))
+        if not read:
             return 0
-        positions.update(seen)
+        last = {stream: entries[-1][0].decode() for stream, entries in read.items()}
+        positions.update(last)
         self._send(
-            [("XGROUP", "SETID", stream, RECEIPTS_GROUP, last) for stream, last in seen.items()]
+            [("XGROUP", "SETID", stream, RECEIPTS_GROUP, id_) for stream, id_ in last.items()]
         )
-        return self._handled
+        return sum(map(len, read.values()))
 
     def _read_pending(self, stream: str) -> int:
         """Entries this consumer holds pending in the group (left by an older worker):
         archive those not archived yet, acknowledge all. Returns how many were read."""
         command = ["XREADGROUP", "GROUP", RECEIPTS_GROUP, self.consumer]
         command += ["COUNT", self.batch_size, "STREAMS", stream, "0"]
-        reply = self._reply(command)
-        self._archive(reply)
-        if not self._read_ids:
+        entries = self._archive(self._reply(command)).get(stream)
+        if not entries:
             return 0
-        self._send([("XACK", stream, RECEIPTS_GROUP, *self._read_ids)])
-        return len(self._read_ids)
+        self._send([("XACK", stream, RECEIPTS_GROUP, *[entry[0] for entry in entries])])
+        return len(entries)
 
     def _reply(self, command: list[Any]) -> Any:
         # The raw reply (hiredis): RESP2 [[stream, entries], ...], RESP3 {stream: entries},
@@ -274,12 +272,10 @@ class ReceiptsWorker:
             if isinstance(reply, BaseException):
                 raise reply
 
-    def _archive(self, reply: Any) -> dict[str, str]:
+    def _archive(self, reply: Any) -> dict[str, list[Any]]:
         """Write the entries of an XREAD/XREADGROUP reply to the sink and flush: return
-        the last id read per stream. Entries at or below the archive's last id of their
-        stream (read again after a crash) are skipped, not written twice."""
-        self._handled = 0
-        self._read_ids: list[bytes] = []
+        the entries read, per stream. Entries at or below the archive's last id of their
+        stream (left pending by an older worker) are skipped, not written twice."""
         if not reply:
             return {}
         batch: list[dict[str, Any]] = []
@@ -288,15 +284,13 @@ class ReceiptsWorker:
         # The last ids of this batch become "archived" only once the sink has flushed:
         # an error before that (a Redis call in _add_graph, the disk) must leave the
         # entries to be read and archived again, not skipped as already archived.
-        seen: dict[str, str] = {}
+        read: dict[str, list[Any]] = {}
         written: dict[str, str] = {}
         for name, entries in reply.items() if isinstance(reply, dict) else reply:
             if not entries:
                 continue
             stream = name.decode()
-            self._handled += len(entries)
-            self._read_ids += [entry[0] for entry in entries]
-            seen[stream] = entries[-1][0].decode()
+            read[stream] = entries
             last = self._last.get(stream)
             start = 0
             if last is not None:  # ids grow: only a prefix can have been archived already
@@ -305,7 +299,7 @@ class ReceiptsWorker:
                     start += 1
                 self.stats.skipped += start
             if start < len(entries):
-                written[stream] = seen[stream]
+                written[stream] = entries[-1][0].decode()
             for raw_id, fields in entries[start:] if start else entries:
                 entry_id = raw_id.decode()
                 archived += 1
@@ -329,9 +323,9 @@ class ReceiptsWorker:
             self.sink.flush()  # durable before the group moves: the whole guarantee
             self.stats.archived += archived
             self._last.update(written)
-        if seen:
+        if read:
             self.stats.batches += 1
-        return seen
+        return read
 
     def _encoded(self, fields: list[bytes]) -> tuple[orjson.Fragment, bool, Any] | None:
         """The event's JSON object built from the entry's own JSON values, not decoded and
