@@ -34,10 +34,9 @@ from workers.noop import NoopWorker
 KEYS = Keys()
 
 
-def _drain(listener: Any, idle: float) -> int:
+def _drain(client: redis.Redis, listener: Any, idle: float) -> int:
     """Handle what the listener's streams hold for its group now: the group's lag, or
     until ``idle`` seconds bring nothing (a phase ends without waiting when it knows)."""
-    client = listener._redis
     queued = 0
     for stream in listener.streams:
         groups = client.xinfo_groups(stream) if client.exists(stream) else []
@@ -93,8 +92,8 @@ def run(
             events[name] += handled
             return int(handled)
 
-        while phase("lifecycle", lambda: _drain(lifecycle, idle)):
-            if not phase("noop", lambda: _drain(noop, idle)):
+        while phase("lifecycle", lambda: _drain(client, lifecycle, idle)):
+            if not phase("noop", lambda: _drain(client, noop, idle)):
                 break
 
         def archive_all() -> int:
