@@ -97,10 +97,11 @@ def _raise_errors(replies: list[Any]) -> list[Any]:
 
 def _keys_needing_input(item: Pending) -> list[str]:
     """Task instances whose input a retry may need: failures, timeouts, retries."""
+    end_task = ev.END_TASK
     return [
         event.key
         for _, kind, event in item.events
-        if kind in (ev.RETRY_TASK, ev.TIMEOUT_TASK) or (kind == ev.END_TASK and not event.success)
+        if (kind == end_task and not event.success) or kind in (ev.RETRY_TASK, ev.TIMEOUT_TASK)
     ]
 
 
@@ -118,7 +119,7 @@ class Advancer:
         self.clock = clock
         self.graphs: GraphSource = GraphCache(client, self.keys)
         self.script = lua.load_script(client, "advance", _SCRIPTS)
-        self._tasks: dict[tuple[str, int], _TaskFacts] = {}
+        self._tasks: dict[str, list[_TaskFacts | None]] = {}  # graph hash -> per node
         self._shared = shared_keys(self.keys)
 
     @classmethod
@@ -137,7 +138,7 @@ class Advancer:
     def compute(self, item: Pending, result: BatchResult | Said) -> Commit | None:
         """The pure step: apply ``item.events`` to ``item.state`` and return what to commit
         (None when nothing changes). No Redis call once the graph is cached."""
-        return self._compute(item, result)
+        return self._compute(item, result, self.clock())
 
     # -- public ------------------------------------------------------------------
 
@@ -158,11 +159,12 @@ class Advancer:
             with fastpipe.session(self.client) as send:
                 self._load(pending, send, watch=watched)
                 commits = []
+                now = self.clock()  # one reading per round: its records share a time
                 for item in pending:
                     # A workflow that loses the race is recomputed from fresh state: what
                     # this round said of its events counts only if the round's commit wins.
                     said = Said()
-                    commit = self._compute(item, said)
+                    commit = self._compute(item, said, now)
                     if commit is None:
                         said.into(result)
                     else:
@@ -202,10 +204,14 @@ class Advancer:
         self, entries: list[tuple[str, dict[str, Any]]], result: BatchResult
     ) -> list[Pending]:
         by_workflow: dict[str, Pending] = {}
+        parse_end_task, end_task_kind = ev.parse_end_task, ev.END_TASK
         for event_id, event in entries:
             kind = event.get("kind")
             try:
-                parsed = self._parse(event_id, kind, event)
+                if kind == end_task_kind:
+                    parsed = parse_end_task(event_id, event)
+                else:
+                    parsed = self._parse(event_id, kind, event)
             except BadEvent as error:
                 result.rejected.append((event_id, str(error)))
                 continue
@@ -243,16 +249,18 @@ class Advancer:
             else:
                 commands.append(load(key.encode()))
         replies = _raise_errors(send(commands))[1 if watch else 0 :]
+        loads, from_dict = orjson.loads, State.from_dict
         for item, keys, values in zip(pending, needing, replies, strict=True):
-            version, state, digest, *inputs = values
+            version, state, digest = values[0], values[1], values[2]
             item.version = version.decode() if version else ""
-            item.state = State.from_dict(orjson.loads(state)) if state else None
+            item.state = from_dict(loads(state)) if state else None
             item.digest = digest.decode() if digest else None
-            item.inputs = {
-                key: orjson.loads(raw)[2]
-                for key, raw in zip(keys, inputs, strict=True)
-                if raw is not None
-            }
+            if keys:
+                item.inputs = {
+                    key: loads(raw)[2]
+                    for key, raw in zip(keys, values[3:], strict=True)
+                    if raw is not None
+                }
 
     def _commit_watched(
         self, commits: list[Commit], extra_acks: list[str], send: fastpipe.Send
@@ -280,8 +288,7 @@ class Advancer:
         group = self.keys.lifecycle_group
         commands = []
         for item, commit in commits:
-            args = commit.args(group, item.version)  # first: it adds the event streams' keys
-            keys = commit.stream_keys
+            keys, args = commit.script_call(group, item.version)
             commands.append(("EVALSHA", self.script.sha, len(keys), *keys, *args))
         replies = fastpipe.execute(self.client, commands)
         if any(_is_noscript(reply) for reply in replies):  # after a restart or SCRIPT FLUSH
@@ -291,9 +298,8 @@ class Advancer:
 
     # -- one workflow ------------------------------------------------------------
 
-    def _compute(self, item: Pending, result: BatchResult | Said) -> Commit | None:
+    def _compute(self, item: Pending, result: BatchResult | Said, now: int) -> Commit | None:
         commit = Commit(self.keys, item.workflow, self._shared)
-        now = self.clock()
         state = item.state
         machine: Machine | None = None
         changed = False
@@ -457,8 +463,10 @@ class Advancer:
     def _task(self, item: Pending, machine: Machine, node: int) -> _TaskFacts:
         """What every start-task of ``node`` shares, cached per graph: its stream, its
         encoded name/index/parameters, and its retry/timeout policy."""
-        cache_key = (item.digest or "", node)
-        found = self._tasks.get(cache_key)
+        facts = self._tasks.get(item.digest or "")
+        if facts is None:
+            facts = self._tasks[item.digest or ""] = [None] * len(machine.nodes)
+        found = facts[node]
         if found is None:
             spec = machine.nodes[node]
             name = spec.name or ""
@@ -470,11 +478,12 @@ class Advancer:
                 params, policy = spec.params, Policy()
             stream = self.keys.tasks(task_kind(name, str(spec.kind)))
             parameters = params if params is not None else {}
-            found = self._tasks[cache_key] = _TaskFacts(
+            found = facts[node] = _TaskFacts(
                 stream, _start_task_template(stream, name, node, parameters), policy
             )
         return found
 
     def _policy(self, item: Pending, machine: Machine, key: str) -> Policy:
         """The retry/timeout policy of the node of instance ``key``."""
-        return self._task(item, machine, int(key.split(".", 1)[0])).policy
+        node = int(key) if "." not in key else int(key.split(".", 1)[0])
+        return self._task(item, machine, node).policy

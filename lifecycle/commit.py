@@ -20,6 +20,7 @@ from rqse.fastpipe import Template
 __all__ = ["BatchResult", "Commit", "Pending", "Said", "shared_keys", "timer_member"]
 
 _dumps = orjson.dumps
+_NO_INPUTS: dict[str, Any] = {}  # shared, never written: Pending.inputs is replaced
 
 
 @dataclass
@@ -49,16 +50,22 @@ class Said:
             result.rejected += self.rejected
 
 
-@dataclass
 class Pending:
-    """One workflow's events in this batch and what they produce."""
+    """One workflow's events in this batch and what they produce.
 
-    workflow: str
-    events: list[tuple[str, str, Any]]  # (event id, kind, parsed event)
-    version: str = ""
-    state: State | None = None
-    digest: str | None = None
-    inputs: dict[str, Any] = field(default_factory=dict)  # task inputs loaded for retries
+    A plain slotted class: one is made per workflow per batch."""
+
+    __slots__ = ("workflow", "events", "version", "state", "digest", "inputs")
+
+    def __init__(
+        self, workflow: str, events: list[tuple[str, str, Any]], version: str = ""
+    ) -> None:
+        self.workflow = workflow
+        self.events = events  # (event id, kind, parsed event)
+        self.version = version
+        self.state: State | None = None
+        self.digest: str | None = None
+        self.inputs: dict[str, Any] = _NO_INPUTS  # task inputs loaded for retries
 
 
 def shared_keys(keys: Keys) -> tuple[str, str, str, str]:
@@ -68,18 +75,20 @@ def shared_keys(keys: Keys) -> tuple[str, str, str, str]:
 
 class Commit:
     """One workflow's transition, built up as actions are carried out: the arguments of
-    one advance.lua call (:meth:`args`) or the same writes as plain commands for a
+    one advance.lua call (:meth:`script_call`) or the same writes as plain commands for a
     watched transaction (:meth:`commands`)."""
+
+    __slots__ = (
+        "keys", "workflow", "shared", "acks", "fields", "events", "timers", "cancels",
+        "created", "outcome",
+    )  # fmt: skip
 
     def __init__(
         self, keys: Keys, workflow: str, shared: tuple[str, str, str, str] | None = None
     ) -> None:
         self.keys = keys
         self.workflow = workflow
-        shared = shared or shared_keys(keys)
-        self.lifecycle = shared[0]
-        self.stream_keys = [keys.workflow(workflow), *shared]
-        self.stream_index: dict[str, int] = {}
+        self.shared = shared or shared_keys(keys)
         self.acks: list[str] = []
         self.fields: list[Any] = []
         # (stream, fields, None) or (stream, slot values, the Template to fill)
@@ -118,38 +127,41 @@ class Commit:
             yield stream, (template.unpacked(*fields)[3:] if template else fields)
 
     def commands(self) -> list[Any]:
-        """The writes of :meth:`args` as plain commands (or packed ones), for a MULTI/EXEC
-        whose WATCH stands for the version check. Acknowledgements excluded: the caller
-        sends one XACK for all the commits of a transaction."""
-        keys = self.stream_keys
-        commands: list[Any] = [("HSET", keys[0], *self.fields)]
+        """The writes of :meth:`script_call` as plain commands (or packed ones), for a
+        MULTI/EXEC whose WATCH stands for the version check. Acknowledgements excluded:
+        the caller sends one XACK for all the commits of a transaction."""
+        commands: list[Any] = [("HSET", self.keys.workflow(self.workflow), *self.fields)]
         for stream, fields, template in self.events:
             if template is None:
                 commands.append(("XADD", stream, "*", *fields))
             else:
                 commands.append(template.fill(*fields))
-        if self.timers:
-            commands.append(("ZADD", keys[2], *self.timers))
-        if self.cancels:
-            commands.append(("ZREM", keys[2], *self.cancels))
-        if self.created:
-            commands.append(("ZADD", keys[3], self.created, self.workflow))
-        if self.outcome:
-            commands.append(("HINCRBY", keys[4], self.outcome, 1))
+        if self.timers or self.cancels or self.created or self.outcome:
+            _, timers, workflows, outcomes = self.shared
+            if self.timers:
+                commands.append(("ZADD", timers, *self.timers))
+            if self.cancels:
+                commands.append(("ZREM", timers, *self.cancels))
+            if self.created:
+                commands.append(("ZADD", workflows, self.created, self.workflow))
+            if self.outcome:
+                commands.append(("HINCRBY", outcomes, self.outcome, 1))
         return commands
 
-    def args(self, group: str, version: str) -> list[Any]:
-        """ARGV of one advance.lua call (KEYS: :attr:`stream_keys`, extended here by the
-        streams the events go to)."""
-        keys, index_of = self.stream_keys, self.stream_index
+    def script_call(self, group: str, version: str) -> tuple[list[str], list[Any]]:
+        """KEYS and ARGV of one advance.lua call: the workflow, the shared keys, then each
+        stream an event goes to."""
+        keys = [self.keys.workflow(self.workflow), *self.shared]
+        lifecycle = self.shared[0]
+        index_of: dict[str, int] = {}
         events: list[Any] = []
         for stream, fields in self.encoded_events():
-            index = 2 if stream == self.lifecycle else index_of.get(stream)
+            index = 2 if stream == lifecycle else index_of.get(stream)
             if index is None:
                 keys.append(stream)
                 index = index_of[stream] = len(keys)
             events += (index, len(fields) // 2, *fields)
-        return [
+        return keys, [
             group,
             version,
             len(self.acks),

@@ -31,6 +31,7 @@ __all__ = [
     "decode_lenient",
     "encode_event",
     "message",
+    "raw_stream_items",
     "receipt_for",
     "stream_items",
     "utc_timestamp",
@@ -200,3 +201,21 @@ def stream_items(reply: Any) -> Iterable[tuple[bytes, list[tuple[bytes, dict[byt
     if isinstance(reply, dict):  # RESP3: {stream: [entries]}
         return ((name, value[0] if value else []) for name, value in reply.items())
     return reply  # type: ignore[no-any-return]
+
+
+def raw_stream_items(reply: Any) -> list[tuple[bytes, list[tuple[bytes, dict[bytes, bytes]]]]]:
+    """``(stream, [(entry id, {name: value})])`` of an XREAD/XREADGROUP reply as the
+    parser returns it (no redis-py callback; RESP2 or RESP3). An entry deleted while
+    pending has no fields: ``{}``."""
+    if not reply:
+        return []
+    streams = reply.items() if isinstance(reply, dict) else reply
+    items = []
+    for name, raw_entries in streams:
+        entries = []
+        append = entries.append
+        for entry_id, flat in raw_entries:
+            pairs = iter(flat or ())
+            append((entry_id, dict(zip(pairs, pairs, strict=False))))  # name, value, ...
+        items.append((name, entries))
+    return items

@@ -158,10 +158,10 @@ def _racing(other: Advancer, events: list[Any], raced: list[Any]) -> type[Advanc
     another worker commits between this one's WATCH and its EXEC); results in ``raced``."""
 
     class Racing(Advancer):
-        def _compute(self, item, result):
+        def _compute(self, item, result, now):
             if not raced:
                 raced.append(other.apply(events))
-            return super()._compute(item, result)
+            return super()._compute(item, result, now)
 
     return Racing
 

@@ -294,3 +294,25 @@ def test_a_key_of_the_wrong_type_ends_listen_with_a_clear_error(redis_url, redis
     with pytest.raises(RedisCommandError, match="consumer c of group g on jobs") as caught:
         Recorder("jobs", "g", consumer="c", url=redis_url).listen(idle_timeout=1)
     assert "WRONGTYPE" in str(caught.value) or "wrong kind" in str(caught.value)
+
+
+@pytest.mark.parametrize("protocol", [2, 3])
+def test_new_entries_are_read_and_decoded_alike_under_both_protocols(client, redis_url, protocol):
+    """The listener takes XREADGROUP's reply raw from the parser (RESP2: a list of
+    streams, RESP3: a map); both give the same events, in order, on both streams."""
+    other = EventClient("jobs-2", url=redis_url)
+    client.append_many([message({"n": i, "nested": {"x": [i]}}, kind="mine") for i in range(5)])
+    other.append(message({"n": 99}, kind="mine"))
+
+    class Keeper(Recorder):
+        def process(self, event_id, event):
+            self.events.append((self.current_stream, event["n"], event.get("nested")))
+            return True
+
+    listener = Keeper(["jobs", "jobs-2"], "g", url=f"{redis_url}?protocol={protocol}")
+    listener.events = []
+    assert listener.listen(max_events=6, idle_timeout=5) == 6
+    assert listener.events == [
+        *[("jobs", i, {"x": [i]}) for i in range(5)],
+        ("jobs-2", 99, None),
+    ]
