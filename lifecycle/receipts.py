@@ -29,8 +29,10 @@ import logging
 import signal
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from itertools import chain
 from typing import Any
 
 import orjson
@@ -49,9 +51,15 @@ __all__ = ["ReceiptsStats", "ReceiptsWorker"]
 log = logging.getLogger(__name__)
 
 _loads = orjson.loads
+_dumps = orjson.dumps
+_consume = deque(maxlen=0).extend  # runs an iterator to its end, keeping nothing
 RECEIPTS_GROUP_BYTES = RECEIPTS_GROUP.encode()
 DEFAULT_CONSUMER = "receipts"  # stable: finds what an older worker of this name left pending
-_MAX_SHAPES = 1024  # distinct field-name tuples remembered (engine events have a handful)
+_MAX_SHAPES = 1024  # field-name tuples remembered per stream (engine events have a handful)
+_CHECKED_TOGETHER = 128  # entries whose values one parse checks (_all_plain)
+# Brackets a record may hold and be copied as is. orjson reads 1,024 levels, and a line
+# holds an event's values two levels deep: brackets count at least a value's depth.
+_MAX_BRACKETS = 1000
 
 
 def _order(entry_id: bytes) -> int:
@@ -62,29 +70,144 @@ def _order(entry_id: bytes) -> int:
 
 
 def _decode(fields: list[bytes]) -> dict[str, Any]:
-    """The entry's fields decoded per the wire format; a value that is not JSON is text."""
+    """The entry's fields decoded per the wire format, as an archive line holds them.
+
+    A value that is not JSON is kept as text; so is one the line cannot hold (nested
+    deeper than orjson writes, an integer past 64 bits, a lone surrogate): the worker
+    would otherwise fail on that entry at every start. NaN and Infinity, which
+    ``json.dumps`` writes, become null, as the engine's own encoder writes them.
+    """
     mapping = dict(zip(fields[0::2], fields[1::2], strict=True))
     try:  # the wire format's common case, at a third of decode_lenient's cost
-        return {name.decode(): _loads(value) for name, value in mapping.items()}
+        event = {name.decode(): _loads(value) for name, value in mapping.items()}
     except (orjson.JSONDecodeError, UnicodeDecodeError):
-        return decode_lenient(mapping)  # NaN, huge ints, raw text: kept as text
-
-
-def _shape(names: tuple[bytes, ...]) -> tuple[list[bytes], int | None, int | None] | None:
-    """For one tuple of field names: the JSON keys with their separators
-    (``{"kind":``, ``,"workflow":``, ...) and where ``kind`` and ``graph`` are;
-    None if a name is not UTF-8 or is repeated (those entries take the decoding path)."""
+        event = decode_lenient(mapping)
     try:
-        texts = [name.decode() for name in names]
-    except UnicodeDecodeError:
-        return None
-    if len(set(texts)) != len(texts):
-        return None
-    keys = [b"," + orjson.dumps(text) + b":" for text in texts]
-    keys[0] = b"{" + keys[0][1:]
-    kind_at = texts.index("kind") if "kind" in texts else None
-    graph_at = texts.index("graph") if "graph" in texts else None
-    return keys, kind_at, graph_at
+        _dumps([event])  # as deep as the line nests it
+    except orjson.JSONEncodeError:
+        return _decode_writable(mapping)
+    return event
+
+
+def _decode_writable(mapping: dict[bytes, bytes]) -> dict[str, Any]:
+    """:func:`_decode`, field by field: a value the line cannot hold is kept as text."""
+    event = {}
+    for name, raw in mapping.items():
+        (text, value), *_ = decode_lenient({name: raw}).items()
+        try:
+            _dumps([[value]])  # in the line: the record, then the event
+        except orjson.JSONEncodeError:
+            value = raw.decode("utf-8", "replace")
+        event[text] = value
+    return event
+
+
+def _joined(values_lists: list[list[bytes] | None]) -> tuple[bytes, int]:
+    """The values of these lists (an entry's values each, None for a deleted entry)
+    as one array with a ``null`` between each two, ``[v0,null,v1,null,v2]``, and how
+    many they are (:func:`_all_plain`)."""
+    values = list(chain.from_iterable(filter(None, values_lists)))
+    return b"[" + b",null,".join(values) + b"]", len(values)
+
+
+def _all_plain(text: bytes, count: int) -> bool:
+    """True if each of the ``count`` values joined in ``text`` (:func:`_joined`) is
+    JSON on its own and holds no line break or carriage return, told by one parse of
+    them all instead of one per value (the calls cost more than the parsing); False if
+    it cannot be told so: each entry is then checked on its own.
+
+    Suppose the text holds no ``null`` but the n - 1 of the
+    separators (``null`` has no other spelling: no escape, no number form), it parses,
+    and its odd elements are all None. Each None comes from a null outside any
+    string, so every separator's null is one, at the top level, and so are the commas
+    around it. Between two such commas (or a bracket and a comma) the array holds one
+    element, made of one value's bytes alone, tokenised as they are on their own (no
+    token runs past those commas): each value is one JSON value on its own.
+
+    Values each JSON on their own always join into such a text, unless one holds
+    ``null`` or is nested to orjson's depth limit (the array adds a level).
+    """
+    if not count:
+        return True
+    if 10 in text or 13 in text or text.count(b"null") != count - 1:
+        return False
+    try:
+        parsed = _loads(text)
+    except orjson.JSONDecodeError:
+        return False
+    return len(parsed) == 2 * count - 1 and parsed[1::2].count(None) == count - 1
+
+
+def _fits_a_line(record: bytes) -> bool:
+    """A record copied from its values' bytes still makes one line the archive reads back:
+    no line break or carriage return in it (JSON whitespace, yet they would end the
+    line), and not too deep for the reader (its brackets bound its depth)."""
+    return (
+        10 not in record
+        and 13 not in record
+        and record.count(b"[") + record.count(b"{") <= _MAX_BRACKETS
+    )
+
+
+def _each_json(values: list[bytes]) -> bool:
+    """Every value JSON on its own, parsed one by one (as decoding parses them)."""
+    try:
+        _consume(map(_loads, values))
+    except orjson.JSONDecodeError:
+        return False
+    return True
+
+
+def _literal(text: bytes) -> bytes:
+    """``text`` as a constant part of a bytes format."""
+    return text.replace(b"%", b"%%")
+
+
+@dataclass(frozen=True, slots=True)
+class _Shape:
+    """How the entries of one stream with one tuple of field names are encoded without
+    being decoded: ``record % (entry id, *values)`` is the entry's record as orjson
+    spells it, without its opening brace (what ``SegmentSink.write_encoded`` takes).
+    Only the values' bytes may differ from a re-encoding: the writer's own number
+    spelling and escapes are kept."""
+
+    record: bytes
+    start_at: tuple[int, int] | None  # where kind and graph are, when both are fields
+
+    @classmethod
+    def of(cls, stream: str, names: tuple[bytes, ...]) -> _Shape | None:
+        """None if a name is not UTF-8 or is repeated: those entries are decoded."""
+        try:
+            texts = [name.decode() for name in names]
+        except UnicodeDecodeError:
+            return None
+        if len(set(texts)) != len(texts):
+            return None
+        # An entry id is digits and a dash (Redis makes them): nothing in it to escape.
+        head = b'"stream":' + _literal(orjson.dumps(stream)) + b',"id":"%b","event":{'
+        members = b",".join(_literal(orjson.dumps(text)) + b":%b" for text in texts)
+        start_at = None
+        if "kind" in texts and "graph" in texts:
+            start_at = texts.index("kind"), texts.index("graph")
+        return cls(head + members + b"}}", start_at)
+
+
+class _Shapes:
+    """The shapes of one stream's entries, by field names (at most ``_MAX_SHAPES``)."""
+
+    __slots__ = ("_known", "stream")
+
+    def __init__(self, stream: str) -> None:
+        self.stream = stream
+        self._known: dict[tuple[bytes, ...], _Shape | None] = {}
+
+    def of(self, names: list[bytes]) -> _Shape | None:
+        key = tuple(names)
+        if key not in self._known:
+            if len(self._known) >= _MAX_SHAPES:
+                self._known.clear()
+            self._known[key] = _Shape.of(self.stream, key)
+        return self._known[key]
 
 
 @dataclass
@@ -126,9 +249,11 @@ class ReceiptsWorker:
         self.streams: list[str] = []
         self._last = sink.last_ids()
         self._positions: dict[str, str] = {}  # stream -> the id XREAD reads after
-        # A sink that takes an entry's event as JSON bytes (orjson.Fragment) gets it so.
-        self._fragments = getattr(sink, "json_fragments", False) is True
-        self._shapes: dict[tuple[bytes, ...], Any] = {}  # field names -> _shape(), or ()
+        # A sink that takes entries encoded (SegmentSink) gets them so.
+        self._write_encoded: Callable[[list[Any], dict[str, str]], None] | None = getattr(
+            sink, "write_encoded", None
+        )
+        self._shapes: dict[str, _Shapes] = {}
         self._stopping = threading.Event()
         self._signals = 0
 
@@ -278,48 +403,34 @@ class ReceiptsWorker:
         stream (left pending by an older worker) are skipped, not written twice."""
         if not reply:
             return {}
-        batch: list[dict[str, Any]] = []
-        archived = 0
-        fragments = self._fragments
+        batch: list[Any] = []
+        graphs: set[str] = set()  # archived by this batch
         # The last ids of this batch become "archived" only once the sink has flushed:
         # an error before that (a Redis call in _add_graph, the disk) must leave the
         # entries to be read and archived again, not skipped as already archived.
         read: dict[str, list[Any]] = {}
         written: dict[str, str] = {}
+        archived = 0
         for name, entries in reply.items() if isinstance(reply, dict) else reply:
             if not entries:
                 continue
             stream = name.decode()
             read[stream] = entries
-            last = self._last.get(stream)
-            start = 0
-            if last is not None:  # ids grow: only a prefix can have been archived already
-                last_order = _order(last.encode())
-                while start < len(entries) and _order(entries[start][0]) <= last_order:
-                    start += 1
-                self.stats.skipped += start
-            if start < len(entries):
-                written[stream] = entries[-1][0].decode()
-            for raw_id, fields in entries[start:] if start else entries:
-                entry_id = raw_id.decode()
-                archived += 1
-                if not fields:  # deleted before we read it: say so rather than hide the gap
-                    batch.append({"stream": stream, "id": entry_id, "gone": True})
-                    self.stats.gone += 1
-                    continue
-                encoded = self._encoded(fields) if fragments else None
-                event: Any
-                if encoded is not None:
-                    event, start_workflow, digest = encoded
-                else:
-                    event = _decode(fields)
-                    start_workflow = event.get("kind") == START_WORKFLOW
-                    digest = event.get("graph") if start_workflow else None
-                if start_workflow:
-                    self._add_graph(digest, batch)
-                batch.append({"stream": stream, "id": entry_id, "event": event})
+            entries = self._unarchived(stream, entries)
+            if not entries:
+                continue
+            written[stream] = entries[-1][0].decode()
+            archived += len(entries)
+            if self._write_encoded is not None:
+                self._add_encoded(stream, entries, batch, graphs)
+            else:
+                for entry_id, fields in entries:
+                    self._add_decoded(stream, entry_id, fields, batch, graphs)
         if batch:
-            self.sink.write(batch)
+            if self._write_encoded is not None:
+                self._write_encoded(batch, written)
+            else:
+                self.sink.write(batch)
             self.sink.flush()  # durable before the group moves: the whole guarantee
             self.stats.archived += archived
             self._last.update(written)
@@ -327,52 +438,103 @@ class ReceiptsWorker:
             self.stats.batches += 1
         return read
 
-    def _encoded(self, fields: list[bytes]) -> tuple[orjson.Fragment, bool, Any] | None:
-        """The event's JSON object built from the entry's own JSON values, not decoded and
-        encoded again: ``(fragment, is start-workflow, its graph)``. None when the entry
-        is not plain (a value that is not JSON on its own, a field name that is not UTF-8
-        or repeated, a line break or carriage return as whitespace): :func:`_decode`
-        then archives it as before.
+    def _unarchived(self, stream: str, entries: list[Any]) -> list[Any]:
+        """``entries`` but those the archive holds already (left pending by an older
+        worker): ids grow, so only a prefix can be archived."""
+        last = self._last.get(stream)
+        if last is None:
+            return entries
+        last_order = _order(last.encode())
+        start = 0
+        while start < len(entries) and _order(entries[start][0]) <= last_order:
+            start += 1
+        self.stats.skipped += start
+        return entries[start:] if start else entries
 
-        Every value is parsed on its own, exactly as the decoding path does, so the
-        archived line parses to the same event; only the bytes may differ from a
-        re-encoding (the writer's own number spelling and escapes are kept).
-        """
-        names = tuple(fields[0::2])
-        shape = self._shapes.get(names)
-        if shape is None:
-            if len(self._shapes) >= _MAX_SHAPES:
-                self._shapes.clear()
-            shape = self._shapes[names] = _shape(names) or ()  # (): known not plain
-        if not shape:
-            return None
-        keys, kind_at, graph_at = shape
-        values = fields[1::2]
-        try:
-            parsed = list(map(_loads, values))
-        except orjson.JSONDecodeError:
-            return None
-        fields[0::2] = keys
-        fields.append(b"}")
-        text = b"".join(fields)
-        if b"\n" in text or b"\r" in text:  # JSON whitespace only, yet they would end the line
-            fields.pop()
-            fields[0::2] = names
-            return None
-        start = kind_at is not None and parsed[kind_at] == START_WORKFLOW
-        graph = parsed[graph_at] if start and graph_at is not None else None
-        return orjson.Fragment(text), start, graph
+    def _add_encoded(
+        self, stream: str, entries: list[Any], batch: list[Any], graphs: set[str]
+    ) -> None:
+        """Add the entries' records to ``batch`` encoded from their own JSON values
+        (``SegmentSink.write_encoded``), not decoded and encoded again. Their values are
+        checked a chunk at a time (:func:`_all_plain`): a chunk that cannot be checked so
+        (a value with null in it, many brackets) has each of its entries checked on its
+        own."""
+        shapes = self._shapes.get(stream) or self._shapes.setdefault(stream, _Shapes(stream))
+        for start in range(0, len(entries), _CHECKED_TOGETHER):
+            self._add_chunk(shapes, entries[start : start + _CHECKED_TOGETHER], batch, graphs)
 
-    def _add_graph(self, digest: Any, batch: list[dict[str, Any]]) -> None:
+    def _add_chunk(
+        self, shapes: _Shapes, entries: list[Any], batch: list[Any], graphs: set[str]
+    ) -> None:
+        """The worker's hot loop. An entry that is not plain is decoded instead
+        (:meth:`_add_decoded`): a name not UTF-8 or repeated, a value that is not JSON
+        on its own, a record that would not make a line (:func:`_fits_a_line`)."""
+        stream = shapes.stream
+        values_lists = [fields[1::2] if fields else None for _, fields in entries]
+        text, count = _joined(values_lists)
+        checked = _all_plain(text, count)
+        # The chunk's brackets bound the depth of each value, as a record's bound its own.
+        shallow = text.count(b"[") + text.count(b"{") <= _MAX_BRACKETS
+        names_before: list[bytes] | None = None
+        shape: _Shape | None = None
+        append = batch.append
+        for (entry_id, fields), values in zip(entries, values_lists, strict=True):
+            if fields:
+                names = fields[0::2]
+                # Consecutive entries mostly share their names: a comparison with the
+                # last ones costs less than a tuple of them and a lookup.
+                if names != names_before:
+                    names_before, shape = names, shapes.of(names)
+            record = None
+            if values is not None and shape is not None and (checked or _each_json(values)):
+                record = shape.record % (entry_id, *values)
+                if not ((checked and shallow) or _fits_a_line(record)):
+                    record = None
+            if record is None:
+                self._add_decoded(stream, entry_id, fields, batch, graphs)
+                continue
+            if shape.start_at is not None:
+                self._add_started_graph(shape.start_at, values, batch, graphs)
+            append(record)
+
+    def _add_started_graph(
+        self, start_at: tuple[int, int], values: list[bytes], batch: list[Any], graphs: set[str]
+    ) -> None:
+        """Before a start-workflow, its graph (values checked as JSON already)."""
+        kind_at, graph_at = start_at
+        if _loads(values[kind_at]) == START_WORKFLOW:
+            self._add_graph(_loads(values[graph_at]), batch, graphs)
+
+    def _add_decoded(
+        self,
+        stream: str,
+        entry_id: bytes,
+        fields: list[bytes] | None,
+        batch: list[Any],
+        graphs: set[str],
+    ) -> None:
+        """Add the entry's record to ``batch`` with its event decoded (a value that is
+        not JSON kept as text), or marked gone if it was deleted before it was read."""
+        id_text = entry_id.decode()
+        if not fields:  # say so rather than hide the gap
+            batch.append({"stream": stream, "id": id_text, "gone": True})
+            self.stats.gone += 1
+            return
+        event = _decode(fields)
+        if event.get("kind") == START_WORKFLOW:
+            self._add_graph(event.get("graph"), batch, graphs)
+        batch.append({"stream": stream, "id": id_text, "event": event})
+
+    def _add_graph(self, digest: Any, batch: list[Any], graphs: set[str]) -> None:
         """Archive the compiled graph a start-workflow names, the first time it is named:
         replay needs it, and it lives in a Redis key, not in any stream."""
-        if not isinstance(digest, str) or self.sink.has_graph(digest):
-            return
-        if any(r.get("graph") == digest for r in batch):
+        if not isinstance(digest, str) or digest in graphs or self.sink.has_graph(digest):
             return
         text = self.client.get(self.keys.graph(digest))
         if text is not None:
-            batch.append({"graph": digest, "text": text.decode()})
+            # Not UTF-8 (not the engine's writing): kept, and replay reports it (no hash match).
+            batch.append({"graph": digest, "text": text.decode("utf-8", "replace")})
+            graphs.add(digest)
 
     def _trim(self) -> None:
         """Trim lifecycle and task streams to what every group has acknowledged.

@@ -261,7 +261,7 @@ def test_archived_events_read_back_as_the_decoded_ones_and_engine_lines_are_unch
         client.close()
 
 
-def test_a_sink_without_json_fragments_receives_events_as_dicts(
+def test_a_sink_without_write_encoded_receives_events_as_dicts(
     redis_client: redis.Redis,
 ) -> None:
     class ListSink:

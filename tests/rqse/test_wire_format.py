@@ -155,3 +155,17 @@ def test_malformed_entries_are_reported_with_a_reason(fields, reason):
         decode_fields(fields, entry_id="5-0", max_bytes=1024)
     assert caught.value.reason == reason
     assert "entry 5-0" in str(caught.value)
+
+
+def test_decoding_many_distinct_field_names_keeps_the_name_cache_bounded():
+    from rqse import events
+
+    long_names = [b"%d-" % number + b"x" * 200 for number in range(50)]
+    many_names = [b"name-%d" % number for number in range(2 * events._MAX_NAMES)]
+    for name in long_names + many_names:
+        assert decode_fields({name: b"1"}, kind_field=None) == {name.decode(): 1}
+    assert len(events._NAMES) <= events._MAX_NAMES
+    assert not any(len(name) > events._MAX_NAME_BYTES for name in events._NAMES)
+    # Past the bound the cache starts afresh: names decode, and new ones are cached.
+    assert decode_fields({b"kind": b'"k"', b"late-name": b"[1]"}) == {"kind": "k", "late-name": [1]}
+    assert events._NAMES[b"late-name"] == "late-name"
