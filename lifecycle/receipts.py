@@ -116,13 +116,13 @@ def _all_plain(text: bytes, count: int) -> bool:
     them all instead of one per value (the calls cost more than the parsing); False if
     it cannot be told so: each entry is then checked on its own.
 
-    Suppose the text holds no ``null`` but the n - 1 of the
-    separators (``null`` has no other spelling: no escape, no number form), it parses,
-    and its odd elements are all None. Each None comes from a null outside any
-    string, so every separator's null is one, at the top level, and so are the commas
-    around it. Between two such commas (or a bracket and a comma) the array holds one
-    element, made of one value's bytes alone, tokenised as they are on their own (no
-    token runs past those commas): each value is one JSON value on its own.
+    Suppose the text holds no ``null`` but the n - 1 of the separators (``null`` has no
+    other spelling: no escape, no number form), it parses, and its odd elements are all
+    None. Each None comes from a null outside any string, so every separator's null is
+    one, at the top level, and so are the commas around it. Between two such commas (or
+    a bracket and a comma) the array holds one element, made of one value's bytes
+    alone, tokenised as they are on their own (no token runs past those commas): each
+    value is one JSON value on its own.
 
     Values each JSON on their own always join into such a text, unless one holds
     ``null`` or is nested to orjson's depth limit (the array adds a level).
@@ -456,9 +456,9 @@ class ReceiptsWorker:
     ) -> None:
         """Add the entries' records to ``batch`` encoded from their own JSON values
         (``SegmentSink.write_encoded``), not decoded and encoded again. Their values are
-        checked a chunk at a time (:func:`_all_plain`): a chunk that cannot be checked so
-        (a value with null in it, many brackets) has each of its entries checked on its
-        own."""
+        checked a chunk at a time (:func:`_all_plain`): in a chunk that cannot be checked
+        so (a value with null in it) each entry's values are parsed on their own, and in
+        one with many brackets each record's brackets are counted (:func:`_fits_a_line`)."""
         shapes = self._shapes.get(stream) or self._shapes.setdefault(stream, _Shapes(stream))
         for start in range(0, len(entries), _CHECKED_TOGETHER):
             self._add_chunk(shapes, entries[start : start + _CHECKED_TOGETHER], batch, graphs)
