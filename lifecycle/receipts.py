@@ -70,29 +70,22 @@ def _order(entry_id: bytes) -> int:
 
 
 def _decode(fields: list[bytes]) -> dict[str, Any]:
-    """The entry's fields decoded per the wire format, as an archive line holds them.
-
-    A value that is not JSON is kept as text; so is one the line cannot hold (nested
-    deeper than orjson writes, an integer past 64 bits, a lone surrogate): the worker
-    would otherwise fail on that entry at every start. NaN and Infinity, which
-    ``json.dumps`` writes, become null, as the engine's own encoder writes them.
-    """
+    """The entry's fields decoded per the wire format; a value that is not JSON is text.
+    NaN and Infinity, which ``json.dumps`` writes, are archived as null, as the engine's
+    own encoder writes them."""
     mapping = dict(zip(fields[0::2], fields[1::2], strict=True))
     try:  # the wire format's common case, at a third of decode_lenient's cost
-        event = {name.decode(): _loads(value) for name, value in mapping.items()}
+        return {name.decode(): _loads(value) for name, value in mapping.items()}
     except (orjson.JSONDecodeError, UnicodeDecodeError):
-        event = decode_lenient(mapping)
-    try:
-        _dumps([event])  # as deep as the line nests it
-    except orjson.JSONEncodeError:
-        return _decode_writable(mapping)
-    return event
+        return decode_lenient(mapping)
 
 
-def _decode_writable(mapping: dict[bytes, bytes]) -> dict[str, Any]:
-    """:func:`_decode`, field by field: a value the line cannot hold is kept as text."""
+def _decode_writable(fields: list[bytes]) -> dict[str, Any]:
+    """:func:`_decode` for an event an archive line cannot hold as decoded (a value
+    nested deeper than orjson writes, an integer past 64 bits, a lone surrogate): field
+    by field, such a value kept as text."""
     event = {}
-    for name, raw in mapping.items():
+    for name, raw in zip(fields[0::2], fields[1::2], strict=True):
         (text, value), *_ = decode_lenient({name: raw}).items()
         try:
             _dumps([[value]])  # in the line: the record, then the event
@@ -514,7 +507,9 @@ class ReceiptsWorker:
         graphs: set[str],
     ) -> None:
         """Add the entry's record to ``batch`` with its event decoded (a value that is
-        not JSON kept as text), or marked gone if it was deleted before it was read."""
+        not JSON kept as text), or marked gone if it was deleted before it was read.
+        The record is encoded here, once: a value it cannot hold is found now and kept
+        as text, rather than failing the batch in the sink at every start."""
         id_text = entry_id.decode()
         if not fields:  # say so rather than hide the gap
             batch.append({"stream": stream, "id": id_text, "gone": True})
@@ -523,7 +518,14 @@ class ReceiptsWorker:
         event = _decode(fields)
         if event.get("kind") == START_WORKFLOW:
             self._add_graph(event.get("graph"), batch, graphs)
-        batch.append({"stream": stream, "id": id_text, "event": event})
+        record = {"stream": stream, "id": id_text, "event": event}
+        try:
+            line = _dumps(record)
+        except orjson.JSONEncodeError:
+            record["event"] = _decode_writable(fields)
+            line = _dumps(record)
+        # Without its opening brace, the line is the record as write_encoded takes it.
+        batch.append(line[1:] if self._write_encoded is not None else record)
 
     def _add_graph(self, digest: Any, batch: list[Any], graphs: set[str]) -> None:
         """Archive the compiled graph a start-workflow names, the first time it is named:
