@@ -1,0 +1,110 @@
+"""The limits every door checks, stated once.
+
+Flow text, workflow inputs and task outputs are untrusted: a flow author or a
+task's caller may send anything. Each limit here is checked where data enters
+(``lifecycle run`` and the Python client at submission, a task worker before it
+sends its ``end-task``, the lifecycle worker when it advances) and turns an
+oversized or overdeep value into one clear error that fails only the workflow
+or task it belongs to. docs/security.md lists them with their defaults.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from flowlang.errors import FlowError
+
+__all__ = [
+    "DEFAULT_LIMITS",
+    "LimitExceeded",
+    "Limits",
+    "check_value",
+    "depth_within",
+    "encode_value",
+    "loads_value",
+]
+
+MIB = 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """One deployment's limits; :data:`DEFAULT_LIMITS` unless configured."""
+
+    value_bytes: int = 8 * MIB  # one value: a workflow input, a task output, a literal
+    depth: int = 256  # nesting of arrays and objects in one value
+    items: int = 100_000  # items one iteration (`*`) fans out to
+    flow_bytes: int = 1 * MIB  # one .flow text
+    guard_ms: int = 100  # time budget of one guard evaluation
+    visits: int = 100_000  # node visits of one workflow in one advance (runaway loops)
+    yaml_aliases: int = 100  # alias uses in one YAML document (alias bombs)
+
+
+DEFAULT_LIMITS = Limits()
+
+
+class LimitExceeded(FlowError):
+    """Raised when a value, a flow text or a workflow's run breaks one of :class:`Limits`."""
+
+
+def depth_within(value: Any, limit: int) -> bool:
+    """Whether ``value`` nests at most ``limit`` arrays/objects deep (iterative: a value
+    too deep for recursion is checked like any other)."""
+    stack: list[tuple[Any, int]] = [(value, 0)]
+    pop, push = stack.pop, stack.append
+    while stack:
+        item, depth = pop()
+        if type(item) is dict:
+            children: Any = item.values()
+        elif type(item) is list:
+            children = item
+        else:
+            continue
+        depth += 1
+        if depth > limit:
+            return False
+        for child in children:
+            if type(child) is dict or type(child) is list:
+                push((child, depth))
+    return True
+
+
+def encode_value(value: Any, limits: Limits = DEFAULT_LIMITS, what: str = "value") -> bytes:
+    """``value`` as JSON bytes, or :class:`LimitExceeded` naming ``what`` and the limit.
+
+    The encoding is the size check, so a caller that stores the value sends these bytes."""
+    if not depth_within(value, limits.depth):
+        raise LimitExceeded(f"{what} nests deeper than {limits.depth} levels")
+    try:
+        encoded = orjson.dumps(value)
+    except (TypeError, OverflowError, orjson.JSONEncodeError) as error:
+        raise LimitExceeded(f"{what} is not JSON: {error}") from None
+    if len(encoded) > limits.value_bytes:
+        raise LimitExceeded(
+            f"{what} is {len(encoded):,} bytes, more than the limit of {limits.value_bytes:,}"
+        )
+    return encoded
+
+
+def check_value(value: Any, limits: Limits = DEFAULT_LIMITS, what: str = "value") -> None:
+    """Raise :class:`LimitExceeded` when ``value`` breaks the size or depth limit."""
+    encode_value(value, limits, what)
+
+
+def loads_value(raw: bytes | str, limits: Limits = DEFAULT_LIMITS, what: str = "value") -> Any:
+    """Decode JSON text within the limits: :class:`LimitExceeded` for text too large or too
+    deep, never RecursionError, ValueError or a crash of the reader."""
+    if len(raw) > limits.value_bytes:
+        raise LimitExceeded(
+            f"{what} is {len(raw):,} bytes, more than the limit of {limits.value_bytes:,}"
+        )
+    try:
+        value = orjson.loads(raw)
+    except orjson.JSONDecodeError as error:
+        raise LimitExceeded(f"{what} is not JSON: {error}") from None
+    if not depth_within(value, limits.depth):
+        raise LimitExceeded(f"{what} nests deeper than {limits.depth} levels")
+    return value
