@@ -15,6 +15,7 @@ import orjson
 import yaml
 
 from flowlang.errors import FlowLiteralError
+from flowlang.limits import DEFAULT_LIMITS, LimitExceeded, Limits
 
 # Length of the opening delimiter of each literal token type, so that error
 # positions inside a body point at the right column.
@@ -52,9 +53,73 @@ def parse_literal(token_type: str, text: str, line: int, column: int) -> Any:
     return _as_json(value, line, column)
 
 
+class _BoundedLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` that refuses documents whose aliases expand past a budget.
+
+    An alias is a reference, so a 400-byte document of nested aliases is a few
+    nodes in memory but billions once converted to JSON (an alias bomb). The
+    composed node graph is measured as JSON would expand it before anything is built.
+    """
+
+    budget = DEFAULT_LIMITS.yaml_aliases
+
+    def compose_document(self) -> Any:
+        node = super().compose_document()
+        if node is not None:
+            _check_expansion(node, self.budget)
+        return node
+
+
+def _check_expansion(root: Any, aliases: int) -> None:
+    # Expanded size of each node, memoised by identity: an alias is the same node object
+    # met again, so sizes add up as JSON would repeat them.
+    limit = max(aliases, 1) * 1000
+    size: dict[int, int] = {}
+    seen_twice = 0
+    stack: list[tuple[Any, bool]] = [(root, False)]
+    while stack:
+        node, children_done = stack.pop()
+        key = id(node)
+        if key in size and not children_done:
+            seen_twice += 1
+            if seen_twice > aliases:
+                raise LimitExceeded(f"YAML uses aliases more than {aliases} times")
+            continue
+        children = _children(node)
+        if children_done or not children:
+            size[key] = 1 + sum(size.get(id(child), 1) for child in children)
+            if size[key] > limit:
+                raise LimitExceeded(f"YAML aliases expand to more than {limit:,} nodes")
+            continue
+        size.setdefault(key, 1)  # a node that contains itself counts once more per visit
+        stack.append((node, True))
+        stack.extend((child, False) for child in children)
+
+
+def _children(node: Any) -> list[Any]:
+    if isinstance(node, yaml.SequenceNode):
+        return list(node.value)
+    if isinstance(node, yaml.MappingNode):
+        return [part for pair in node.value for part in pair]
+    return []
+
+
+def safe_yaml(text: str | bytes, limits: Limits = DEFAULT_LIMITS) -> Any:
+    """Load one YAML document with the safe loader, refusing alias expansion past
+    ``limits.yaml_aliases``. Raises ``yaml.YAMLError`` or :class:`LimitExceeded`."""
+    loader = _BoundedLoader(text)
+    loader.budget = limits.yaml_aliases
+    try:
+        return loader.get_single_data()
+    finally:
+        loader.dispose()
+
+
 def _load_yaml(body: str, line: int, column: int) -> Any:
     try:
-        return yaml.safe_load(body)
+        return safe_yaml(body)
+    except LimitExceeded as error:
+        raise FlowLiteralError(f"invalid YAML literal: {error.message}", line, column) from None
     except yaml.YAMLError as error:
         mark = getattr(error, "problem_mark", None)
         where_line, where_column = line, column
