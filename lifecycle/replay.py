@@ -2,7 +2,7 @@
 
 Each workflow's lifecycle inputs (start-workflow, end-task, retry-task,
 timeout-task, terminate-workflow) are fed, in archive order (= the lifecycle
-stream's order), one at a time to :meth:`lifecycle.advance.Advancer.compute`
+stream's order), one at a time to :meth:`lifecycle.transition.Transition.compute`
 — the very code the live lifecycle worker runs before its commit — with the
 graph from the archive. What that produces is checked against what the
 engine archived: every start-task it emits must exist with the same input and
@@ -31,17 +31,19 @@ import redis
 from flowlang.graph import Graph
 from flowlang.machine import Machine, State
 from lifecycle import events as ev
-from lifecycle.advance import Advancer, BatchResult, Pending
+from lifecycle import records as rec
 from lifecycle.archive import id_order
+from lifecycle.commit import BatchResult, Pending
 from lifecycle.errors import BadEvent, FlowNotStored, UnknownWorkflow
 from lifecycle.history import Entry, timeline
 from lifecycle.keys import Keys
 from lifecycle.store import load_workflow
+from lifecycle.transition import Transition
 from lifecycle.verify import Finding
 
 __all__ = ["ArchiveGraphs", "WorkflowReplay", "compare_live", "replay_workflow"]
 
-_START_FIELDS = ("name", "index", "key", "attempt", "input", "parameters")
+_START_FIELDS = ("name", "index", "key", "attempt", "token", "role", "input", "parameters")
 
 
 class ArchiveGraphs:
@@ -107,8 +109,7 @@ class WorkflowReplay:
 
 def replay_workflow(item: WorkflowReplay, graphs: ArchiveGraphs, keys: Keys) -> WorkflowReplay:
     """Feed ``item.inputs`` to the live transition code; check against ``item.emitted``."""
-    now = [0]
-    advancer = Advancer.offline(graphs, keys, clock=lambda: now[0])
+    transition = Transition(graphs, keys)
     starts: dict[str, Entry] = {}
     ends: list[Entry] = []
     for entry in item.emitted:
@@ -122,26 +123,29 @@ def replay_workflow(item: WorkflowReplay, graphs: ArchiveGraphs, keys: Keys) -> 
     version = 0
     for stream, entry_id, event in item.inputs:
         kind = event.get("kind")
-        now[0] = id_order(entry_id)[0]
         try:
-            parsed = Advancer._parse(entry_id, kind, event)
+            parsed = ev.parse_input(entry_id, kind, event)
         except BadEvent as error:
             item.rejected.append(str(error))
             continue
+        if parsed is None:
+            continue
         pending = Pending(item.workflow, [(entry_id, kind, parsed)], str(version or ""))
         pending.state, pending.digest = item.state, item.graph
+        salt = item.fields.get(rec.SALT)
+        pending.salt = salt.decode() if isinstance(salt, bytes) else salt
         key = getattr(parsed, "key", None)
-        if key is not None and f"n:{key}" in item.fields:
-            pending.inputs = {key: orjson.loads(item.fields[f"n:{key}"])[2]}
+        if key is not None and rec.start_field(key) in item.fields:
+            pending.inputs = {key: orjson.loads(item.fields[rec.start_field(key)])[2]}
         result = BatchResult()
-        commit = advancer.compute(pending, result)
+        commit = transition.compute(pending, result, id_order(entry_id)[0])
         item.rejected += [reason for _, reason in result.rejected]
         if commit is None:
             continue  # a duplicate or stale event: live ignored it too
         version += 1
         names, values = commit.fields[::2], commit.fields[1::2]
         item.fields.update(zip(names, values, strict=True))
-        item.state = State.from_dict(orjson.loads(item.fields["s"]))
+        item.state = State.from_dict(orjson.loads(item.fields[rec.STATE]))
         for out_stream, out in _emitted(commit):
             where = f"event {entry_id} ({kind} of {item.workflow})"
             if out["kind"] == ev.START_TASK:
@@ -155,6 +159,10 @@ def replay_workflow(item: WorkflowReplay, graphs: ArchiveGraphs, keys: Keys) -> 
                     continue
                 matched.add(out["id"])
                 for name in _START_FIELDS:
+                    if name not in archived[2] and name not in out:
+                        continue
+                    if name == "token" and name not in archived[2]:
+                        continue  # archived before start-tasks carried tokens
                     if archived[2].get(name) != out.get(name):
                         item.diverge(
                             entry_id,
