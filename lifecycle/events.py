@@ -49,6 +49,7 @@ __all__ = [
     "terminate_workflow",
     "timer_member",
     "end_task_template",
+    "RECOVERED",
     "is_start_task",
 ]
 
@@ -330,6 +331,9 @@ def start_task_template(
     if role is not None:
         fields += (b"role", _dumps(role))
     return fastpipe.Template("XADD", stream, "*", *fields)
+
+
+RECOVERED = "recovered"  # on a start-task sent again by recover (lifecycle.recover)
 
 
 def end_task_template(stream: str, worker: str) -> fastpipe.Template:
