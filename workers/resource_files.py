@@ -144,15 +144,17 @@ def read_file(uri: str, root: Path, limit: int) -> bytes:
             # O_NONBLOCK: opening a FIFO must not hang the worker; regular files ignore it.
             flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
             fd = os.open(inside[-1], flags, dir_fd=parent)
-            with os.fdopen(fd, "rb") as file:
-                info = os.fstat(file.fileno())
+            try:
+                info = os.fstat(fd)
                 if not stat.S_ISREG(info.st_mode):
                     raise ResourceError(f"{uri}: {resolved} is not a regular file")
                 if info.st_size > limit:
                     raise ResourceError(
                         f"{uri}: {info.st_size:,} bytes, more than the limit of {limit:,}"
                     )
-                data = file.read(limit + 1)  # the file may have grown since fstat
+                data = _read_up_to(fd, limit + 1)  # the file may have grown since fstat
+            finally:
+                os.close(fd)
     except ResourceError:
         raise
     except OSError as error:
@@ -162,6 +164,17 @@ def read_file(uri: str, root: Path, limit: int) -> bytes:
     if len(data) > limit:
         raise ResourceError(f"{uri}: more than the limit of {limit:,} bytes")
     return data
+
+
+def _read_up_to(fd: int, size: int) -> bytes:
+    chunks: list[bytes] = []
+    while size > 0:
+        chunk = os.read(fd, min(size, _CHUNK))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        size -= len(chunk)
+    return b"".join(chunks)
 
 
 def write_file(uri: str, root: Path, body: bytes) -> Path:

@@ -178,11 +178,13 @@ class Resources:
     def load(self, uri: str, params: Mapping[str, Any] | None = None) -> Any:
         """The data at ``uri`` (a source)."""
         params = params or {}
+        fmt = _format(uri, params)  # a bad `format` fails before anything is fetched
         if _is_http(uri):
             data, content_type = self._http(uri, params, "GET", None)
             return _decode(uri, data, _format(uri, params, content_type), self.limits)
-        data = read_file(uri, self.base_dir, self.limits.value_bytes)
-        return _decode(uri, data, _format(uri, params), self.limits)
+        return _decode(
+            uri, read_file(uri, self.base_dir, self.limits.value_bytes), fmt, self.limits
+        )
 
     def store(self, uri: str, value: Any, params: Mapping[str, Any] | None = None) -> None:
         """Write ``value`` to ``uri`` (a sink): a file replaced atomically, or an HTTP PUT."""
