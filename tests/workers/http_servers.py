@@ -8,11 +8,14 @@ that a refused request never reached it.
 from __future__ import annotations
 
 import http.server
+import ssl
+import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 Behaviour = Callable[["_Handler"], None]
@@ -111,16 +114,38 @@ def drip(site: Site, interval: float, headers_too: bool = False) -> Behaviour:
 
 
 @contextmanager
-def serve(site: Site, host: str = "127.0.0.1") -> Iterator[Site]:
-    """Serve ``site`` on ``host`` (any free port); ``site.url`` is its base URL."""
+def serve(site: Site, host: str = "127.0.0.1", tls: ssl.SSLContext | None = None) -> Iterator[Site]:
+    """Serve ``site`` on ``host`` (any free port), over TLS with a ``tls`` server context;
+    ``site.url`` is its base URL."""
     handler: Any = type("Handler", (_Handler,), {"site": site})
     server = http.server.ThreadingHTTPServer((host, 0), handler)
     server.daemon_threads = True
+    if tls is not None:
+        server.socket = tls.wrap_socket(server.socket, server_side=True)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
-    site.url = f"http://{host}:{server.server_address[1]}"
+    scheme = "https" if tls is not None else "http"
+    site.url = f"{scheme}://{host}:{server.server_address[1]}"
     try:
         yield site
     finally:
         server.shutdown()
         server.server_close()
+
+
+def self_signed(directory: Path, name: str = "localhost") -> tuple[Path, Path]:
+    """(certificate, key) for ``name``, made by the openssl command line."""
+    cert, key = directory / "cert.pem", directory / "key.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
+         "-nodes", "-keyout", str(key), "-out", str(cert), "-days", "1", "-subj", f"/CN={name}",
+         "-addext", f"subjectAltName=DNS:{name}"],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    return cert, key
+
+
+def server_context(cert: Path, key: Path) -> ssl.SSLContext:
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert, key)
+    return context

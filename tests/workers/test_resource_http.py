@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import ipaddress
 import socket
+import ssl
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -14,9 +16,18 @@ import pytest
 import yaml
 
 from flowlang.limits import Limits
-from tests.workers.http_servers import Site, body, drip, endless, redirect, serve
+from tests.workers.http_servers import (
+    Site,
+    body,
+    drip,
+    endless,
+    redirect,
+    self_signed,
+    serve,
+    server_context,
+)
 from workers.errors import ResourceError
-from workers.resource_http import address_refusal, mask_url, parse_networks
+from workers.resource_http import address_refusal, mask_url, parse_networks, request
 from workers.resources import Resources, load_resource, store_resource
 
 LOOPBACK = ["127.0.0.0/8"]
@@ -238,3 +249,22 @@ def test_a_bad_allowed_network_is_one_clear_line() -> None:
         parse_networks(["10.0.0.1/8"])
     with pytest.raises(ValueError, match="allowed network 'nope'"):
         Resources.configure(allow_networks=["nope"])
+
+
+def test_https_connects_to_the_checked_address_and_verifies_the_host_name(
+    tmp_path: Path,
+) -> None:
+    cert, key = self_signed(tmp_path, "localhost")
+    trusted = ssl.create_default_context(cafile=str(cert))
+    pages = Site()
+    pages.routes["/data"] = body(b'{"secure": true}')
+    with serve(pages, "127.0.0.1", tls=server_context(cert, key)):
+        port = pages.url.rsplit(":", 1)[1]
+        settings: dict[str, Any] = {"limit": 1024, "deadline": 5, "tls": trusted}
+        loopback = parse_networks(LOOPBACK)
+        got = request(f"https://localhost:{port}/data", allow_networks=loopback, **settings)
+        assert orjson.loads(got.body) == {"secure": True}
+        assert pages.requests[0][2]["Host"] == f"localhost:{port}"
+        # The same server by address: the certificate names localhost, not 127.0.0.1.
+        with pytest.raises(ResourceError, match=r"GET failed: TLS: .*CERTIFICATE_VERIFY_FAILED"):
+            request(f"{pages.url}/data", allow_networks=loopback, **settings)
