@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import functools
 import http.client
 import ipaddress
 import socket
@@ -277,7 +278,23 @@ def _target(url: str) -> tuple[urllib.parse.SplitResult, str, int]:
         raise ResourceError(f"refused: bad address: {error}") from None
     if not host:
         raise ResourceError("refused: no host in the URL")
+    try:  # an international name travels as ASCII (IDNA), in DNS and in the Host header
+        host = host.encode("idna").decode("ascii")
+    except UnicodeError:
+        raise ResourceError(f"refused: host {host!r} is not a valid name") from None
     return parts, host, port or (443 if scheme == "https" else 80)
+
+
+# RFC 3986 characters a path or query keeps as they are; anything else (spaces,
+# non-ASCII) is percent-encoded, as a browser would send it.
+_PATH_SAFE = "/%:@!$&'()*+,;=~"
+
+
+def _request_target(parts: urllib.parse.SplitResult) -> str:
+    target = urllib.parse.quote(parts.path or "/", safe=_PATH_SAFE)
+    if parts.query:
+        target += "?" + urllib.parse.quote(parts.query, safe=_PATH_SAFE + "?")
+    return target
 
 
 def _auth_header(parts: urllib.parse.SplitResult) -> str | None:
@@ -330,9 +347,10 @@ def _exchange(
     auth = _auth_header(parts)
     if auth is not None:
         headers.setdefault("Authorization", auth)
-    path = urllib.parse.urlunsplit(("", "", parts.path or "/", parts.query, ""))
     try:
-        connection.request(current.method, path, body=current.body, headers=headers)
+        connection.request(
+            current.method, _request_target(parts), body=current.body, headers=headers
+        )
         response = connection.getresponse()
         location = response.getheader("Location")
         if response.status in _REDIRECTS and location:
@@ -361,6 +379,12 @@ def _follow(current: _Request, status: int, location: str) -> _Request:
     return _Request(url, method, headers, body, [*current.hops, current.url])
 
 
+@functools.cache
+def _default_tls() -> ssl.SSLContext:
+    """The system's trusted CAs and host name checks; loaded once (contexts are thread-safe)."""
+    return ssl.create_default_context()
+
+
 def request(
     url: str,
     method: str = "GET",
@@ -377,7 +401,7 @@ def request(
     password masked) and, after redirects, the hop that failed."""
     clock = _Deadline(deadline)
     current = _Request(url, method, dict(headers or {}), body)
-    context = tls or ssl.create_default_context()
+    context = tls or _default_tls()
     try:
         while True:
             response, location = _exchange(current, allow_networks, limit, clock, context)
@@ -388,7 +412,8 @@ def request(
             current = _follow(current, response.status, location)
     except ResourceError as error:
         raise ResourceError(f"{_where(url, current)}: {current.method} {error}") from None
-    except (OSError, http.client.HTTPException) as error:
+    except (OSError, http.client.HTTPException, ValueError) as error:
+        # ValueError: http.client refusing a header value with a line break in it.
         raise ResourceError(
             f"{_where(url, current)}: {current.method} failed: {_reason(error, clock)}"
         ) from None
@@ -400,7 +425,7 @@ def request(
     return response
 
 
-def _reason(error: OSError | http.client.HTTPException, clock: _Deadline) -> str:
+def _reason(error: OSError | http.client.HTTPException | ValueError, clock: _Deadline) -> str:
     """One line for a failed exchange; any failure after the deadline passed is the deadline
     (the watchdog's shutdown surfaces as a reset or a short read)."""
     if clock.expired or isinstance(error, TimeoutError):

@@ -268,3 +268,11 @@ def test_https_connects_to_the_checked_address_and_verifies_the_host_name(
         # The same server by address: the certificate names localhost, not 127.0.0.1.
         with pytest.raises(ResourceError, match=r"GET failed: TLS: .*CERTIFICATE_VERIFY_FAILED"):
             request(f"{pages.url}/data", allow_networks=loopback, **settings)
+
+
+def test_paths_are_percent_encoded_and_a_header_with_a_line_break_is_refused(site: Site) -> None:
+    site.routes["/a%20b/%C3%A9?q=%C3%A9"] = body(b"[1]")
+    assert resources().load(f"{site.url}/a b/é?q=é") == [1]
+    with pytest.raises(ResourceError, match=r"/data: GET failed: Invalid header value"):
+        resources().load(f"{site.url}/data", {"headers": {"X-A": "1\r\nX-Injected: 1"}})
+    assert [path for path in site.paths() if path == "/data"] == []
