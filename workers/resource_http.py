@@ -184,6 +184,10 @@ class _Deadline:
 def _resolve(host: str, port: int, deadline: _Deadline) -> list[Address]:
     """Every address ``host`` resolves to; getaddrinfo has no timeout, so it runs in a
     thread that is abandoned at the deadline."""
+    try:  # an address literal needs no lookup (and no thread)
+        return [ipaddress.ip_address(host)]
+    except ValueError:
+        pass
     found: list[Any] = []
     failure: list[BaseException] = []
 

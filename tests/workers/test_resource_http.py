@@ -276,3 +276,11 @@ def test_paths_are_percent_encoded_and_a_header_with_a_line_break_is_refused(sit
     with pytest.raises(ResourceError, match=r"/data: GET failed: Invalid header value"):
         resources().load(f"{site.url}/data", {"headers": {"X-A": "1\r\nX-Injected: 1"}})
     assert [path for path in site.paths() if path == "/data"] == []
+
+
+@pytest.mark.parametrize("host", ["127.1", "0x7f000001", "2130706433", "[::ffff:127.0.0.1]"])
+def test_other_spellings_of_loopback_are_refused_too(site: Site, host: str) -> None:
+    port = site.url.rsplit(":", 1)[1]
+    with pytest.raises(ResourceError, match=r"GET refused: .*(loopback address 127\.0\.0\.1)"):
+        load_resource(f"http://{host}:{port}/data")
+    assert site.requests == []
