@@ -268,6 +268,16 @@ def test_https_connects_to_the_checked_address_and_verifies_the_host_name(
         # The same server by address: the certificate names localhost, not 127.0.0.1.
         with pytest.raises(ResourceError, match=r"GET failed: TLS: .*CERTIFICATE_VERIFY_FAILED"):
             request(f"{pages.url}/data", allow_networks=loopback, **settings)
+        # The deadline's watchdog cuts a TLS connection as it cuts a plain one.
+        pages.routes["/drip"] = drip(pages, interval=0.02)
+        started = time.monotonic()
+        with pytest.raises(ResourceError, match=r"deadline of 0\.4 s exceeded"):
+            request(
+                f"https://localhost:{port}/drip",
+                allow_networks=loopback,
+                **settings | {"deadline": 0.4, "limit": 1 << 20},
+            )
+        assert time.monotonic() - started < 3
 
 
 def test_paths_are_percent_encoded_and_a_header_with_a_line_break_is_refused(site: Site) -> None:
