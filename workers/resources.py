@@ -34,6 +34,7 @@ import yaml
 
 from flowlang.limits import DEFAULT_LIMITS, LimitExceeded, Limits, depth_within, loads_value
 from flowlang.literals import safe_yaml
+from lifecycle.events import ROLES
 from lifecycle.keys import RESOURCE_KIND, Keys
 from workers.errors import ResourceError
 from workers.resource_files import default_base_dir, read_file, write_file
@@ -50,7 +51,6 @@ __all__ = [
 ]
 
 DEFAULT_HTTP_DEADLINE = 30.0  # seconds for one request: resolution, redirects and body
-ROLES = ("source", "sink")
 _YAML_TYPES = ("application/yaml", "application/x-yaml", "text/yaml", "text/x-yaml")
 
 

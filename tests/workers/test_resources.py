@@ -16,7 +16,9 @@ import redis
 from lifecycle.keys import Keys
 from rqse import message
 from rqse.events import encode_event
+from tests.workers.helpers import Threads, events, submit, wait_for_end
 from tests.workers.http_servers import Site, body, serve
+from workers.noop import NoopWorker
 from workers.resources import ResourceWorker
 
 KEYS = Keys()
@@ -31,6 +33,7 @@ def start_task(name: str, role: str | None, input: Any = None, **parameters: Any
         "key": "0",
         "attempt": 1,
         "id": "wf1/0/1",
+        "token": "t0k3n",
         "input": input,
         "parameters": parameters,
     }
@@ -79,6 +82,7 @@ def test_the_role_decides_whether_a_uri_is_loaded_or_stored(
         ("SUCCESS", [{"id": 1}, {"id": 2}]),
         ("SUCCESS", {"replaced": True}),
     ]
+    assert {e["token"] for e in ends} == {"t0k3n"}  # echoed: the lifecycle checks it
     assert orjson.loads((tmp_path / "copy.json").read_bytes()) == [{"id": 1}, {"id": 2}]
     assert orjson.loads((tmp_path / "orders.json").read_bytes()) == {"replaced": True}
 
@@ -141,6 +145,40 @@ def test_a_failure_is_one_line_naming_the_uri(
     assert errors[2].startswith("ResourceError: hook.py: refused: code file 'hook.py'")
     assert errors[3] == "ResourceError: in.json: format 'toml', expected 'json' or 'yaml'"
     assert all("\n" not in error for error in errors)
+
+
+def test_a_flow_with_a_file_source_and_http_and_file_sinks_runs_through_the_engine(
+    redis_client: redis.Redis, threads: Threads, tmp_path: Path, site: Site
+) -> None:
+    (tmp_path / "orders.json").write_text('[{"id": 1}, {"id": 2}]')
+    threads.lifecycle()
+    options = {"pool": threads.pool, "handle_signals": False, "block_ms": 100}
+    threads.start(ResourceWorker(base_dir=tmp_path, allow_networks=["127.0.0.0/8"], **options))
+    threads.start(NoopWorker(["default"], **options))
+    flow = f"<orders.json> → * check → <{site.url}/result.json>"
+    final = wait_for_end(redis_client, submit(redis_client, flow))
+    assert final == {"status": "finished", "output": [{"id": 1}, {"id": 2}]}
+    assert orjson.loads(site.requests[-1][3]) == [{"id": 1}, {"id": 2}]
+    copied = wait_for_end(redis_client, submit(redis_client, "<orders.json> → <copy.json>"))
+    assert copied["status"] == "finished"
+    assert orjson.loads((tmp_path / "copy.json").read_bytes()) == [{"id": 1}, {"id": 2}]
+    roles = {e["name"]: e["role"] for _, e in events(redis_client, KEYS.tasks("resource"))}
+    assert roles == {
+        "orders.json": "source",
+        f"{site.url}/result.json": "sink",
+        "copy.json": "sink",
+    }
+
+
+def test_a_source_path_leaving_the_root_fails_the_workflow_with_the_uri(
+    redis_client: redis.Redis, threads: Threads, tmp_path: Path
+) -> None:
+    threads.lifecycle()
+    options = {"pool": threads.pool, "handle_signals": False, "block_ms": 100}
+    threads.start(ResourceWorker(base_dir=tmp_path, **options))
+    final = wait_for_end(redis_client, submit(redis_client, "<../secret.json> → <out.json>"))
+    assert final["status"] == "failed"
+    assert "ResourceError: ../secret.json: '..' is not allowed" in final["error"]
 
 
 def test_a_bad_allowed_network_refuses_to_build_the_worker(redis_url: str) -> None:
