@@ -19,6 +19,8 @@ from lifecycle.errors import BadEvent
 from rqse import fastpipe
 
 __all__ = [
+    "KINDS",
+    "LIFECYCLE_INPUTS",
     "ROLES",
     "END_TASK",
     "END_WORKFLOW",
@@ -67,6 +69,7 @@ FAILED_WORKFLOW = "failed-workflow"
 LIFECYCLE_INPUTS = frozenset(
     {START_WORKFLOW, END_TASK, TERMINATE_WORKFLOW, RETRY_TASK, TIMEOUT_TASK}
 )
+KINDS = (*sorted(LIFECYCLE_INPUTS), START_TASK, END_WORKFLOW, FAILED_WORKFLOW)
 
 SUCCESS, FAILURE = "SUCCESS", "FAILURE"
 # What a resource task does (start-task ``role``): load a value, or store its input.
