@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import orjson
@@ -49,6 +49,16 @@ def _ms() -> int:
 
 def _is_noscript(reply: Any) -> bool:
     return isinstance(reply, redis.exceptions.NoScriptError)
+
+
+# Replies that mean Redis cannot take writes now, whatever the workflow.
+_WEATHER = ("OOM", "READONLY", "LOADING", "BUSY", "MASTERDOWN", "MISCONF", "NOREPLICAS",
+            "TRYAGAIN", "CLUSTERDOWN", "NOSCRIPT", "NOPERM")  # fmt: skip
+
+
+def _workflow_error(reply: Any) -> bool:
+    """A script error caused by one workflow, not by the state of Redis."""
+    return isinstance(reply, redis.ResponseError) and not str(reply).startswith(_WEATHER)
 
 
 def _raise_errors(replies: list[Any]) -> list[Any]:
@@ -149,7 +159,7 @@ class Advancer:
                     extra = result.duplicates + [
                         d for _, _, said in commits for d in said.duplicates
                     ]
-                    outcome = self._commit_watched(
+                    outcome: Sequence[bool | redis.ResponseError] = self._commit_watched(
                         [commit for _, commit, _ in commits], extra, send
                     )
                     if extra and (outcome[0] if outcome else True):
@@ -158,6 +168,16 @@ class Advancer:
                 outcome = self._commit([(item, commit) for item, commit, _ in commits])
             pending = []
             for (item, commit, said), won in zip(commits, outcome, strict=True):
+                if isinstance(won, redis.ResponseError):
+                    if item.refused is None:  # fail the workflow alone, with the reason
+                        item.refused = f"Redis refused its commit: {won}"
+                        pending.append(item)
+                    else:  # even its failure cannot be written: leave it, refuse its events
+                        log.error(
+                            "workflow %s: %s; its failure: %s", item.workflow, item.refused, won
+                        )
+                        result.rejected += [(i, item.refused) for i, _, _ in item.events]
+                    continue
                 if won:
                     said.into(result)
                     result.acknowledged += commit.acks
@@ -227,10 +247,11 @@ class Advancer:
 
     def _commit_watched(
         self, commits: list[Commit], extra_acks: list[str], send: fastpipe.Send
-    ) -> list[bool]:
+    ) -> list[bool | redis.ResponseError]:
         """All ``commits`` in one MULTI/EXEC on the connection that sent the WATCH, with the
         acknowledgement of their events and of ``extra_acks``: all written (True each) or,
-        when a watched workflow changed, none (False each)."""
+        when a watched workflow changed, none (False each). A commit one of whose writes
+        Redis refused for that workflow's sake gets the error in its place."""
         xack = ("XACK", self._shared[0], self.keys.lifecycle_group)
         if not commits:
             _raise_errors(
@@ -238,14 +259,28 @@ class Advancer:
             )
             return []
         commands: list[tuple[Any, ...]] = []
-        for commit in commits:
-            commands += commit.commands()
+        owners: list[int] = []  # the commit each command belongs to
+        for n, commit in enumerate(commits):
+            own = commit.commands()
+            commands += own
+            owners += [n] * len(own)
         acks = [event_id for commit in commits for event_id in commit.acks]
         commands.append((*xack, *acks, *extra_acks))
-        won = fastpipe.transaction(send, commands) is not None
-        return [won] * len(commits)
+        replies = fastpipe.transaction(send, commands, raise_errors=False)
+        if replies is None:
+            return [False] * len(commits)
+        outcome: list[bool | redis.ResponseError] = [True] * len(commits)
+        for n, reply in enumerate(replies):
+            if not isinstance(reply, BaseException):
+                continue
+            if n >= len(owners) or not _workflow_error(reply):
+                raise reply  # Redis trouble, or the acknowledgement itself
+            # EXEC does not roll back: the workflow's other writes stand, so it is failed
+            # on top of them (recomputed from what is stored, and committed again).
+            outcome[owners[n]] = reply
+        return outcome
 
-    def _commit(self, commits: list[tuple[Pending, Commit]]) -> list[bool]:
+    def _commit(self, commits: list[tuple[Pending, Commit]]) -> list[bool | redis.ResponseError]:
         if not commits:
             return []
         group = self.keys.lifecycle_group
@@ -257,7 +292,10 @@ class Advancer:
         if any(_is_noscript(reply) for reply in replies):  # after a restart or SCRIPT FLUSH
             self.client.script_load(lua.script_source("advance", _SCRIPTS))
             replies = fastpipe.execute(self.client, commands)
-        return [bool(won) for won in _raise_errors(replies)]
+        # Redis trouble (out of memory, read-only, ...) stops the batch, to be retried;
+        # an error the script raised for one workflow's data is that workflow's alone.
+        _raise_errors([reply for reply in replies if not _workflow_error(reply)])
+        return [reply if _workflow_error(reply) else bool(reply) for reply in replies]
 
 
 def _read_record(item: Pending, inputs: list[str], values: list[Any]) -> None:

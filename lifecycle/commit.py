@@ -56,7 +56,9 @@ class Pending:
 
     A plain slotted class: one is made per workflow per batch."""
 
-    __slots__ = ("workflow", "events", "version", "state", "digest", "inputs", "salt", "corrupt")
+    __slots__ = (
+        "workflow", "events", "version", "state", "digest", "inputs", "salt", "corrupt", "refused",
+    )  # fmt: skip
 
     def __init__(
         self, workflow: str, events: list[tuple[str, str, Any]], version: str = ""
@@ -71,6 +73,7 @@ class Pending:
         # stored before tokens, whose end-tasks are not checked
         self.salt: str | None = None
         self.corrupt: str | None = None  # why its stored record could not be read
+        self.refused: str | None = None  # why Redis refused its commit (the script raised)
 
 
 def shared_keys(keys: Keys) -> tuple[str, str, str, str]:

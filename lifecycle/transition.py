@@ -88,8 +88,9 @@ class Transition:
         """Apply ``item.events`` to ``item.state``; return what to commit, or None when
         nothing changes. Events that change nothing go to ``result.duplicates``, events
         refused (with the reason) to ``result.rejected``."""
-        if item.corrupt is not None:
-            return self.failure(item, result, now, item.events[0][0], item.corrupt)
+        if item.corrupt is not None or item.refused is not None:
+            reason = item.corrupt or item.refused or ""
+            return self.failure(item, result, now, item.events[0][0], reason)
         ended = item.state is not None and item.state.status != rec.RUNNING
         try:
             return self._compute(item, result, now)

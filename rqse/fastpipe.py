@@ -204,10 +204,14 @@ def execute_transaction(client: redis.Redis, commands: Sequence[Command]) -> lis
     return replies
 
 
-def transaction(send: Send, commands: Sequence[Command]) -> list[Any] | None:
+def transaction(
+    send: Send, commands: Sequence[Command], *, raise_errors: bool = True
+) -> list[Any] | None:
     """``commands`` inside MULTI/EXEC in one round trip of a :func:`session`: their
     replies, or None when a key the session WATCHes changed (nothing was written).
-    Raises on an error reply, or when a command was refused while queued."""
+    Raises when a command was refused while queued (nothing was written), and on an
+    error reply of a command that ran — unless ``raise_errors`` is False: then such a
+    reply is returned in its place (the other commands ran: EXEC does not roll back)."""
     replies = send([("MULTI",), *commands, ("EXEC",)])
     executed = replies[-1]
     if isinstance(executed, BaseException):  # EXECABORT: say which command was refused
@@ -216,7 +220,8 @@ def transaction(send: Send, commands: Sequence[Command]) -> list[Any] | None:
                 raise reply
     if executed is None:
         return None
-    for reply in executed:  # QUEUED replies carry no error once EXEC ran
-        if isinstance(reply, BaseException):
-            raise reply
+    if raise_errors:
+        for reply in executed:  # QUEUED replies carry no error once EXEC ran
+            if isinstance(reply, BaseException):
+                raise reply
     return list(executed)

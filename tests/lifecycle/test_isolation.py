@@ -20,6 +20,7 @@ from lifecycle import events as ev
 from lifecycle.advance import Advancer
 from lifecycle.keys import Keys
 from lifecycle.store import load_workflow
+from lifecycle.submit import start_workflow
 from tests.lifecycle.harness import Harness, decode
 
 KEYS = Keys()
@@ -127,4 +128,39 @@ def test_a_malformed_end_task_is_refused_naming_its_field_and_changes_nothing(
     assert [event_id for event_id, _ in result.rejected] == [bad_id]
     assert bad_id in result.rejected[0][1] and field in result.rejected[0][1]
     assert load_workflow(redis_client, KEYS, victim).status == "running"
+    _assert_bystanders_started(redis_client, bystanders)
+
+
+def _poison_stream(client: redis.Redis) -> None:
+    """A task stream that is not a stream: Redis refuses the XADD of its start-task."""
+    client.set(KEYS.tasks("broken"), "not a stream")
+
+
+def test_a_write_redis_refuses_in_the_batch_transaction_fails_that_workflow_alone(
+    harness: Harness, redis_client: redis.Redis
+) -> None:
+    _poison_stream(redis_client)
+    bystanders = _bystanders(harness)
+    victim = start_workflow(redis_client, compile_text("broken:A"), {}, "victim")
+    result = Advancer(redis_client, KEYS).apply(_read_batch(redis_client))
+    record = load_workflow(redis_client, KEYS, victim)
+    assert record.status == "failed" and "WRONGTYPE" in (record.error or "")
+    assert result.rejected and "Redis refused its commit" in result.rejected[0][1]
+    _assert_bystanders_started(redis_client, bystanders)
+
+
+def test_a_write_redis_refuses_in_the_script_fails_that_workflow_alone(
+    harness: Harness, redis_client: redis.Redis
+) -> None:
+    class ScriptOnly(Advancer):
+        def _commit_watched(self, commits, extra_acks, send):  # type: ignore[no-untyped-def]
+            send([("UNWATCH",)])
+            return [False] * len(commits)
+
+    _poison_stream(redis_client)
+    bystanders = _bystanders(harness)
+    victim = start_workflow(redis_client, compile_text("broken:A"), {}, "victim")
+    ScriptOnly(redis_client, KEYS).apply(_read_batch(redis_client))
+    record = load_workflow(redis_client, KEYS, victim)
+    assert record.status == "failed" and "WRONGTYPE" in (record.error or "")
     _assert_bystanders_started(redis_client, bystanders)
