@@ -26,7 +26,7 @@ so streams stay bounded.
 from __future__ import annotations
 
 import logging
-import signal
+import re
 import threading
 import time
 from collections import deque
@@ -38,12 +38,13 @@ from typing import Any
 import orjson
 import redis
 
-from lifecycle.archive import Sink, id_order
+from lifecycle.archive import ArchiveError, Sink, entry_record, id_order, raw_record
 from lifecycle.events import START_WORKFLOW
 from lifecycle.keys import LIFECYCLE_GROUP, RECEIPTS_GROUP, TASK_GROUP, Keys
-from rqse.events import decode_lenient
+from rqse.backoff import Backoff
 from rqse.fastpipe import execute
-from rqse.keys import dead_letter_key
+from rqse.keys import DEAD_LETTER_SUFFIX, dead_letter_key
+from rqse.shutdown import SignalHandlers
 from rqse.trim import trim_acknowledged
 
 __all__ = ["ReceiptsStats", "ReceiptsWorker"]
@@ -57,9 +58,11 @@ RECEIPTS_GROUP_BYTES = RECEIPTS_GROUP.encode()
 DEFAULT_CONSUMER = "receipts"  # stable: finds what an older worker of this name left pending
 _MAX_SHAPES = 1024  # field-name tuples remembered per stream (engine events have a handful)
 _CHECKED_TOGETHER = 128  # entries whose values one parse checks (_all_plain)
-# Brackets a record may hold and be copied as is. orjson reads 1,024 levels, and a line
-# holds an event's values two levels deep: brackets count at least a value's depth.
-_MAX_BRACKETS = 1000
+# Brackets a record may hold and be copied as is: brackets count at least a value's
+# depth, and orjson writes 254 levels, of which a line takes two (record, event) above
+# its values. Deeper values take the decoding path (lifecycle.archive.entry_record).
+_MAX_BRACKETS = 250
+_LONG_DIGITS = re.compile(rb"\d{20}")
 
 
 def _order(entry_id: bytes) -> int:
@@ -67,32 +70,6 @@ def _order(entry_id: bytes) -> int:
     both halves are 64-bit, so ``ms << 64 | seq`` orders as the pair does."""
     ms, _, seq = entry_id.partition(b"-")
     return int(ms) << 64 | int(seq or 0)
-
-
-def _decode(fields: list[bytes]) -> dict[str, Any]:
-    """The entry's fields decoded per the wire format; a value that is not JSON is text.
-    NaN and Infinity, which ``json.dumps`` writes, are archived as null, as the engine's
-    own encoder writes them."""
-    mapping = dict(zip(fields[0::2], fields[1::2], strict=True))
-    try:  # the wire format's common case, at a third of decode_lenient's cost
-        return {name.decode(): _loads(value) for name, value in mapping.items()}
-    except (orjson.JSONDecodeError, UnicodeDecodeError):
-        return decode_lenient(mapping)
-
-
-def _decode_writable(fields: list[bytes]) -> dict[str, Any]:
-    """:func:`_decode` for an event an archive line cannot hold as decoded (a value
-    nested deeper than orjson writes, an integer past 64 bits, a lone surrogate): field
-    by field, such a value kept as text."""
-    event = {}
-    for name, raw in zip(fields[0::2], fields[1::2], strict=True):
-        (text, value), *_ = decode_lenient({name: raw}).items()
-        try:
-            _dumps([[value]])  # in the line: the record, then the event
-        except orjson.JSONEncodeError:
-            value = raw.decode("utf-8", "replace")
-        event[text] = value
-    return event
 
 
 def _joined(values_lists: list[list[bytes] | None]) -> tuple[bytes, int]:
@@ -210,11 +187,22 @@ class ReceiptsStats:
     gone: int = 0  # entries an older worker left pending, deleted before they were archived
     batches: int = 0
     trimmed: int = 0
+    raw: int = 0  # entries archived with a value kept raw (lifecycle.archive.entry_record)
+    refused_flushes: int = 0  # flushes the sink refused (disk full, read-only), retried
+    errors: int = 0  # unexpected errors the loop logged and backed off from
     peak_lengths: dict[str, int] = field(default_factory=dict)  # XLEN seen before each trim
 
 
 class ReceiptsWorker:
-    """Archive the engine's streams into ``sink``. ``run()`` until ``stop()`` or a signal."""
+    """Archive the engine's streams into ``sink``. ``run()`` until ``stop()`` or a signal.
+
+    It never stops on its own for what an entry holds (an undecodable value is archived
+    raw) or for a disk that refuses writes (flushes are retried with backoff, saying so
+    once per state, and nothing is acknowledged or trimmed past what is durable). After
+    ``stop()`` (or SIGTERM/SIGINT, with :meth:`install_signal_handlers`) it finishes the
+    batch in hand for at most ``drain_timeout`` seconds; a batch the disk still refuses
+    then is left to be read again at the next start.
+    """
 
     def __init__(
         self,
@@ -227,6 +215,8 @@ class ReceiptsWorker:
         block_ms: int = 500,
         rescan_every: float = 1.0,
         trim_every: float | None = 1.0,
+        drain_timeout: float = 10.0,
+        retry_max: float = 5.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.client = client
@@ -237,6 +227,8 @@ class ReceiptsWorker:
         self.block_ms = block_ms
         self.rescan_every = rescan_every
         self.trim_every = trim_every
+        self.drain_timeout = drain_timeout
+        self.retry_max = retry_max  # longest wait between two flushes the disk refused
         self.clock = clock
         self.stats = ReceiptsStats()
         self.streams: list[str] = []
@@ -248,51 +240,117 @@ class ReceiptsWorker:
         )
         self._shapes: dict[str, _Shapes] = {}
         self._stopping = threading.Event()
-        self._signals = 0
+        self._deadline = float("inf")  # once stopping: when the batch in hand is given up
+        self._signals = SignalHandlers(self._on_signal)
 
     # -- control -------------------------------------------------------------------
     def stop(self) -> None:
-        """Finish the batch in hand, then return from ``run()``; idempotent, thread-safe."""
-        self._stopping.set()
+        """Finish the batch in hand (within ``drain_timeout``), then return from
+        ``run()``; idempotent, thread-safe."""
+        if not self._stopping.is_set():
+            self._deadline = self.clock() + self.drain_timeout
+            self._stopping.set()
 
-    def install_signal_handlers(self) -> None:
-        """SIGTERM/SIGINT: stop after the batch in hand; a second one exits at once."""
+    def install_signal_handlers(self) -> bool:
+        """SIGTERM/SIGINT: stop after the batch in hand; a second one exits at once
+        (``SystemExit(128 + signum)``: nothing unflushed was acknowledged). Only from
+        the main thread; True if installed. ``run()`` restores the previous handlers."""
+        return self._signals.install()
 
-        def handler(signum: int, _frame: Any) -> None:
-            self._signals += 1
-            if self._signals > 1:
-                raise SystemExit(128 + signum)
-            self.stop()
-
-        signal.signal(signal.SIGTERM, handler)
-        signal.signal(signal.SIGINT, handler)
+    def _on_signal(self, signum: int) -> None:
+        # Only flags: the loop sees them between two steps.
+        if self._stopping.is_set() and self._signals.received:
+            raise SystemExit(128 + signum)
+        self._signals.received = signum
+        self.stop()
 
     def run(self, idle_timeout: float | None = None) -> ReceiptsStats:
         """Archive until stopped (or until nothing arrived for ``idle_timeout`` seconds)."""
         next_rescan = next_trim = 0.0
         last_entry = self.clock()
-        while not self._stopping.is_set():
-            try:
-                now = self.clock()
-                if now >= next_rescan:
-                    self._discover()
-                    next_rescan = now + self.rescan_every
-                if self.trim_every is not None and now >= next_trim:
-                    self._trim()
-                    next_trim = now + self.trim_every
-                if self._read(self.block_ms):
-                    last_entry = self.clock()
-                elif idle_timeout is not None and self.clock() - last_entry >= idle_timeout:
+        backoff = Backoff(initial=0.5, maximum=self.retry_max)
+        try:
+            while not self._stopping.is_set():
+                try:
+                    now = self.clock()
+                    if now >= next_rescan:
+                        self._discover()
+                        next_rescan = now + self.rescan_every
+                    if self.trim_every is not None and now >= next_trim:
+                        self._trim()
+                        next_trim = now + self.trim_every
+                    if self._read(self.block_ms):
+                        last_entry = self.clock()
+                    elif idle_timeout is not None and self.clock() - last_entry >= idle_timeout:
+                        break
+                    backoff.reset()
+                except _Stopped:
                     break
-            except redis.ConnectionError as error:
-                # Redis away: reading resumes from the archive's last ids once the
-                # streams are joined again.
-                log.warning("receipts: Redis unavailable (%s); retrying in 1s", error)
-                self.streams = []
-                self._stopping.wait(1.0)
-                next_rescan = 0.0
-        self.sink.flush()
+                except redis.ConnectionError as error:
+                    # Redis away: reading resumes from the archive's last ids once the
+                    # streams are joined again.
+                    log.warning("receipts: Redis unavailable (%s); retrying in 1s", error)
+                    self.streams = []
+                    self._stopping.wait(1.0)
+                    next_rescan = 0.0
+                except Exception:  # noqa: BLE001 - logged; the loop is the last line
+                    # Whatever went wrong, nothing unflushed was acknowledged: rejoin the
+                    # streams (positions from the archive) and try again, backing off.
+                    delay = backoff.next_delay()
+                    self.stats.errors += 1
+                    log.exception("receipts: unexpected error; retrying in %.1fs", delay)
+                    self.streams = []
+                    self._stopping.wait(delay)
+                    next_rescan = 0.0
+        finally:
+            self._signals.restore()
+            if self._signals.received:
+                log.info("receipts: stopped on signal %s", self._signals.received)
+        try:
+            self.sink.flush()  # a sink other than SegmentSink may hold writes until now
+        except (ArchiveError, OSError) as error:
+            log.warning("receipts: last flush refused (%s); read again at the next start", error)
         return self.stats
+
+    def _flush(self) -> None:
+        """Flush the sink until it takes the batch; the disk refusing (full, read-only)
+        is retried with backoff and said once per state ("archive disk full at PATH;
+        retrying"), and once more when it passes. Stopped meanwhile, and past the drain
+        deadline, the batch is given up (:class:`_Stopped`): nothing was acknowledged."""
+        backoff = Backoff(initial=0.05, maximum=self.retry_max)
+        said: str | None = None
+        while True:
+            try:
+                self.sink.flush()
+            except (ArchiveError, OSError) as error:
+                self.stats.refused_flushes += 1
+                state = str(error)
+                if state != said:
+                    log.error("%s; retrying", state)
+                    said = state
+                if not self._pause(backoff.next_delay()):
+                    discard = getattr(self.sink, "discard", None)
+                    if discard is not None:
+                        discard()  # read again at the next start, not archived twice
+                    log.warning("receipts: stopping with the batch in hand not archived (%s)", said)
+                    raise _Stopped from None
+                continue
+            if said is not None:
+                log.warning("receipts: archive writable again (was: %s); archiving resumes", said)
+            return
+
+    def _pause(self, delay: float) -> bool:
+        """Wait ``delay`` seconds before another try; False once stopping and past the
+        drain deadline (the wait ends there)."""
+        if not self._stopping.is_set():
+            self._stopping.wait(delay)
+            if not self._stopping.is_set():
+                return True
+        remaining = self._deadline - self.clock()
+        if remaining <= 0:
+            return False
+        time.sleep(min(delay, remaining))
+        return True
 
     # -- steps ---------------------------------------------------------------------
     def _discover(self) -> None:
@@ -308,7 +366,7 @@ class ReceiptsWorker:
         for stream in wanted:
             if stream in self.streams:
                 continue
-            dead = stream.endswith(":dead")
+            dead = stream.endswith(DEAD_LETTER_SUFFIX)
             if dead and not self.client.exists(stream):
                 continue  # created by the first dead letter; joined at a later rescan
             try:
@@ -424,7 +482,7 @@ class ReceiptsWorker:
                 self._write_encoded(batch, written)
             else:
                 self.sink.write(batch)
-            self.sink.flush()  # durable before the group moves: the whole guarantee
+            self._flush()  # durable before the group moves: the whole guarantee
             self.stats.archived += archived
             self._last.update(written)
         if read:
@@ -468,6 +526,9 @@ class ReceiptsWorker:
         checked = _all_plain(text, count)
         # The chunk's brackets bound the depth of each value, as a record's bound its own.
         shallow = text.count(b"[") + text.count(b"{") <= _MAX_BRACKETS
+        # An integer past 64 bits is kept raw (entry_record): entries with 20 digits in
+        # a row, rare (ids and ms times have 13), take the decoding path, which tells.
+        long_digits = _LONG_DIGITS.search(text) is not None
         names_before: list[bytes] | None = None
         shape: _Shape | None = None
         append = batch.append
@@ -479,6 +540,8 @@ class ReceiptsWorker:
                 if names != names_before:
                     names_before, shape = names, shapes.of(names)
             record = None
+            if long_digits and values is not None and any(map(_LONG_DIGITS.search, values)):
+                shape = names_before = None  # the next entry looks its shape up again
             if values is not None and shape is not None and (checked or _each_json(values)):
                 record = shape.record % (entry_id, *values)
                 if not ((checked and shallow) or _fits_a_line(record)):
@@ -511,19 +574,27 @@ class ReceiptsWorker:
         The record is encoded here, once: a value it cannot hold is found now and kept
         as text, rather than failing the batch in the sink at every start."""
         id_text = entry_id.decode()
-        if not fields:  # say so rather than hide the gap
-            batch.append({"stream": stream, "id": id_text, "gone": True})
+        if not fields:
             self.stats.gone += 1
-            return
-        event = _decode(fields)
-        if event.get("kind") == START_WORKFLOW:
-            self._add_graph(event.get("graph"), batch, graphs)
-        record = {"stream": stream, "id": id_text, "event": event}
         try:
+            record = entry_record(stream, id_text, fields)
+            if record.get("event", {}).get("kind") == START_WORKFLOW:
+                self._add_graph(record["event"].get("graph"), batch, graphs)
             line = _dumps(record)
-        except orjson.JSONEncodeError:
-            record["event"] = _decode_writable(fields)
+        except redis.RedisError:
+            raise  # the graph's GET: the loop's business
+        except Exception:  # noqa: BLE001 - an entry must never stop the worker
+            log.exception("%s %s: archived raw (not encodable)", stream, id_text)
+            record = raw_record(stream, id_text, fields or [])
             line = _dumps(record)
+        if "raw" in record:
+            self.stats.raw += 1
+            log.warning(
+                "%s %s: fields %s not decodable; archived raw (base64)",
+                stream,
+                id_text,
+                ", ".join(sorted(record["raw"])),
+            )
         # Without its opening brace, the line is the record as write_encoded takes it.
         batch.append(line[1:] if self._write_encoded is not None else record)
 
@@ -543,16 +614,30 @@ class ReceiptsWorker:
 
         Only streams whose engine group exists: with the receipts group alone on a
         task stream, trimming would drop start-tasks no task worker has seen yet.
-        Dead-letter streams are left for operators (they are archived all the same).
+        Only streams whose receipts group exists and stands at or before what this
+        worker archived: the trim's bound is the lowest group position, and a
+        receipts group ahead of the archive (moved by hand, re-created, an archive
+        restored from a backup) must not let unarchived entries go. Dead-letter
+        streams are left for operators (they are archived all the same).
         """
         for stream in self.streams:
-            if stream.endswith(":dead"):
+            if stream.endswith(DEAD_LETTER_SUFFIX):
                 continue
             engine_group = LIFECYCLE_GROUP if stream == self.keys.lifecycle else TASK_GROUP
-            groups = {g["name"].decode() for g in self.client.xinfo_groups(stream)}
-            if engine_group not in groups:
+            groups = {g["name"].decode(): g for g in self.client.xinfo_groups(stream)}
+            receipts = groups.get(RECEIPTS_GROUP)
+            if engine_group not in groups or receipts is None:
+                continue
+            archived = self._last.get(stream)
+            delivered = receipts["last-delivered-id"]
+            delivered = delivered.decode() if isinstance(delivered, bytes) else str(delivered)
+            if archived is None or id_order(delivered) > id_order(archived):
                 continue
             length = int(self.client.xlen(stream))
             peak = self.stats.peak_lengths
             peak[stream] = max(peak.get(stream, 0), length)
             self.stats.trimmed += trim_acknowledged(self.client, stream).removed
+
+
+class _Stopped(Exception):
+    """Stopping, with the batch in hand given up (internal to the worker)."""
