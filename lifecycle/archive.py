@@ -70,7 +70,9 @@ ENCODED_LINE = b'{"seq":%d,"prev":"%b",%b'
 # the engine would refuse at its doors is kept exact rather than interpreted.
 VALUE_LIMITS: Limits = DEFAULT_LIMITS
 MAX_LINE_BYTES = 256 << 20  # a longer line is reported and skipped, not held in memory
-_LONG_DIGITS = re.compile(rb"\d{20}")  # an integer that may not fit 64 bits
+# Digits in a row of an integer that may not fit 64 bits (-9223372036854775809 has 19):
+# orjson reads such an integer as a float, losing digits.
+LONG_DIGITS = re.compile(rb"\d{19}")
 _INT_RANGE = range(-(2**63), 2**64)  # what orjson reads and writes as an integer
 
 
@@ -150,7 +152,7 @@ def _value(raw: bytes) -> Any:
         except (ValueError, RecursionError):
             raise _Raw from None
         return orjson.loads(orjson.dumps(value))  # NaN -> null
-    if _LONG_DIGITS.search(raw):
+    if LONG_DIGITS.search(raw):
         # orjson reads an integer past 64 bits as a float, losing digits; the standard
         # parser (depth known to be within the limit here) tells whether one is there.
         with contextlib.suppress(ValueError):  # _Raw is no ValueError: it goes through

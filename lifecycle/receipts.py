@@ -26,7 +26,6 @@ so streams stay bounded.
 from __future__ import annotations
 
 import logging
-import re
 import threading
 import time
 from collections import deque
@@ -38,7 +37,14 @@ from typing import Any
 import orjson
 import redis
 
-from lifecycle.archive import ArchiveError, Sink, entry_record, id_order, raw_record
+from lifecycle.archive import (
+    LONG_DIGITS,
+    ArchiveError,
+    Sink,
+    entry_record,
+    id_order,
+    raw_record,
+)
 from lifecycle.events import START_WORKFLOW
 from lifecycle.keys import LIFECYCLE_GROUP, RECEIPTS_GROUP, TASK_GROUP, Keys
 from rqse.backoff import Backoff
@@ -62,7 +68,6 @@ _CHECKED_TOGETHER = 128  # entries whose values one parse checks (_all_plain)
 # depth, and orjson writes 254 levels, of which a line takes two (record, event) above
 # its values. Deeper values take the decoding path (lifecycle.archive.entry_record).
 _MAX_BRACKETS = 250
-_LONG_DIGITS = re.compile(rb"\d{20}")
 
 
 def _order(entry_id: bytes) -> int:
@@ -526,9 +531,9 @@ class ReceiptsWorker:
         checked = _all_plain(text, count)
         # The chunk's brackets bound the depth of each value, as a record's bound its own.
         shallow = text.count(b"[") + text.count(b"{") <= _MAX_BRACKETS
-        # An integer past 64 bits is kept raw (entry_record): entries with 20 digits in
+        # An integer past 64 bits is kept raw (entry_record): entries with 19 digits in
         # a row, rare (ids and ms times have 13), take the decoding path, which tells.
-        long_digits = _LONG_DIGITS.search(text) is not None
+        long_digits = LONG_DIGITS.search(text) is not None
         names_before: list[bytes] | None = None
         shape: _Shape | None = None
         append = batch.append
@@ -540,7 +545,7 @@ class ReceiptsWorker:
                 if names != names_before:
                     names_before, shape = names, shapes.of(names)
             record = None
-            if long_digits and values is not None and any(map(_LONG_DIGITS.search, values)):
+            if long_digits and values is not None and any(map(LONG_DIGITS.search, values)):
                 shape = names_before = None  # the next entry looks its shape up again
             if values is not None and shape is not None and (checked or _each_json(values)):
                 record = shape.record % (entry_id, *values)
