@@ -233,7 +233,9 @@ class ReceiptsWorker:
         self.rescan_every = rescan_every
         self.trim_every = trim_every
         self.drain_timeout = drain_timeout
-        self.retry_max = retry_max  # longest wait between two flushes the disk refused
+        if not retry_max > 0:
+            raise ValueError(f"retry_max must be > 0 seconds, got {retry_max!r}")
+        self.retry_max = retry_max  # longest wait between two tries (refused flushes, errors)
         self.clock = clock
         self.stats = ReceiptsStats()
         self.streams: list[str] = []
@@ -273,7 +275,7 @@ class ReceiptsWorker:
         """Archive until stopped (or until nothing arrived for ``idle_timeout`` seconds)."""
         next_rescan = next_trim = 0.0
         last_entry = self.clock()
-        backoff = Backoff(initial=0.5, maximum=self.retry_max)
+        backoff = Backoff(initial=min(0.5, self.retry_max), maximum=self.retry_max)
         try:
             while not self._stopping.is_set():
                 try:
@@ -322,7 +324,7 @@ class ReceiptsWorker:
         is retried with backoff and said once per state ("archive disk full at PATH;
         retrying"), and once more when it passes. Stopped meanwhile, and past the drain
         deadline, the batch is given up (:class:`_Stopped`): nothing was acknowledged."""
-        backoff = Backoff(initial=0.05, maximum=self.retry_max)
+        backoff = Backoff(initial=min(0.05, self.retry_max), maximum=self.retry_max)
         said: str | None = None
         while True:
             try:

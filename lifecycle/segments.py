@@ -269,6 +269,12 @@ class SegmentSink:
             _write_all(self._fd, data)
             os.fsync(self._fd)
         except OSError as error:
+            if self._fd is not None:
+                # Cut the failed attempt now (a full disk allows it; a read-only one
+                # does not, and the next try does it), so the file shows what is durable.
+                with contextlib.suppress(OSError):
+                    os.ftruncate(self._fd, self._durable)
+                    self._torn = False
             # Closed so that a read-only remount can proceed; reopened by the next try.
             self._close_segment()
             raise DiskRefused(self._path, error) from None
