@@ -33,10 +33,12 @@ import gzip
 import hashlib
 import json
 import re
-from collections.abc import Iterator
+from collections import deque
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from itertools import chain
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import orjson
 
@@ -208,6 +210,123 @@ def raw_value(record: dict[str, Any], name: str) -> bytes | None:
     return base64.b64decode(text) if isinstance(text, str) else None
 
 
+# -- encoding entries as written (the receipts worker's fast path) -------------------
+# Brackets a record may hold and be copied as is: brackets count at least a value's
+# depth, and orjson writes 254 levels, of which a line takes two (record, event) above
+# its values. Deeper values take the decoding path (entry_record).
+MAX_BRACKETS = 250
+_MAX_SHAPES = 1024  # field-name tuples remembered per stream (engine events have a handful)
+_consume: Callable[[Iterator[Any]], None] = deque(maxlen=0).extend  # runs it, keeps nothing
+
+
+def joined_values(values_lists: list[list[bytes] | None]) -> tuple[bytes, int]:
+    """The values of these lists (an entry's values each, None for a deleted entry)
+    as one array with a ``null`` between each two, ``[v0,null,v1,null,v2]``, and how
+    many they are (:func:`all_plain`)."""
+    values = list(chain.from_iterable(filter(None, values_lists)))
+    return b"[" + b",null,".join(values) + b"]", len(values)
+
+
+def all_plain(text: bytes, count: int) -> bool:
+    """True if each of the ``count`` values joined in ``text`` (:func:`joined_values`) is
+    JSON on its own and holds no line break or carriage return, told by one parse of
+    them all instead of one per value (the calls cost more than the parsing); False if
+    it cannot be told so: each entry is then checked on its own.
+
+    Suppose the text holds no ``null`` but the n - 1 of the separators (``null`` has no
+    other spelling: no escape, no number form), it parses, and its odd elements are all
+    None. Each None comes from a null outside any string, so every separator's null is
+    one, at the top level, and so are the commas around it. Between two such commas (or
+    a bracket and a comma) the array holds one element, made of one value's bytes
+    alone, tokenised as they are on their own (no token runs past those commas): each
+    value is one JSON value on its own.
+
+    Values each JSON on their own always join into such a text, unless one holds
+    ``null`` or is nested to orjson's depth limit (the array adds a level).
+    """
+    if not count:
+        return True
+    if 10 in text or 13 in text or text.count(b"null") != count - 1:
+        return False
+    try:
+        parsed = orjson.loads(text)
+    except orjson.JSONDecodeError:
+        return False
+    return len(parsed) == 2 * count - 1 and parsed[1::2].count(None) == count - 1
+
+
+def fits_a_line(record: bytes) -> bool:
+    """A record copied from its values' bytes still makes one line the archive reads back:
+    no line break or carriage return in it (JSON whitespace, yet they would end the
+    line), and not too deep for the reader (its brackets bound its depth)."""
+    return (
+        10 not in record
+        and 13 not in record
+        and record.count(b"[") + record.count(b"{") <= MAX_BRACKETS
+    )
+
+
+def each_json(values: list[bytes]) -> bool:
+    """Every value JSON on its own, parsed one by one (as decoding parses them)."""
+    try:
+        _consume(map(orjson.loads, values))
+    except orjson.JSONDecodeError:
+        return False
+    return True
+
+
+def _literal(text: bytes) -> bytes:
+    """``text`` as a constant part of a bytes format."""
+    return text.replace(b"%", b"%%")
+
+
+@dataclass(frozen=True, slots=True)
+class EntryShape:
+    """How the entries of one stream with one tuple of field names are encoded without
+    being decoded: ``record % (entry id, *values)`` is the entry's record as orjson
+    spells it, without its opening brace (what ``SegmentSink.write_encoded`` takes).
+    Only the values' bytes may differ from a re-encoding: the writer's own number
+    spelling and escapes are kept."""
+
+    record: bytes
+    start_at: tuple[int, int] | None  # where kind and graph are, when both are fields
+
+    @classmethod
+    def of(cls, stream: str, names: tuple[bytes, ...]) -> EntryShape | None:
+        """None if a name is not UTF-8 or is repeated: those entries are decoded."""
+        try:
+            texts = [name.decode() for name in names]
+        except UnicodeDecodeError:
+            return None
+        if len(set(texts)) != len(texts):
+            return None
+        # An entry id is digits and a dash (Redis makes them): nothing in it to escape.
+        head = b'"stream":' + _literal(orjson.dumps(stream)) + b',"id":"%b","event":{'
+        members = b",".join(_literal(orjson.dumps(text)) + b":%b" for text in texts)
+        start_at = None
+        if "kind" in texts and "graph" in texts:
+            start_at = texts.index("kind"), texts.index("graph")
+        return cls(head + members + b"}}", start_at)
+
+
+class EntryShapes:
+    """The shapes of one stream's entries, by field names (at most ``_MAX_SHAPES``)."""
+
+    __slots__ = ("_known", "stream")
+
+    def __init__(self, stream: str) -> None:
+        self.stream = stream
+        self._known: dict[tuple[bytes, ...], EntryShape | None] = {}
+
+    def of(self, names: list[bytes]) -> EntryShape | None:
+        key = tuple(names)
+        if key not in self._known:
+            if len(self._known) >= _MAX_SHAPES:
+                self._known.clear()
+            self._known[key] = EntryShape.of(self.stream, key)
+        return self._known[key]
+
+
 # -- reading -------------------------------------------------------------------------
 @dataclass(frozen=True, slots=True)
 class ArchivedEvent:
@@ -298,7 +417,11 @@ def iter_archive(
         raise ArchiveError(f"{root}: cannot read the archive: {error}") from None
 
 
-def _records(file: IO[bytes], name: str, max_line: int) -> Iterator[ArchivedEvent | ArchiveProblem]:
+class _Lines(Protocol):
+    def readline(self, size: int = -1, /) -> bytes: ...
+
+
+def _records(file: _Lines, name: str, max_line: int) -> Iterator[ArchivedEvent | ArchiveProblem]:
     number = 0
     while raw := file.readline(max_line + 1):
         number += 1

@@ -28,10 +28,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from itertools import chain
 from typing import Any
 
 import orjson
@@ -39,10 +37,17 @@ import redis
 
 from lifecycle.archive import (
     LONG_DIGITS,
+    MAX_BRACKETS,
     ArchiveError,
+    EntryShape,
+    EntryShapes,
     Sink,
+    all_plain,
+    each_json,
     entry_record,
+    fits_a_line,
     id_order,
+    joined_values,
     raw_record,
 )
 from lifecycle.events import START_WORKFLOW
@@ -59,15 +64,9 @@ log = logging.getLogger(__name__)
 
 _loads = orjson.loads
 _dumps = orjson.dumps
-_consume = deque(maxlen=0).extend  # runs an iterator to its end, keeping nothing
 RECEIPTS_GROUP_BYTES = RECEIPTS_GROUP.encode()
 DEFAULT_CONSUMER = "receipts"  # stable: finds what an older worker of this name left pending
-_MAX_SHAPES = 1024  # field-name tuples remembered per stream (engine events have a handful)
-_CHECKED_TOGETHER = 128  # entries whose values one parse checks (_all_plain)
-# Brackets a record may hold and be copied as is: brackets count at least a value's
-# depth, and orjson writes 254 levels, of which a line takes two (record, event) above
-# its values. Deeper values take the decoding path (lifecycle.archive.entry_record).
-_MAX_BRACKETS = 250
+_CHECKED_TOGETHER = 128  # entries whose values one parse checks (all_plain)
 
 
 def _order(entry_id: bytes) -> int:
@@ -75,114 +74,6 @@ def _order(entry_id: bytes) -> int:
     both halves are 64-bit, so ``ms << 64 | seq`` orders as the pair does."""
     ms, _, seq = entry_id.partition(b"-")
     return int(ms) << 64 | int(seq or 0)
-
-
-def _joined(values_lists: list[list[bytes] | None]) -> tuple[bytes, int]:
-    """The values of these lists (an entry's values each, None for a deleted entry)
-    as one array with a ``null`` between each two, ``[v0,null,v1,null,v2]``, and how
-    many they are (:func:`_all_plain`)."""
-    values = list(chain.from_iterable(filter(None, values_lists)))
-    return b"[" + b",null,".join(values) + b"]", len(values)
-
-
-def _all_plain(text: bytes, count: int) -> bool:
-    """True if each of the ``count`` values joined in ``text`` (:func:`_joined`) is
-    JSON on its own and holds no line break or carriage return, told by one parse of
-    them all instead of one per value (the calls cost more than the parsing); False if
-    it cannot be told so: each entry is then checked on its own.
-
-    Suppose the text holds no ``null`` but the n - 1 of the separators (``null`` has no
-    other spelling: no escape, no number form), it parses, and its odd elements are all
-    None. Each None comes from a null outside any string, so every separator's null is
-    one, at the top level, and so are the commas around it. Between two such commas (or
-    a bracket and a comma) the array holds one element, made of one value's bytes
-    alone, tokenised as they are on their own (no token runs past those commas): each
-    value is one JSON value on its own.
-
-    Values each JSON on their own always join into such a text, unless one holds
-    ``null`` or is nested to orjson's depth limit (the array adds a level).
-    """
-    if not count:
-        return True
-    if 10 in text or 13 in text or text.count(b"null") != count - 1:
-        return False
-    try:
-        parsed = _loads(text)
-    except orjson.JSONDecodeError:
-        return False
-    return len(parsed) == 2 * count - 1 and parsed[1::2].count(None) == count - 1
-
-
-def _fits_a_line(record: bytes) -> bool:
-    """A record copied from its values' bytes still makes one line the archive reads back:
-    no line break or carriage return in it (JSON whitespace, yet they would end the
-    line), and not too deep for the reader (its brackets bound its depth)."""
-    return (
-        10 not in record
-        and 13 not in record
-        and record.count(b"[") + record.count(b"{") <= _MAX_BRACKETS
-    )
-
-
-def _each_json(values: list[bytes]) -> bool:
-    """Every value JSON on its own, parsed one by one (as decoding parses them)."""
-    try:
-        _consume(map(_loads, values))
-    except orjson.JSONDecodeError:
-        return False
-    return True
-
-
-def _literal(text: bytes) -> bytes:
-    """``text`` as a constant part of a bytes format."""
-    return text.replace(b"%", b"%%")
-
-
-@dataclass(frozen=True, slots=True)
-class _Shape:
-    """How the entries of one stream with one tuple of field names are encoded without
-    being decoded: ``record % (entry id, *values)`` is the entry's record as orjson
-    spells it, without its opening brace (what ``SegmentSink.write_encoded`` takes).
-    Only the values' bytes may differ from a re-encoding: the writer's own number
-    spelling and escapes are kept."""
-
-    record: bytes
-    start_at: tuple[int, int] | None  # where kind and graph are, when both are fields
-
-    @classmethod
-    def of(cls, stream: str, names: tuple[bytes, ...]) -> _Shape | None:
-        """None if a name is not UTF-8 or is repeated: those entries are decoded."""
-        try:
-            texts = [name.decode() for name in names]
-        except UnicodeDecodeError:
-            return None
-        if len(set(texts)) != len(texts):
-            return None
-        # An entry id is digits and a dash (Redis makes them): nothing in it to escape.
-        head = b'"stream":' + _literal(orjson.dumps(stream)) + b',"id":"%b","event":{'
-        members = b",".join(_literal(orjson.dumps(text)) + b":%b" for text in texts)
-        start_at = None
-        if "kind" in texts and "graph" in texts:
-            start_at = texts.index("kind"), texts.index("graph")
-        return cls(head + members + b"}}", start_at)
-
-
-class _Shapes:
-    """The shapes of one stream's entries, by field names (at most ``_MAX_SHAPES``)."""
-
-    __slots__ = ("_known", "stream")
-
-    def __init__(self, stream: str) -> None:
-        self.stream = stream
-        self._known: dict[tuple[bytes, ...], _Shape | None] = {}
-
-    def of(self, names: list[bytes]) -> _Shape | None:
-        key = tuple(names)
-        if key not in self._known:
-            if len(self._known) >= _MAX_SHAPES:
-                self._known.clear()
-            self._known[key] = _Shape.of(self.stream, key)
-        return self._known[key]
 
 
 @dataclass
@@ -245,7 +136,7 @@ class ReceiptsWorker:
         self._write_encoded: Callable[[list[Any], dict[str, str]], None] | None = getattr(
             sink, "write_encoded", None
         )
-        self._shapes: dict[str, _Shapes] = {}
+        self._shapes: dict[str, EntryShapes] = {}
         self._stopping = threading.Event()
         self._deadline = float("inf")  # once stopping: when the batch in hand is given up
         self._signals = SignalHandlers(self._on_signal)
@@ -366,7 +257,8 @@ class ReceiptsWorker:
         if further: an archive started after the group sees what comes next)."""
         keys = self.keys
         bases = [keys.lifecycle] + sorted(
-            keys.tasks(kind.decode()) for kind in self.client.smembers(keys.kinds)
+            keys.tasks(kind.decode() if isinstance(kind, bytes) else str(kind))
+            for kind in self.client.smembers(keys.kinds)
         )
         wanted = [s for base in bases for s in (base, dead_letter_key(base))]
         new = []
@@ -433,7 +325,7 @@ class ReceiptsWorker:
     def _read_pending(self, stream: str) -> int:
         """Entries this consumer holds pending in the group (left by an older worker):
         archive those not archived yet, acknowledge all. Returns how many were read."""
-        command = ["XREADGROUP", "GROUP", RECEIPTS_GROUP, self.consumer]
+        command: list[str | int] = ["XREADGROUP", "GROUP", RECEIPTS_GROUP, self.consumer]
         command += ["COUNT", self.batch_size, "STREAMS", stream, "0"]
         entries = self._archive(self._reply(command)).get(stream)
         if not entries:
@@ -514,30 +406,30 @@ class ReceiptsWorker:
     ) -> None:
         """Add the entries' records to ``batch`` encoded from their own JSON values
         (``SegmentSink.write_encoded``), not decoded and encoded again. Their values are
-        checked a chunk at a time (:func:`_all_plain`): in a chunk that cannot be checked
+        checked a chunk at a time (:func:`all_plain`): in a chunk that cannot be checked
         so (a value with null in it) each entry's values are parsed on their own, and in
-        one with many brackets each record's brackets are counted (:func:`_fits_a_line`)."""
-        shapes = self._shapes.get(stream) or self._shapes.setdefault(stream, _Shapes(stream))
+        one with many brackets each record's brackets are counted (:func:`fits_a_line`)."""
+        shapes = self._shapes.get(stream) or self._shapes.setdefault(stream, EntryShapes(stream))
         for start in range(0, len(entries), _CHECKED_TOGETHER):
             self._add_chunk(shapes, entries[start : start + _CHECKED_TOGETHER], batch, graphs)
 
     def _add_chunk(
-        self, shapes: _Shapes, entries: list[Any], batch: list[Any], graphs: set[str]
+        self, shapes: EntryShapes, entries: list[Any], batch: list[Any], graphs: set[str]
     ) -> None:
         """The worker's hot loop. An entry that is not plain is decoded instead
         (:meth:`_add_decoded`): a name not UTF-8 or repeated, a value that is not JSON
-        on its own, a record that would not make a line (:func:`_fits_a_line`)."""
+        on its own, a record that would not make a line (:func:`fits_a_line`)."""
         stream = shapes.stream
         values_lists = [fields[1::2] if fields else None for _, fields in entries]
-        text, count = _joined(values_lists)
-        checked = _all_plain(text, count)
+        text, count = joined_values(values_lists)
+        checked = all_plain(text, count)
         # The chunk's brackets bound the depth of each value, as a record's bound its own.
-        shallow = text.count(b"[") + text.count(b"{") <= _MAX_BRACKETS
+        shallow = text.count(b"[") + text.count(b"{") <= MAX_BRACKETS
         # An integer past 64 bits is kept raw (entry_record): entries with 19 digits in
         # a row, rare (ids and ms times have 13), take the decoding path, which tells.
         long_digits = LONG_DIGITS.search(text) is not None
         names_before: list[bytes] | None = None
-        shape: _Shape | None = None
+        shape: EntryShape | None = None  # that of names_before
         append = batch.append
         for (entry_id, fields), values in zip(entries, values_lists, strict=True):
             if fields:
@@ -549,11 +441,11 @@ class ReceiptsWorker:
             record = None
             if long_digits and values is not None and any(map(LONG_DIGITS.search, values)):
                 shape = names_before = None  # the next entry looks its shape up again
-            if values is not None and shape is not None and (checked or _each_json(values)):
+            if values is not None and shape is not None and (checked or each_json(values)):
                 record = shape.record % (entry_id, *values)
-                if not ((checked and shallow) or _fits_a_line(record)):
+                if not ((checked and shallow) or fits_a_line(record)):
                     record = None
-            if record is None:
+            if record is None or shape is None or values is None:
                 self._add_decoded(stream, entry_id, fields, batch, graphs)
                 continue
             if shape.start_at is not None:
@@ -611,7 +503,7 @@ class ReceiptsWorker:
         if not isinstance(digest, str) or digest in graphs or self.sink.has_graph(digest):
             return
         text = self.client.get(self.keys.graph(digest))
-        if text is not None:
+        if isinstance(text, bytes):
             # Not UTF-8 (not the engine's writing): kept, and replay reports it (no hash match).
             batch.append({"graph": digest, "text": text.decode("utf-8", "replace")})
             graphs.add(digest)
