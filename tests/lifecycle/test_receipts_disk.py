@@ -187,3 +187,34 @@ def test_stopped_while_the_disk_is_full_the_worker_returns_within_its_drain_time
     sink.close()
     assert_exactly_once(redis_client, archive)
     assert os.listdir(archive)  # the archive is there, whole
+
+
+def test_a_rotation_the_disk_refuses_keeps_writing_the_open_segment_until_it_can(
+    tmp_path: Path, messages: Messages
+) -> None:
+    where = tmp_path / "inodes"
+    where.mkdir()
+    # Inodes for the root, the archive directory, its lock and one segment: no second file.
+    mounted = _mount("-t", "tmpfs", "-o", "size=1m,nr_inodes=4", "tmpfs", where=where)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here ({mounted.stderr.strip()})")
+    try:
+        archive = where / "archive"
+        sink = SegmentSink(archive, segment_bytes=300)
+        for number in range(6):
+            sink.write([{"stream": "s", "id": f"1-{number}", "event": {"n": number}}])
+            sink.flush()  # durable each time; only the rotation after it is refused
+        assert [p.name for p in archive.glob("segment-*")] == ["segment-000000000000.jsonl"]
+        assert messages.count(f"cannot start a new segment; {archive}/segment-0") == 1
+        _remount(where, "nr_inodes=100")
+        sink.write([{"stream": "s", "id": "1-6", "event": {"n": 6}}])
+        sink.flush()
+        sink.close()
+        assert len(list(archive.glob("segment-*"))) == 2
+        items = list(iter_archive(archive))
+        assert not [i for i in items if isinstance(i, ArchiveProblem)]
+        records = [(i.line, i.record) for i in items if isinstance(i, ArchivedEvent)]
+        assert not check_chain(records)[0]
+        assert [r["id"] for _, r in records if "id" in r] == [f"1-{n}" for n in range(7)]
+    finally:
+        subprocess.run(["umount", "-l", str(where)], check=False)
