@@ -36,7 +36,6 @@ import orjson
 import redis
 
 from lifecycle.archive import (
-    LONG_DIGITS,
     MAX_BRACKETS,
     ArchiveError,
     EntryShape,
@@ -46,6 +45,7 @@ from lifecycle.archive import (
     each_json,
     entry_record,
     fits_a_line,
+    has_long_digits,
     id_order,
     joined_values,
     raw_record,
@@ -427,7 +427,7 @@ class ReceiptsWorker:
         shallow = text.count(b"[") + text.count(b"{") <= MAX_BRACKETS
         # An integer past 64 bits is kept raw (entry_record): entries with 19 digits in
         # a row, rare (ids and ms times have 13), take the decoding path, which tells.
-        long_digits = LONG_DIGITS.search(text) is not None
+        long_digits = has_long_digits(text)
         names_before: list[bytes] | None = None
         shape: EntryShape | None = None  # that of names_before
         append = batch.append
@@ -439,7 +439,7 @@ class ReceiptsWorker:
                 if names != names_before:
                     names_before, shape = names, shapes.of(names)
             record = None
-            if long_digits and values is not None and any(map(LONG_DIGITS.search, values)):
+            if long_digits and values is not None and any(map(has_long_digits, values)):
                 shape = names_before = None  # the next entry looks its shape up again
             if values is not None and shape is not None and (checked or each_json(values)):
                 record = shape.record % (entry_id, *values)
