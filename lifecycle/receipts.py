@@ -188,6 +188,7 @@ class ReceiptsWorker:
                     # Redis away: reading resumes from the archive's last ids once the
                     # streams are joined again.
                     log.warning("receipts: Redis unavailable (%s); retrying in 1s", error)
+                    self._discard()
                     self.streams = []
                     self._stopping.wait(1.0)
                     next_rescan = 0.0
@@ -197,6 +198,7 @@ class ReceiptsWorker:
                     delay = backoff.next_delay()
                     self.stats.errors += 1
                     log.exception("receipts: unexpected error; retrying in %.1fs", delay)
+                    self._discard()
                     self.streams = []
                     self._stopping.wait(delay)
                     next_rescan = 0.0
@@ -227,15 +229,20 @@ class ReceiptsWorker:
                     log.error("%s; retrying", state)
                     said = state
                 if not self._pause(backoff.next_delay()):
-                    discard = getattr(self.sink, "discard", None)
-                    if discard is not None:
-                        discard()  # read again at the next start, not archived twice
+                    self._discard()
                     log.warning("receipts: stopping with the batch in hand not archived (%s)", said)
                     raise _Stopped from None
                 continue
             if said is not None:
                 log.warning("receipts: archive writable again (was: %s); archiving resumes", said)
             return
+
+    def _discard(self) -> None:
+        """Drop what the sink holds unflushed: those entries are read again (from the
+        archive's last ids), and must not be archived twice."""
+        discard = getattr(self.sink, "discard", None)
+        if discard is not None:
+            discard()
 
     def _pause(self, delay: float) -> bool:
         """Wait ``delay`` seconds before another try; False once stopping and past the

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import orjson
+import pytest
 import redis
 
 from lifecycle.archive import ArchivedEvent, ArchiveProblem, SegmentSink, iter_archive, raw_value
@@ -164,3 +165,27 @@ def test_the_command_archives_past_poison_and_exits_0_on_sigterm(
     assert code == 0, stderr
     assert "Traceback" not in stderr and "stopped on signal 15" in stderr
     assert_exactly_once(redis_client, tmp_path / "a")
+
+
+def test_an_unexpected_error_is_logged_and_the_batch_archived_once_after_a_backoff(
+    redis_client: redis.Redis, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    class FailingOnce(SegmentSink):
+        """A sink whose first flush fails as a bug would (not a disk refusal)."""
+
+        failed = False
+
+        def flush(self) -> None:
+            if not self.failed:
+                self.failed = True
+                raise RuntimeError("a bug in a sink")
+            super().flush()
+
+    ids = [redis_client.xadd(KEYS.lifecycle, {"n": b"%d" % n}).decode() for n in range(5)]
+    sink = FailingOnce(tmp_path)
+    worker = ReceiptsWorker(redis_client, sink, KEYS, block_ms=20, trim_every=None, retry_max=0.1)
+    worker.run(idle_timeout=0.5)
+    sink.close()
+    assert worker.stats.errors == 1 and "unexpected error; retrying" in caplog.text
+    archived = [i.id for i in iter_archive(tmp_path) if isinstance(i, ArchivedEvent) and i.id]
+    assert archived == ids
