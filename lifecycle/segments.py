@@ -246,7 +246,7 @@ class SegmentSink:
     def close(self) -> None:
         """Flush once more and close; what the disk still refuses is dropped (logged),
         never raised: nothing of it was acknowledged."""
-        if self._fd is not None and (self._staged or self._torn):
+        if self._path is not None and (self._staged or self._torn):
             try:
                 self._write_staged()
             except DiskRefused as error:

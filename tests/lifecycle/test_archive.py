@@ -143,11 +143,13 @@ def test_closing_with_a_refused_flush_drops_the_batch_and_raises_nothing(
     os.dup2(full, sink._fd)
     os.close(full)
     sink.write([{"stream": "s", "id": "1-1", "event": {"n": 1}}])
-    sink.close()  # one more try on /dev/full: refused, logged, not raised
-    assert "not archived, read again at the next start" in caplog.text
-    reopened = SegmentSink(tmp_path)
-    assert reopened.last_ids() == {"s": "1-0"}
-    reopened.close()
+    with pytest.raises(ArchiveError, match="archive disk full"):
+        sink.flush()  # refused: the segment is closed until the next try
+    (segment,) = tmp_path.glob("segment-*.jsonl")
+    segment.unlink()  # so that the next try is refused too: the segment is gone
+    sink.close()  # one more try: refused, logged, not raised
+    assert caplog.text.count("archive segment missing at") == 1
+    assert caplog.text.count("not archived, read again at the next start") == 1
 
 
 @pytest.fixture
