@@ -20,7 +20,16 @@ pending in it are archived and acknowledged at start. That argument needs one
 receipts worker per archive and partition; the archive directory's lock
 enforces the first half. The worker also trims the engine streams with rqse's
 ``trim_acknowledged`` (only entries every group, this one included, is past),
-so streams stay bounded.
+so streams stay bounded; never a stream whose receipts group is missing or
+ahead of the archive.
+
+It stops only when told (``stop()``, SIGTERM/SIGINT through
+:mod:`rqse.shutdown`). An entry it cannot decode is archived with the value raw
+(:func:`lifecycle.archive.entry_record`); a disk that refuses the flush is
+retried with backoff, said once per state, and nothing moves past it; any other
+error is logged and backed off from, the unflushed batch dropped and read again.
+The line format, including the fast path that copies values as written, is
+:mod:`lifecycle.archive`'s; the files are :mod:`lifecycle.segments`'.
 """
 
 from __future__ import annotations
