@@ -355,8 +355,15 @@ class SegmentSink:
         for stale in self.directory.glob("*" + _TEMPORARY):
             stale.unlink()
         for path in segment_paths(self.directory):  # a crash after compressing, before unlink
-            if path.name.endswith(_PACKED) and path.with_suffix("").exists():
-                path.with_suffix("").unlink()
+            plain = path.with_suffix("")
+            if path.name.endswith(_PACKED) and plain.exists():
+                # The copy goes, whichever it is: the original only once the copy is
+                # known to hold the same bytes.
+                if _same_content(plain, path):
+                    plain.unlink()
+                else:
+                    log.warning("%s: not a copy of %s; removed, the original kept", path, plain)
+                    path.unlink()
         segments = segment_paths(self.directory)
         while segments:
             last = segments[-1]
@@ -448,6 +455,20 @@ def _opens_with_checkpoint(path: Path) -> bool:
     with opener(path, "rb") as file:
         decoded = decode_line(file.readline().rstrip(b"\n"))
     return isinstance(decoded, dict) and isinstance(decoded.get("checkpoint"), dict)
+
+
+def _same_content(plain: Path, packed: Path) -> bool:
+    """Whether ``packed`` decompresses to exactly ``plain``'s bytes (read in chunks)."""
+    try:
+        with open(plain, "rb") as left, gzip.open(packed, "rb") as right:
+            while True:
+                chunk = left.read(1 << 20)
+                if chunk != right.read(len(chunk) or 1):
+                    return False
+                if not chunk:
+                    return True
+    except (OSError, EOFError):  # unreadable, or cut short
+        return False
 
 
 def _gzip(path: Path) -> None:

@@ -249,3 +249,23 @@ def test_nan_and_a_name_that_is_not_utf8_follow_the_documented_forms() -> None:
     record = entry_record("s", "1-0", [b"n", b"NaN", b"\xffx", b"1", b"n2", b"[Infinity]"])
     assert record["event"] == {"n": None, "n2": [None]}  # as the engine's encoder writes them
     assert record["raw"] == {"\\xffx": "MQ=="}
+
+
+def test_a_segment_found_twice_after_a_crash_keeps_its_original_unless_the_copy_is_whole(
+    tmp_path: Path,
+) -> None:
+    for name, damage in [("whole", False), ("cut", True)]:
+        directory = tmp_path / name
+        sink = SegmentSink(directory, segment_bytes=150, compress=True)
+        _entries(sink, "s", 0, 3)
+        sink.close()
+        packed = sorted(directory.glob("*.gz"))[0]
+        plain = packed.with_suffix("")
+        original = gzip.decompress(packed.read_bytes())
+        plain.write_bytes(original)  # as if killed between the rename and the unlink
+        if damage:
+            packed.write_bytes(packed.read_bytes()[:-20])
+        SegmentSink(directory, segment_bytes=150, compress=True).close()
+        assert plain.exists() == damage and packed.exists() != damage
+        ids = [i.id for i in iter_archive(directory) if isinstance(i, ArchivedEvent) and i.id]
+        assert ids == ["1-0", "1-1", "1-2"]
