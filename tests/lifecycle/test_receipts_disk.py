@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -16,7 +18,14 @@ from pathlib import Path
 import pytest
 import redis
 
-from lifecycle.archive import ArchivedEvent, ArchiveProblem, SegmentSink, id_order, iter_archive
+from lifecycle.archive import (
+    ArchivedEvent,
+    ArchiveError,
+    ArchiveProblem,
+    SegmentSink,
+    id_order,
+    iter_archive,
+)
 from lifecycle.keys import LIFECYCLE_GROUP, RECEIPTS_GROUP
 from lifecycle.receipts import ReceiptsWorker
 from lifecycle.verify import check_chain
@@ -218,3 +227,53 @@ def test_a_rotation_the_disk_refuses_keeps_writing_the_open_segment_until_it_can
         assert [r["id"] for _, r in records if "id" in r] == [f"1-{n}" for n in range(7)]
     finally:
         subprocess.run(["umount", "-l", str(where)], check=False)
+
+
+def test_a_second_sigterm_while_the_disk_is_full_exits_at_once_without_a_traceback(
+    redis_url: str, redis_client: redis.Redis, small_disk: Path
+) -> None:
+    payload = b'"' + b"z" * 4000 + b'"'
+    for _ in range(30):
+        redis_client.xadd(KEYS.lifecycle, {"kind": b'"probe"', "n": payload})
+    archive = small_disk / "archive"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "lifecycle", "receipts", "--archive", str(archive)]
+        + ["--redis-url", redis_url],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stderr is not None
+        for line in proc.stderr:  # the worker says it once, then retries
+            if "archive disk full at" in line:
+                break
+        proc.send_signal(signal.SIGTERM)
+        time.sleep(0.3)
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(timeout=5)
+        rest = proc.stderr.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        if proc.stderr is not None:
+            proc.stderr.close()
+    assert code == 128 + signal.SIGTERM, rest
+    assert "Traceback" not in rest and "flush of closed file" not in rest
+    assert "not archived, read again at the next start" in rest
+    assert not [i for i in iter_archive(archive) if isinstance(i, ArchiveProblem)]
+    # Nothing of the refused batch was acknowledged.
+    archived = _archived(archive)
+    assert _receipts_position(redis_client) in ("0-0", *archived)
+
+
+def test_opening_an_archive_on_a_read_only_disk_is_one_clear_error(
+    redis_client: redis.Redis, small_disk: Path
+) -> None:
+    archive = small_disk / "archive"
+    SegmentSink(archive).close()
+    _remount(small_disk, "ro")
+    with pytest.raises(ArchiveError, match=r"archive.*: .*Read-only file system") as caught:
+        SegmentSink(archive)
+    assert "\n" not in str(caught.value)
