@@ -518,7 +518,13 @@ class ReceiptsWorker:
         replay needs it, and it lives in a Redis key, not in any stream."""
         if not isinstance(digest, str) or digest in graphs or self.sink.has_graph(digest):
             return
-        text = self.client.get(self.keys.graph(digest))
+        try:
+            text = self.client.get(self.keys.graph(digest))
+        except redis.ResponseError as error:
+            # Not a string key (WRONGTYPE): the same at every try, so never retried;
+            # the start-workflow is archived, and replay reports the missing graph.
+            log.warning("graph %s: not archived (%s)", digest, error)
+            return
         if isinstance(text, bytes):
             # Not UTF-8 (not the engine's writing): kept, and replay reports it (no hash match).
             batch.append({"graph": digest, "text": text.decode("utf-8", "replace")})

@@ -189,3 +189,17 @@ def test_an_unexpected_error_is_logged_and_the_batch_archived_once_after_a_backo
     assert worker.stats.errors == 1 and "unexpected error; retrying" in caplog.text
     archived = [i.id for i in iter_archive(tmp_path) if isinstance(i, ArchivedEvent) and i.id]
     assert archived == ids
+
+
+def test_a_start_workflow_naming_a_graph_key_of_the_wrong_type_does_not_stall_the_worker(
+    redis_client: redis.Redis, tmp_path: Path
+) -> None:
+    redis_client.hset(KEYS.graph("bad"), "not", "a string")
+    fields = {"kind": b'"start-workflow"', "workflow": b'"w"', "graph": b'"bad"'}
+    ids = [redis_client.xadd(KEYS.lifecycle, fields).decode()]
+    ids.append(redis_client.xadd(KEYS.lifecycle, {"kind": b'"probe"'}).decode())
+    worker = archive_all(redis_client, tmp_path)
+    assert worker.stats.errors == 0
+    records = [i.record for i in iter_archive(tmp_path) if isinstance(i, ArchivedEvent)]
+    assert [r["id"] for r in records if "id" in r] == ids
+    assert not [r for r in records if "graph" in r and "text" in r]
