@@ -149,6 +149,7 @@ class ReceiptsWorker:
         self._stopping = threading.Event()
         self._deadline = float("inf")  # once stopping: when the batch in hand is given up
         self._signals = SignalHandlers(self._on_signal)
+        self._said: set[str] = set()  # keys whose problem was logged (_say_once)
 
     # -- control -------------------------------------------------------------------
     def stop(self) -> None:
@@ -272,9 +273,13 @@ class ReceiptsWorker:
         pending in the group, then read on from the archive's last id (or the group's,
         if further: an archive started after the group sees what comes next)."""
         keys = self.keys
+        try:
+            kinds = self.client.smembers(keys.kinds)
+        except redis.ResponseError as error:  # not a set: the task streams wait for one
+            self._say_once(keys.kinds, f"{keys.kinds}: task kinds not readable ({error})")
+            kinds = set()
         bases = [keys.lifecycle] + sorted(
-            keys.tasks(kind.decode() if isinstance(kind, bytes) else str(kind))
-            for kind in self.client.smembers(keys.kinds)
+            keys.tasks(kind.decode() if isinstance(kind, bytes) else str(kind)) for kind in kinds
         )
         wanted = [s for base in bases for s in (base, dead_letter_key(base))]
         new = []
@@ -289,7 +294,10 @@ class ReceiptsWorker:
                 self.client.xgroup_create(stream, RECEIPTS_GROUP, id="0", mkstream=not dead)
             except redis.ResponseError as error:
                 if "BUSYGROUP" not in str(error):
-                    raise
+                    # Not a stream (WRONGTYPE): the others are archived all the same;
+                    # tried again at every rescan.
+                    self._say_once(stream, f"{stream}: not archived ({error})")
+                    continue
             new.append(stream)
         for stream in new:
             self._claim_orphans(stream)
@@ -305,6 +313,12 @@ class ReceiptsWorker:
                 archived if archived and id_order(archived) >= id_order(delivered) else delivered
             )
         self.streams.extend(new)
+
+    def _say_once(self, key: str, message: str) -> None:
+        """Log a problem with a key once (it is met again at every rescan)."""
+        if key not in self._said:
+            self._said.add(key)
+            log.error("receipts: %s", message)
 
     def _claim_orphans(self, stream: str) -> None:
         """Take over entries a previous receipts consumer of another name left pending."""

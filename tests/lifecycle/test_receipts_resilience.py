@@ -203,3 +203,19 @@ def test_a_start_workflow_naming_a_graph_key_of_the_wrong_type_does_not_stall_th
     records = [i.record for i in iter_archive(tmp_path) if isinstance(i, ArchivedEvent)]
     assert [r["id"] for r in records if "id" in r] == ids
     assert not [r for r in records if "graph" in r and "text" in r]
+
+
+def test_a_task_key_that_is_not_a_stream_is_reported_once_and_the_others_archived(
+    redis_client: redis.Redis, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    redis_client.sadd(KEYS.kinds, "broken", "fine")
+    redis_client.set(KEYS.tasks("broken"), "a string")
+    ids = [redis_client.xadd(KEYS.tasks("fine"), {"n": b"%d" % n}).decode() for n in range(3)]
+    sink = SegmentSink(tmp_path)
+    worker = ReceiptsWorker(redis_client, sink, KEYS, block_ms=20, rescan_every=0.0)
+    worker.run(idle_timeout=0.3)
+    sink.close()
+    assert worker.stats.errors == 0
+    assert caplog.text.count(f"{KEYS.tasks('broken')}: not archived") == 1
+    archived = [i.id for i in iter_archive(tmp_path) if isinstance(i, ArchivedEvent) and i.id]
+    assert archived == ids
