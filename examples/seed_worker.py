@@ -9,7 +9,9 @@ It serves the ``stock`` kind of ``examples/restock.flow``::
 Compared with the seed's SleepListener, two things are spelled out: the
 end-task goes to the lifecycle stream (``{flow}:lifecycle``; the seed had a
 single stream for everything), and it echoes ``key``, which tasks inside
-``*`` iterations need (for other tasks ``index`` alone is enough).
+``*`` iterations need (for other tasks ``index`` alone is enough), and
+``attempt`` and ``token``: the engine takes an answer only with the token of
+the attempt it started, so a late or forged answer changes nothing.
 ``workers.TaskListener`` does all of this for you.
 """
 
@@ -49,6 +51,8 @@ class StockListener(EventListener):
             "index": event["index"],
             "key": event.get("key"),
             "workflow": event["workflow"],
+            "attempt": event.get("attempt"),
+            "token": event.get("token"),
         }
         try:
             end_event["output"] = getattr(self, f"do_{operation}")(event["input"])

@@ -6,7 +6,7 @@ tests call; it returns an :class:`AuditReport` whose ``ok`` is the exit status.
 
 from __future__ import annotations
 
-from collections import Counter
+from collections import Counter, deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -16,12 +16,25 @@ import redis
 from lifecycle import events as ev
 from lifecycle.archive import read_archive
 from lifecycle.keys import Keys
-from lifecycle.replay import ArchiveGraphs, WorkflowReplay, compare_live, replay_workflow
-from lifecycle.verify import Finding, check_chain, describe
+from lifecycle.replay import (
+    BEHIND,
+    NOT_IN_REDIS,
+    ArchiveGraphs,
+    WorkflowReplay,
+    compare_live,
+    replay_workflow,
+)
+from lifecycle.verify import ChainChecker, Finding, describe
 
 __all__ = ["AuditReport", "audit_archive"]
 
 _EMITTED = {ev.START_TASK, ev.END_WORKFLOW, ev.FAILED_WORKFLOW}
+
+
+# A workflow is replayed once this many records have passed since its end: what it
+# emitted on other streams may be archived a little after its end-workflow (the
+# receipts worker reads several streams), and late answers change nothing.
+_SETTLE_RECORDS = 10_000
 
 
 @dataclass
@@ -31,11 +44,21 @@ class AuditReport:
     streams: Counter[str] = field(default_factory=Counter)  # entries archived per stream
     gone: int = 0  # entries deleted before archiving (gaps the archive admits)
     chain: list[Finding] = field(default_factory=list)
-    workflows: list[WorkflowReplay] = field(default_factory=list)
+    workflows: list[WorkflowReplay] = field(default_factory=list)  # those kept
+    states: Counter[str] = field(default_factory=Counter)  # every workflow replayed
+    live: Counter[str] = field(default_factory=Counter)
+    replayed: int = 0
+    late: int = 0  # inputs archived after their workflow was replayed (they change nothing)
+    graph_texts: dict[str, str] = field(default_factory=dict)  # digest -> compiled graph JSON
 
     @property
     def diverged(self) -> list[WorkflowReplay]:
         return [w for w in self.workflows if w.divergence is not None]
+
+    @property
+    def lost(self) -> list[WorkflowReplay]:
+        """Workflows the archive knows that Redis lost, or holds at an older point."""
+        return [w for w in self.workflows if w.live in (NOT_IN_REDIS, BEHIND)]
 
     @property
     def ok(self) -> bool:
@@ -47,9 +70,14 @@ class AuditReport:
             return self.chain[0]
         return self.diverged[0].divergence if self.diverged else None
 
+    def add(self, item: WorkflowReplay, keep: bool) -> None:
+        self.replayed += 1
+        self.states[item.state.status if item.state else "never started"] += 1
+        self.live[item.live] += 1
+        if keep or item.divergence is not None or item.live in (NOT_IN_REDIS, BEHIND):
+            self.workflows.append(item)
+
     def summary(self) -> dict[str, Any]:
-        live = Counter(w.live for w in self.workflows)
-        states = Counter(w.state.status if w.state else "never started" for w in self.workflows)
         problem = self.first_problem
         return {
             "ok": self.ok,
@@ -57,10 +85,11 @@ class AuditReport:
             "head": self.head,
             "entries_per_stream": dict(self.streams),
             "deleted_before_archived": self.gone,
-            "workflows": len(self.workflows),
-            "states": dict(states),
-            "live": dict(live),
+            "workflows": self.replayed,
+            "states": dict(self.states),
+            "live": dict(self.live),
             "diverged": len(self.diverged),
+            "lost_in_redis": len(self.lost),
             "chain_findings": [f.message for f in self.chain],
             "first_problem": problem.message if problem else None,
             "first_problem_workflow": problem.workflow if problem else None,
@@ -74,17 +103,42 @@ def audit_archive(
     *,
     workflow: str | None = None,
     client: redis.Redis | None = None,
+    keep: bool = True,
 ) -> AuditReport:
     """Check the chain of the archive in ``directory``, replay its workflows (or one) and,
     with ``client``, compare each with its live record. Raises ArchiveError when the
-    archive cannot be read at all."""
+    archive cannot be read at all.
+
+    The archive is streamed: a workflow is replayed shortly after its end and then
+    dropped, so memory follows the workflows open at a point of the archive, not its
+    size. With ``keep`` False only the workflows with a problem stay in
+    ``report.workflows`` (the counts cover all)."""
     keys = keys or Keys()
-    lines = list(read_archive(directory))
-    report = AuditReport(records=len(lines))
-    report.chain, report.head = check_chain(lines)
+    report = AuditReport()
+    checker = ChainChecker()
     graphs = ArchiveGraphs()
-    by_workflow: dict[str, WorkflowReplay] = {}
-    for _, record in lines:
+    open_: dict[str, WorkflowReplay] = {}
+    ended: deque[tuple[int, str]] = deque()  # (record number, workflow) in end order
+
+    def settle(item: WorkflowReplay) -> None:
+        if not item.emitted and all(e[2].get("kind") != ev.START_WORKFLOW for e in item.inputs):
+            report.late += len(item.inputs)  # answers archived after their workflow settled
+            return
+        try:
+            replay_workflow(item, graphs, keys)
+            if client is not None:
+                compare_live(client, keys, item)
+        except Exception as error:  # noqa: BLE001 - one workflow's replay never stops the audit
+            item.diverge("", None, f"workflow {item.workflow}: replay failed: {error}")
+        report.add(item, keep)
+
+    for number, (line, record) in enumerate(read_archive(directory)):
+        report.records += 1
+        checker.feed(line, record)
+        while ended and ended[0][0] + _SETTLE_RECORDS <= number:
+            item = open_.pop(ended.popleft()[1], None)
+            if item is not None:
+                settle(item)
         if "graph" in record:
             problem = graphs.add(str(record["graph"]), str(record.get("text", "")))
             if problem is not None:
@@ -98,21 +152,23 @@ def audit_archive(
         if event is None:
             report.gone += 1
             continue
-        name = event.get("workflow")
+        name = event.get("workflow") if isinstance(event, dict) else None
         if not isinstance(name, str) or (workflow is not None and name != workflow):
             continue
-        item = by_workflow.get(name)
+        item = open_.get(name)
         if item is None:
-            item = by_workflow[name] = WorkflowReplay(name)
+            item = open_[name] = WorkflowReplay(name)
         entry = (stream, str(record["id"]), event)
         kind = event.get("kind")
         if stream == keys.lifecycle and kind in ev.LIFECYCLE_INPUTS:
             item.inputs.append(entry)
         elif kind in _EMITTED:
             item.emitted.append(entry)
-    for item in by_workflow.values():
-        replay_workflow(item, graphs, keys)
-        if client is not None:
-            compare_live(client, keys, item)
-    report.workflows = list(by_workflow.values())
+            if kind != ev.START_TASK:
+                ended.append((number, name))
+    for item in open_.values():
+        settle(item)
+    report.graph_texts = graphs.texts
+    report.chain[:0] = checker.finish()
+    report.head = checker.head
     return report

@@ -64,6 +64,12 @@ def _parser() -> argparse.ArgumentParser:
         help="seconds before taking over a dead worker's events (default 10)",
     )
     worker.add_argument("--batch-size", type=int, default=200, help="events per read (default 200)")
+    worker.add_argument(
+        "--accept-untokened-answers",
+        action="store_true",
+        help="take end-tasks that carry no attempt token (task workers written for the "
+        "predecessor system); a wrong token is refused all the same",
+    )
 
     run = commands.add_parser("run", parents=[common], help="start a workflow from a .flow file")
     run.add_argument("file", help="the .flow file ('-' for stdin)")
@@ -191,6 +197,7 @@ def _worker(args: argparse.Namespace, client: redis.Redis, keys: Keys) -> int:
     worker = LifecycleWorker(
         keys,
         timers=not args.no_timers,
+        untokened_answers=args.accept_untokened_answers,
         consumer=args.consumer,
         pool=client.connection_pool,
         claim_idle=args.claim_idle,

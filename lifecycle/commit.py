@@ -1,8 +1,8 @@
 """What one advance of one workflow writes: plain commands for a watched transaction,
 or the arguments of one ``advance.lua`` call.
 
-Built by :mod:`lifecycle.advance` as the machine's actions are carried out,
-and by replay, which runs the same code without Redis.
+Built by :mod:`lifecycle.transition` as the machine's actions are carried out;
+:mod:`lifecycle.advance` sends it, replay reads it.
 """
 
 from __future__ import annotations
@@ -14,10 +14,11 @@ from typing import Any
 import orjson
 
 from flowlang.machine import State
+from lifecycle import records as rec
 from lifecycle.keys import Keys
 from rqse.fastpipe import Template
 
-__all__ = ["BatchResult", "Commit", "Pending", "Said", "shared_keys", "timer_member"]
+__all__ = ["BatchResult", "Commit", "Pending", "Said", "shared_keys"]
 
 _dumps = orjson.dumps
 _NO_INPUTS: dict[str, Any] = {}  # shared, never written: Pending.inputs is replaced
@@ -55,7 +56,7 @@ class Pending:
 
     A plain slotted class: one is made per workflow per batch."""
 
-    __slots__ = ("workflow", "events", "version", "state", "digest", "inputs")
+    __slots__ = ("workflow", "events", "version", "state", "digest", "inputs", "salt", "corrupt")
 
     def __init__(
         self, workflow: str, events: list[tuple[str, str, Any]], version: str = ""
@@ -66,6 +67,10 @@ class Pending:
         self.state: State | None = None
         self.digest: str | None = None
         self.inputs: dict[str, Any] = _NO_INPUTS  # task inputs loaded for retries
+        # the secret of its attempt tokens (lifecycle.events.task_token); None for workflows
+        # stored before tokens, whose end-tasks are not checked
+        self.salt: str | None = None
+        self.corrupt: str | None = None  # why its stored record could not be read
 
 
 def shared_keys(keys: Keys) -> tuple[str, str, str, str]:
@@ -103,7 +108,7 @@ class Commit:
 
     def end(self, now: int, status: str) -> None:
         """The workflow ends with this commit: its end time, and one more of ``status``."""
-        self.set("ended", now)
+        self.set(rec.ENDED, now)
         self.outcome = status
 
     def append(self, stream: str, event: dict[str, Any]) -> None:
@@ -164,6 +169,8 @@ class Commit:
         return keys, [
             group,
             version,
+            rec.VERSION,
+            self.workflow,
             len(self.acks),
             *self.acks,
             len(self.fields) // 2,
@@ -177,7 +184,3 @@ class Commit:
             self.created,
             self.outcome,
         ]
-
-
-def timer_member(kind: str, workflow: str, key: str, attempt: int) -> str:
-    return _dumps({"kind": kind, "workflow": workflow, "key": key, "attempt": attempt}).decode()

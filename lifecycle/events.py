@@ -7,12 +7,21 @@ Builders return dicts; parsers validate what arrives and raise
 
 from __future__ import annotations
 
+import hashlib
+import secrets
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
+
 from lifecycle.errors import BadEvent
+from rqse import fastpipe
 
 __all__ = [
+    "KINDS",
+    "LIFECYCLE_INPUTS",
+    "ROLES",
     "END_TASK",
     "END_WORKFLOW",
     "FAILED_WORKFLOW",
@@ -22,12 +31,28 @@ __all__ = [
     "TERMINATE_WORKFLOW",
     "TIMEOUT_TASK",
     "EndTask",
+    "LifecycleInput",
+    "StartWorkflow",
+    "TaskTimer",
+    "Terminate",
     "end_task",
+    "end_workflow",
+    "failed_workflow",
+    "new_salt",
     "parse_end_task",
+    "parse_input",
     "parse_start_workflow",
     "parse_task_timer",
     "parse_terminate",
+    "start_task_template",
+    "start_workflow",
     "task_instance_id",
+    "task_token",
+    "terminate_workflow",
+    "timer_member",
+    "end_task_template",
+    "RECOVERED",
+    "is_start_task",
 ]
 
 # Read by the lifecycle worker.
@@ -44,13 +69,35 @@ FAILED_WORKFLOW = "failed-workflow"
 LIFECYCLE_INPUTS = frozenset(
     {START_WORKFLOW, END_TASK, TERMINATE_WORKFLOW, RETRY_TASK, TIMEOUT_TASK}
 )
+KINDS = (*sorted(LIFECYCLE_INPUTS), START_TASK, END_WORKFLOW, FAILED_WORKFLOW)
 
 SUCCESS, FAILURE = "SUCCESS", "FAILURE"
+# What a resource task does (start-task ``role``): load a value, or store its input.
+ROLES = ("source", "sink")
+
+_dumps = orjson.dumps
 
 
 def task_instance_id(workflow: str, key: str, attempt: int) -> str:
     """The idempotency key of one task attempt: ``workflow/node[.item...]/attempt``."""
     return f"{workflow}/{key}/{attempt}"
+
+
+def new_salt() -> str:
+    """A workflow's secret for its attempt tokens, chosen at submission."""
+    return secrets.token_hex(16)
+
+
+def task_token(salt: str, workflow: str, key: str, attempt: int) -> str:
+    """The token a start-task carries and its end-task must echo.
+
+    Keyed by the workflow's salt, which only the lifecycle stream and the workflow's
+    hash hold: a worker that was not handed the attempt cannot answer it, and an answer
+    meant for another attempt (a stale retry, another workflow) does not fit. Derived,
+    not stored, so replay computes the same tokens from the archive.
+    """
+    data = f"{workflow}/{key}/{attempt}".encode()
+    return hashlib.blake2b(data, key=salt.encode(), digest_size=8).hexdigest()
 
 
 def _field(event_id: str, event: dict[str, Any], name: str, kind: type | tuple[type, ...]) -> Any:
@@ -73,13 +120,29 @@ class StartWorkflow:
     workflow: str
     graph: str
     input: Any
+    salt: str = ""  # empty for start-workflows written without one
+
+
+def start_workflow(
+    workflow: str, graph: str, input: Any, salt: str | None = None
+) -> dict[str, Any]:
+    """Ask the lifecycle to start ``workflow`` from the stored graph ``graph``."""
+    return {
+        "kind": START_WORKFLOW,
+        "workflow": workflow,
+        "graph": graph,
+        "input": input,
+        "salt": new_salt() if salt is None else salt,
+    }
 
 
 def parse_start_workflow(event_id: str, event: dict[str, Any]) -> StartWorkflow:
+    salt = _field(event_id, event, "salt", str) if "salt" in event else ""
     return StartWorkflow(
         _field(event_id, event, "workflow", str),
         _field(event_id, event, "graph", str),
         event.get("input"),
+        salt,
     )
 
 
@@ -98,11 +161,12 @@ class EndTask:
     output: Any
     error: str | None
     worker: str | None = None
+    token: str | None = None
 
 
 def parse_end_task(event_id: str, event: dict[str, Any]) -> EndTask:
     workflow, key, attempt = event.get("workflow"), event.get("key"), event.get("attempt")
-    status, worker = event.get("status"), event.get("worker")
+    status, worker, token = event.get("status"), event.get("worker"), event.get("token")
     if (  # the common shape, as end_task() writes it: the checks below hold
         type(workflow) is str
         and type(key) is str
@@ -110,9 +174,10 @@ def parse_end_task(event_id: str, event: dict[str, Any]) -> EndTask:
         and status == SUCCESS
         and "error" not in event
         and (worker is None or type(worker) is str)
+        and (token is None or type(token) is str)
     ):
         output = event.get("output")
-        return EndTask(workflow, key, attempt, True, output, None, worker)
+        return EndTask(workflow, key, attempt, True, output, None, worker, token)
     return _parse_end_task(event_id, event)
 
 
@@ -130,6 +195,7 @@ def _parse_end_task(event_id: str, event: dict[str, Any]) -> EndTask:
             f"expected {SUCCESS!r} or {FAILURE!r}"
         )
     error = event.get("error")
+    token = _field(event_id, event, "token", str) if "token" in event else None
     return EndTask(
         workflow,
         key,
@@ -138,6 +204,7 @@ def _parse_end_task(event_id: str, event: dict[str, Any]) -> EndTask:
         event.get("output"),
         str(error) if error is not None else None,
         str(event["worker"]) if event.get("worker") is not None else None,
+        token,
     )
 
 
@@ -167,7 +234,8 @@ def end_task(
 
     Only what the engine reads: the task's ``name``, ``index`` and ``id`` follow
     from ``workflow``/``key``/``attempt`` and the start-task (every field costs on
-    every hop: written, read by the lifecycle and by the receipts worker).
+    every hop: written, read by the lifecycle and by the receipts worker); the
+    attempt's ``token`` is echoed, without which the lifecycle refuses the answer.
     """
     event: dict[str, Any] = {
         "kind": END_TASK,
@@ -176,6 +244,8 @@ def end_task(
     }
     if "attempt" in start:
         event["attempt"] = start["attempt"]
+    if "token" in start:
+        event["token"] = start["token"]
     if error is not None:
         event["status"] = FAILURE
         event["error"] = error
@@ -187,5 +257,114 @@ def end_task(
     return event
 
 
-def parse_terminate(event_id: str, event: dict[str, Any]) -> tuple[str, str]:
-    return _field(event_id, event, "workflow", str), str(event.get("reason", "terminated"))
+@dataclass(frozen=True, slots=True)
+class Terminate:
+    workflow: str
+    reason: str
+
+
+def terminate_workflow(workflow: str, reason: str = "terminated") -> dict[str, Any]:
+    return {"kind": TERMINATE_WORKFLOW, "workflow": workflow, "reason": reason}
+
+
+def parse_terminate(event_id: str, event: dict[str, Any]) -> Terminate:
+    return Terminate(
+        _field(event_id, event, "workflow", str), str(event.get("reason", "terminated"))
+    )
+
+
+LifecycleInput = StartWorkflow | EndTask | TaskTimer | Terminate
+
+_PARSERS: dict[str, Callable[[str, dict[str, Any]], LifecycleInput]] = {
+    START_WORKFLOW: parse_start_workflow,
+    END_TASK: parse_end_task,
+    RETRY_TASK: parse_task_timer,
+    TIMEOUT_TASK: parse_task_timer,
+    TERMINATE_WORKFLOW: parse_terminate,
+}
+
+
+def parse_input(event_id: str, kind: Any, event: dict[str, Any]) -> LifecycleInput | None:
+    """The typed record of a lifecycle input of ``kind``; None for any other kind (the
+    lifecycle's own end-workflow and failed-workflow, which change nothing)."""
+    parse = _PARSERS.get(kind) if type(kind) is str else None
+    return parse(event_id, event) if parse is not None else None
+
+
+# -- Written by the lifecycle ----------------------------------------------------------
+
+
+def end_workflow(workflow: str, output: Any) -> dict[str, Any]:
+    return {"kind": END_WORKFLOW, "workflow": workflow, "output": output}
+
+
+def failed_workflow(workflow: str, reason: str, status: str | None = None) -> dict[str, Any]:
+    """The workflow failed (``status`` None) or ended otherwise (``terminated``)."""
+    event = {"kind": FAILED_WORKFLOW, "workflow": workflow, "reason": reason}
+    if status is not None:
+        event["status"] = status
+    return event
+
+
+_START_TASK_JSON = _dumps(START_TASK)
+
+
+def start_task_template(
+    stream: str, name: str, node: int, parameters: Any, role: str | None
+) -> fastpipe.Template:
+    """``XADD stream * <start-task>`` for every attempt of one node, packed once.
+
+    Its slots, filled per attempt with JSON values: ``workflow``, ``key``, ``attempt``,
+    ``id`` (:func:`task_instance_id`), ``token`` (:func:`task_token`), ``input``. A
+    resource node's ``role`` (one of :data:`ROLES`) tells its worker what to do.
+    """
+    slot = fastpipe.SLOT
+    fields: list[Any] = [
+        b"kind", _START_TASK_JSON,
+        b"workflow", slot,
+        b"name", _dumps(name),
+        b"index", _dumps(node),
+        b"key", slot,
+        b"attempt", slot,
+        b"id", slot,
+        b"token", slot,
+        b"input", slot,
+        b"parameters", _dumps(parameters),
+    ]  # fmt: skip
+    if role is not None:
+        fields += (b"role", _dumps(role))
+    return fastpipe.Template("XADD", stream, "*", *fields)
+
+
+RECOVERED = "recovered"  # on a start-task sent again by recover (lifecycle.recover)
+
+
+def end_task_template(stream: str, worker: str) -> fastpipe.Template:
+    """``XADD stream * <successful end-task>`` for a worker that answers without decoding.
+
+    Its slots, filled with the start-task's own JSON values: ``workflow``, ``key``,
+    ``attempt``, ``token``, ``output``.
+    """
+    slot = fastpipe.SLOT
+    return fastpipe.Template(
+        "XADD", stream, "*",
+        b"kind", _dumps(END_TASK),
+        b"workflow", slot,
+        b"key", slot,
+        b"attempt", slot,
+        b"token", slot,
+        b"status", _dumps(SUCCESS),
+        b"output", slot,
+        b"worker", _dumps(worker),
+    )  # fmt: skip
+
+
+def is_start_task(kind_field: bytes | None) -> bool:
+    """Whether an entry's raw ``kind`` field names a start-task (read without decoding)."""
+    return kind_field == _START_TASK_JSON
+
+
+def timer_member(kind: str, workflow: str, key: str, attempt: int) -> str:
+    """A durable timer in ``{flow}:timers``: the ``retry-task`` or ``timeout-task`` event
+    that ``fire_timers.lua`` appends to the lifecycle stream when it is due."""
+    return _dumps({"kind": kind, "workflow": workflow, "key": key, "attempt": attempt}).decode()

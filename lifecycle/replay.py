@@ -2,7 +2,7 @@
 
 Each workflow's lifecycle inputs (start-workflow, end-task, retry-task,
 timeout-task, terminate-workflow) are fed, in archive order (= the lifecycle
-stream's order), one at a time to :meth:`lifecycle.advance.Advancer.compute`
+stream's order), one at a time to :meth:`lifecycle.transition.Transition.compute`
 — the very code the live lifecycle worker runs before its commit — with the
 graph from the archive. What that produces is checked against what the
 engine archived: every start-task it emits must exist with the same input and
@@ -31,17 +31,30 @@ import redis
 from flowlang.graph import Graph
 from flowlang.machine import Machine, State
 from lifecycle import events as ev
-from lifecycle.advance import Advancer, BatchResult, Pending
+from lifecycle import records as rec
 from lifecycle.archive import id_order
+from lifecycle.commit import BatchResult, Pending
 from lifecycle.errors import BadEvent, FlowNotStored, UnknownWorkflow
 from lifecycle.history import Entry, timeline
 from lifecycle.keys import Keys
 from lifecycle.store import load_workflow
+from lifecycle.transition import Transition
 from lifecycle.verify import Finding
 
-__all__ = ["ArchiveGraphs", "WorkflowReplay", "compare_live", "replay_workflow"]
+__all__ = [
+    "BEHIND",
+    "NOT_IN_REDIS",
+    "ArchiveGraphs",
+    "WorkflowReplay",
+    "compare_live",
+    "replay_workflow",
+]
 
-_START_FIELDS = ("name", "index", "key", "attempt", "input", "parameters")
+# What compare_live finds (WorkflowReplay.live), besides "equal" and "different":
+NOT_IN_REDIS = "not in Redis"
+BEHIND = "lost in Redis"  # Redis holds it at an older point than the archive
+
+_START_FIELDS = ("name", "index", "key", "attempt", "token", "role", "input", "parameters")
 
 
 class ArchiveGraphs:
@@ -79,6 +92,7 @@ class WorkflowReplay:
     divergence: Finding | None = None
     live: str = "not checked"  # "equal", "different", "not in Redis", "not checked"
     rejected: list[str] = field(default_factory=list)  # inputs live dead-lettered too
+    timers: dict[str, int] = field(default_factory=dict)  # member -> due ms, still pending
 
     @property
     def graph(self) -> str | None:
@@ -107,12 +121,13 @@ class WorkflowReplay:
 
 def replay_workflow(item: WorkflowReplay, graphs: ArchiveGraphs, keys: Keys) -> WorkflowReplay:
     """Feed ``item.inputs`` to the live transition code; check against ``item.emitted``."""
-    now = [0]
-    advancer = Advancer.offline(graphs, keys, clock=lambda: now[0])
+    transition = Transition(graphs, keys)
     starts: dict[str, Entry] = {}
     ends: list[Entry] = []
     for entry in item.emitted:
         if entry[2].get("kind") == ev.START_TASK:
+            if entry[2].get(ev.RECOVERED) and entry[2].get("id") in starts:
+                continue  # sent again by recover: checked as the original
             if entry[2].get("id") in starts:
                 item.diverge(entry[1], entry[0], f"start-task {entry[2]['id']} archived twice")
             starts[str(entry[2].get("id"))] = entry
@@ -122,26 +137,35 @@ def replay_workflow(item: WorkflowReplay, graphs: ArchiveGraphs, keys: Keys) -> 
     version = 0
     for stream, entry_id, event in item.inputs:
         kind = event.get("kind")
-        now[0] = id_order(entry_id)[0]
         try:
-            parsed = Advancer._parse(entry_id, kind, event)
+            parsed = ev.parse_input(entry_id, kind, event)
         except BadEvent as error:
             item.rejected.append(str(error))
             continue
+        if parsed is None:
+            continue
         pending = Pending(item.workflow, [(entry_id, kind, parsed)], str(version or ""))
         pending.state, pending.digest = item.state, item.graph
+        salt = item.fields.get(rec.SALT)
+        pending.salt = salt.decode() if isinstance(salt, bytes) else salt
         key = getattr(parsed, "key", None)
-        if key is not None and f"n:{key}" in item.fields:
-            pending.inputs = {key: orjson.loads(item.fields[f"n:{key}"])[2]}
+        if key is not None and rec.start_field(key) in item.fields:
+            pending.inputs = {key: orjson.loads(item.fields[rec.start_field(key)])[2]}
         result = BatchResult()
-        commit = advancer.compute(pending, result)
+        commit = transition.compute(pending, result, id_order(entry_id)[0])
         item.rejected += [reason for _, reason in result.rejected]
         if commit is None:
             continue  # a duplicate or stale event: live ignored it too
         version += 1
+        if isinstance(parsed, ev.TaskTimer):  # it fired: no longer pending
+            item.timers.pop(ev.timer_member(kind, item.workflow, parsed.key, parsed.attempt), None)
+        for member in commit.cancels:
+            item.timers.pop(member, None)
+        for due, member in zip(commit.timers[::2], commit.timers[1::2], strict=True):
+            item.timers[member] = due
         names, values = commit.fields[::2], commit.fields[1::2]
         item.fields.update(zip(names, values, strict=True))
-        item.state = State.from_dict(orjson.loads(item.fields["s"]))
+        item.state = State.from_dict(orjson.loads(item.fields[rec.STATE]))
         for out_stream, out in _emitted(commit):
             where = f"event {entry_id} ({kind} of {item.workflow})"
             if out["kind"] == ev.START_TASK:
@@ -155,6 +179,10 @@ def replay_workflow(item: WorkflowReplay, graphs: ArchiveGraphs, keys: Keys) -> 
                     continue
                 matched.add(out["id"])
                 for name in _START_FIELDS:
+                    if name not in archived[2] and name not in out:
+                        continue
+                    if name == "token" and name not in archived[2]:
+                        continue  # archived before start-tasks carried tokens
                     if archived[2].get(name) != out.get(name):
                         item.diverge(
                             entry_id,
@@ -207,28 +235,44 @@ def _short(value: Any, limit: int = 120) -> str:
 
 
 def compare_live(client: redis.Redis, keys: Keys, item: WorkflowReplay) -> None:
-    """Set ``item.live``: does the live record agree with the replay (times aside)?"""
+    """Set ``item.live``: does the live record agree with the replay (times aside)?
+
+    A live record that is an earlier point of the replayed one (Redis lost its latest
+    writes: every start and end it holds the replay has too, the same) is
+    :data:`BEHIND`, not a divergence: ``recover`` brings it forward."""
     try:
         record = load_workflow(client, keys, item.workflow)
     except UnknownWorkflow:
-        item.live = "not in Redis"
+        item.live = NOT_IN_REDIS
         return
     replayed = item.state.to_dict() if item.state else {}
-    problems = []
-    if record.state.to_dict() != replayed:
-        problems.append(f"state {_short(record.state.to_dict())} live, {_short(replayed)} replayed")
+    conflicts, missing = [], []
     for key, (attempt, _, task_input) in record.starts.items():
-        mine = orjson.loads(item.fields.get(f"n:{key}", b"null")) or [None, None, None]
+        mine = orjson.loads(item.fields.get(rec.start_field(key), b"null")) or [None, None, None]
         if [attempt, task_input] != [mine[0], mine[2]]:
-            problems.append(f"task {key} start [{attempt}, ...] live, [{mine[0]}, ...] replayed")
+            conflicts.append(f"task {key} start [{attempt}, ...] live, [{mine[0]}, ...] replayed")
     for key, end in record.ends.items():
-        mine = orjson.loads(item.fields.get(f"o:{key}", b"null")) or [None] * 5
+        mine = orjson.loads(item.fields.get(rec.end_field(key), b"null")) or [None] * 5
         if end[1:] != mine[1:]:
-            problems.append(f"task {key} end {_short(end[1:])} live, {_short(mine[1:])} replayed")
-    extra = {k[2:] for k in item.fields if k.startswith("n:")} - set(record.starts)
+            conflicts.append(f"task {key} end {_short(end[1:])} live, {_short(mine[1:])} replayed")
+    prefix = rec.START_PREFIX
+    extra = {k[len(prefix) :] for k in item.fields if k.startswith(prefix)} - set(record.starts)
     if extra:
-        problems.append(f"tasks {sorted(extra)} started in replay only")
-    item.live = "equal" if not problems else "different"
-    if problems:
+        missing.append(f"tasks {sorted(extra)} started in replay only")
+    if record.state.to_dict() != replayed:
+        missing.append(f"state {_short(record.state.to_dict())} live, {_short(replayed)} replayed")
+    if not conflicts and not missing:
+        item.live = "equal"
+    elif not conflicts and record.status == rec.RUNNING and _older(record.ends, item):
+        item.live = BEHIND
+    else:
+        item.live = "different"
         last = item.inputs[-1][1] if item.inputs else None
-        item.diverge(last or "", None, f"workflow {item.workflow}: live differs: {problems[0]}")
+        problem = (conflicts + missing)[0]
+        item.diverge(last or "", None, f"workflow {item.workflow}: live differs: {problem}")
+
+
+def _older(live_ends: dict[str, Any], item: WorkflowReplay) -> bool:
+    """Whether the replay holds every task end live holds (live agreed with each one)."""
+    prefix = rec.END_PREFIX
+    return set(live_ends) <= {k[len(prefix) :] for k in item.fields if k.startswith(prefix)}

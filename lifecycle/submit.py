@@ -9,6 +9,7 @@ import orjson
 import redis
 
 from flowlang.graph import Graph, NodeKind
+from flowlang.limits import DEFAULT_LIMITS, Limits, encode_value
 from lifecycle import events as ev
 from lifecycle.keys import Keys, task_kind
 from lifecycle.policy import split_params
@@ -48,6 +49,14 @@ def _encode(event: dict[str, Any]) -> dict[str, bytes]:
     return {name: orjson.dumps(value) for name, value in event.items()}
 
 
+def _encode_start(workflow_id: str, digest: str, input: Any, limits: Limits) -> dict[str, bytes]:
+    """The start-workflow's fields, its input checked against the limits (the input's
+    encoding is the check, and what is sent)."""
+    fields = _encode(ev.start_workflow(workflow_id, digest, None))
+    fields["input"] = encode_value(input, limits, f"the input of workflow {workflow_id}")
+    return fields
+
+
 def start_workflow(
     client: redis.Redis,
     graph: Graph,
@@ -71,28 +80,29 @@ def start_workflows(
     workflow_ids: list[str] | None = None,
     keys: Keys | None = None,
     chunk: int = 1000,
+    limits: Limits = DEFAULT_LIMITS,
 ) -> list[str]:
-    """Start one workflow per input, pipelined ``chunk`` at a time; return their ids."""
+    """Start one workflow per input, pipelined ``chunk`` at a time; return their ids.
+
+    Every input is checked against ``limits`` before anything is stored: one that
+    breaks them raises :class:`flowlang.limits.LimitExceeded` and nothing is sent."""
     keys = keys or Keys()
     validate_policies(graph)
     digest = graph.content_hash()
     ids = workflow_ids or [new_workflow_id(graph) for _ in inputs]
+    starts = [
+        _encode_start(workflow_id, digest, value, limits)
+        for workflow_id, value in zip(ids, inputs, strict=True)
+    ]
     pipe = client.pipeline(transaction=False)
     # The graph and the kinds go first, in the same round trip as the first events.
     pipe.set(keys.graph(digest), graph.to_json(), nx=True)
     kinds = graph_task_kinds(graph)
     if kinds:
         pipe.sadd(keys.kinds, *sorted(kinds))
-    for first in range(0, len(ids), chunk):
-        batch = zip(ids[first : first + chunk], inputs[first : first + chunk], strict=True)
-        for workflow_id, value in batch:
-            event = {
-                "kind": ev.START_WORKFLOW,
-                "workflow": workflow_id,
-                "graph": digest,
-                "input": value,
-            }
-            pipe.xadd(keys.lifecycle, _encode(event))
+    for first in range(0, len(starts), chunk):
+        for fields in starts[first : first + chunk]:
+            pipe.xadd(keys.lifecycle, fields)  # type: ignore[arg-type]
         pipe.execute()
     return ids
 
@@ -101,5 +111,4 @@ def terminate_workflow(
     client: redis.Redis, workflow_id: str, reason: str = "terminated", keys: Keys | None = None
 ) -> None:
     keys = keys or Keys()
-    event = {"kind": ev.TERMINATE_WORKFLOW, "workflow": workflow_id, "reason": reason}
-    client.xadd(keys.lifecycle, _encode(event))
+    client.xadd(keys.lifecycle, _encode(ev.terminate_workflow(workflow_id, reason)))  # type: ignore[arg-type]

@@ -18,7 +18,7 @@ from typing import Any
 
 from lifecycle.archive import GENESIS, id_order, line_hash
 
-__all__ = ["Finding", "check_chain", "describe"]
+__all__ = ["ChainChecker", "Finding", "check_chain", "describe"]
 
 
 @dataclass(frozen=True)
@@ -54,44 +54,70 @@ def _finding(record: dict[str, Any], message: str) -> Finding:
     return Finding(message, workflow, record.get("id"), record.get("stream"))
 
 
-def check_chain(lines: list[tuple[bytes, dict[str, Any]]]) -> tuple[list[Finding], str]:
-    """Findings in archive order, and the head hash (of the last line)."""
-    findings: list[Finding] = []
-    present = {record.get("seq") for _, record in lines}
-    expected, prev_hash = 0, GENESIS
-    previous: dict[str, Any] | None = None
-    last_id: dict[str, tuple[tuple[int, int], dict[str, Any]]] = {}
-    for line, record in lines:
+class ChainChecker:
+    """The chain check fed one line at a time: memory bounded by the problems found,
+    not by the archive (a gap is resolved as "missing" or "out of order" at the end)."""
+
+    def __init__(self) -> None:
+        self.expected, self.head = 0, GENESIS
+        self._previous: dict[str, Any] | None = None
+        self._last_id: dict[str, tuple[tuple[int, int], dict[str, Any]]] = {}
+        self._gaps: dict[int, tuple[int, dict[str, Any]]] = {}  # seq -> (order, record)
+        self._moved: set[int] = set()  # gaps whose record turned up later
+        self._findings: list[tuple[int, Finding]] = []
+
+    def feed(self, line: bytes, record: dict[str, Any]) -> None:
+        order = len(self._findings)
         seq = record.get("seq")
-        if seq != expected:
-            if expected in present:
-                message = f"{describe(record)} is out of order: record {expected} belongs here"
-            else:
-                message = f"record {expected} is missing, before {describe(record)}"
-            findings.append(_finding(record, message))
-        elif record.get("prev") != prev_hash and previous is not None:
-            findings.append(
-                _finding(
-                    previous,
-                    f"{describe(previous)} was altered: its sha256 is not the prev of record {seq}",
-                )
+        if isinstance(seq, int) and seq in self._gaps:
+            self._moved.add(seq)
+        if seq != self.expected:
+            self._gaps[self.expected] = (order, record)
+            self._findings.append((self.expected, Finding("")))  # resolved in finish()
+        elif record.get("prev") != self.head and self._previous is not None:
+            previous = self._previous
+            message = (
+                f"{describe(previous)} was altered: its sha256 is not the prev of record {seq}"
             )
-        elif record.get("prev") != prev_hash:
-            findings.append(_finding(record, f"{describe(record)} does not start the chain"))
+            self._findings.append((-1, _finding(previous, message)))
+        elif record.get("prev") != self.head:
+            self._findings.append(
+                (-1, _finding(record, f"{describe(record)} does not start the chain"))
+            )
         stream, entry_id = record.get("stream"), record.get("id")
         if isinstance(stream, str) and isinstance(entry_id, str):
-            order = id_order(entry_id)
-            before = last_id.get(stream)
-            if before is not None and order <= before[0]:
-                findings.append(
-                    _finding(
-                        record,
-                        f"{describe(record)} follows entry {before[1].get('id')} of its stream: "
-                        "entries are duplicated or out of order",
-                    )
+            position = id_order(entry_id)
+            before = self._last_id.get(stream)
+            if before is not None and position <= before[0]:
+                message = (
+                    f"{describe(record)} follows entry {before[1].get('id')} of its stream: "
+                    "entries are duplicated or out of order"
                 )
-            last_id[stream] = (order, record)
-        expected = seq + 1 if isinstance(seq, int) else expected + 1
-        prev_hash = line_hash(line)
-        previous = record
-    return findings, prev_hash
+                self._findings.append((-1, _finding(record, message)))
+            self._last_id[stream] = (position, record)
+        self.expected = seq + 1 if isinstance(seq, int) else self.expected + 1
+        self.head = line_hash(line)
+        self._previous = record
+
+    def finish(self) -> list[Finding]:
+        """The findings in archive order."""
+        findings = []
+        for seq, finding in self._findings:
+            if seq < 0:
+                findings.append(finding)
+                continue
+            record = self._gaps[seq][1]
+            if seq in self._moved:
+                message = f"{describe(record)} is out of order: record {seq} belongs here"
+            else:
+                message = f"record {seq} is missing, before {describe(record)}"
+            findings.append(_finding(record, message))
+        return findings
+
+
+def check_chain(lines: list[tuple[bytes, dict[str, Any]]]) -> tuple[list[Finding], str]:
+    """Findings in archive order, and the head hash (of the last line)."""
+    checker = ChainChecker()
+    for line, record in lines:
+        checker.feed(line, record)
+    return checker.finish(), checker.head

@@ -26,7 +26,14 @@ log = logging.getLogger(__name__)
 class LifecycleWorker(EventListener):
     """``EventListener`` on the lifecycle stream that handles whole batches at once."""
 
-    def __init__(self, keys: Keys | None = None, *, timers: bool = True, **options: Any) -> None:
+    def __init__(
+        self,
+        keys: Keys | None = None,
+        *,
+        timers: bool = True,
+        untokened_answers: bool = False,
+        **options: Any,
+    ) -> None:
         self.keys = keys or Keys()
         options.setdefault("batch_size", 200)
         options.setdefault("claim_idle", 10.0)
@@ -35,7 +42,7 @@ class LifecycleWorker(EventListener):
         # spending a round trip per batch on them. So they count as processed, not
         # ignored, and share their batch's fate: left pending when it fails.
         super().__init__(self.keys.lifecycle, self.keys.lifecycle_group, None, **options)
-        self.advancer = Advancer(self.connection, self.keys)
+        self.advancer = Advancer(self.connection, self.keys, untokened_answers=untokened_answers)
         self.timers = TimerPump(self.connection, self.keys) if timers else None
 
     def onStart(self) -> None:  # noqa: N802 - rqse hook name

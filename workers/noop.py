@@ -12,12 +12,11 @@ from typing import Any
 
 import orjson
 
-from lifecycle.events import END_TASK, START_TASK, SUCCESS, end_task
+from lifecycle.events import START_TASK, end_task, end_task_template, is_start_task
 from lifecycle.keys import DEFAULT_KIND, TASK_GROUP, Keys
 from rqse import EventListener
 from rqse.deadletter import REJECTED
 from rqse.errors import MalformedEntry
-from rqse.fastpipe import SLOT, Template
 
 __all__ = ["NoopWorker", "SimulatedWorker", "served_kinds"]
 
@@ -32,9 +31,6 @@ def served_kinds(client: Any, keys: Keys, kinds: Iterable[str] | None = None) ->
     return sorted((known | {DEFAULT_KIND}) - BUILT_IN_KINDS)
 
 
-_START_TASK_JSON = orjson.dumps(START_TASK)
-_END_TASK_JSON = orjson.dumps(END_TASK)
-_SUCCESS_JSON = orjson.dumps(SUCCESS)
 _RAW = "raw"  # the event's key for the entry's own fields, on the pass-through path
 _loads = orjson.loads
 
@@ -43,7 +39,7 @@ class NoopWorker(EventListener):
     """Ends every start-task of ``kinds`` at once: output = input.
 
     An engine start-task is answered without decoding it: the end-task's
-    ``workflow``, ``key``, ``attempt`` and ``output`` are the start-task's own JSON
+    ``workflow``, ``key``, ``attempt``, ``token`` and ``output`` are the start-task's own JSON
     bytes (a benchmark measures the engine, not a worker's JSON round trip). Any
     other entry takes the ordinary path: decoded, and answered by ``end_task()``.
     """
@@ -53,25 +49,14 @@ class NoopWorker(EventListener):
         streams = [self.keys.tasks(kind) for kind in kinds]
         options.setdefault("batch_size", 200)
         super().__init__(streams, TASK_GROUP, [START_TASK], **options)
-        self._worker_json = orjson.dumps(self.consumer)
-        slot = SLOT
-        self._end_task = Template(
-            "XADD", self.keys.lifecycle, "*",
-            b"kind", _END_TASK_JSON,
-            b"workflow", slot,
-            b"key", slot,
-            b"attempt", slot,
-            b"status", _SUCCESS_JSON,
-            b"output", slot,
-            b"worker", self._worker_json,
-        )  # fmt: skip
+        self._end_task = end_task_template(self.keys.lifecycle, self.consumer)
         # The echo is this class's own: a subclass that computes its output or handles
         # tasks itself gets decoded events.
         cls = type(self)
         self._passes_through = cls.output is NoopWorker.output and cls.process is NoopWorker.process
 
     def decode_entry(self, fields: dict[bytes, bytes], event_id: str) -> dict[str, Any]:
-        if not self._passes_through or fields.get(b"kind") != _START_TASK_JSON:
+        if not self._passes_through or not is_start_task(fields.get(b"kind")):
             return self._decoded(fields, event_id)
         try:
             # What is copied is checked as the ordinary path would check it (each value
@@ -79,6 +64,7 @@ class NoopWorker(EventListener):
             workflow = _loads(fields[b"workflow"])
             key = _loads(fields[b"key"])
             attempt = _loads(fields[b"attempt"])
+            token = _loads(fields[b"token"])
             _loads(fields.get(b"input", b"null"))
         except (KeyError, orjson.JSONDecodeError):
             return self._decoded(fields, event_id)
@@ -86,6 +72,7 @@ class NoopWorker(EventListener):
             isinstance(workflow, str)
             and isinstance(key, str)
             and type(attempt) is int
+            and isinstance(token, str)
             and sum(map(len, fields.values())) + sum(map(len, fields)) <= self._max_entry_bytes
         ):
             return self._decoded(fields, event_id)
@@ -116,6 +103,7 @@ class NoopWorker(EventListener):
             fields[b"workflow"],
             fields[b"key"],
             fields[b"attempt"],
+            fields[b"token"],
             b"{}" if output == b"null" else output,  # as end_task(): {} for none
         )
         return True

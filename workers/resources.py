@@ -2,43 +2,55 @@
 
 A source (``<orders.json> → A``) loads its URI and outputs the data; a sink
 (``A → <out.json>``) stores its input there and outputs that input. The
-start-task's ``name`` is the URI; whether the node is a source or a sink is
-read from the workflow's stored graph (the event does not say).
+start-task's ``name`` is the URI and its ``role`` (``source`` or ``sink``) says
+which of the two the node is; a start-task without a role fails.
 
-* Local paths (``data/in.json``, ``file:data/in.json``) resolve against the
-  worker's base directory — the flow file's directory is not in the event, so
-  run the worker there or pass ``--base-dir``. A path that leaves the base
-  directory (``../x``, an absolute path elsewhere, a symlink out) is refused.
+* Local paths (``data/in.json``, ``file:data/in.json``) stay under the worker's
+  root, ``base_dir`` (default ``$XDG_DATA_HOME/flowstream/resources``):
+  ``..`` and absolute paths elsewhere are refused, sinks write no code or hidden
+  files and follow no symlinks (:mod:`workers.resource_files`).
 * ``http://`` and ``https://``: GET for a source, PUT for a sink (parameter
-  ``method`` may say POST), with ``timeout`` seconds (default 10) and optional
-  ``headers``. Standard library only (urllib).
+  ``method`` may say POST or PATCH), optional ``headers``, and ``timeout``: the
+  total seconds for the request (at most the worker's ``http_deadline``). Only
+  public addresses unless inside ``allow_networks``; redirects, body size and
+  time are bounded (:mod:`workers.resource_http`).
 * Format: parameter ``format`` (``json``/``yaml``), else the Content-Type
   (http), else the extension (``.json``, ``.yaml``, ``.yml``); JSON is tried
-  last. YAML is read with ``yaml.safe_load`` only.
+  last. JSON is decoded within :class:`flowlang.limits.Limits` (size, depth),
+  YAML with :func:`flowlang.literals.safe_yaml` (alias bombs refused).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
-import tempfile
-import urllib.error
 import urllib.parse
-import urllib.request
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import orjson
 import yaml
 
+from flowlang.limits import DEFAULT_LIMITS, LimitExceeded, Limits, depth_within, loads_value
+from flowlang.literals import safe_yaml
+from lifecycle.events import ROLES
 from lifecycle.keys import RESOURCE_KIND, Keys
-from lifecycle.store import GraphCache
 from workers.errors import ResourceError
+from workers.resource_files import default_base_dir, read_file, write_file
+from workers.resource_http import Network, mask_url, parse_networks, request
 from workers.task import Task, TaskListener
 
-__all__ = ["ResourceWorker", "load_resource", "store_resource"]
+__all__ = [
+    "DEFAULT_HTTP_DEADLINE",
+    "ResourceTask",
+    "ResourceWorker",
+    "Resources",
+    "load_resource",
+    "store_resource",
+]
 
-DEFAULT_TIMEOUT = 10.0
+DEFAULT_HTTP_DEADLINE = 30.0  # seconds for one request: resolution, redirects and body
 _YAML_TYPES = ("application/yaml", "application/x-yaml", "text/yaml", "text/x-yaml")
 
 
@@ -59,14 +71,28 @@ def _format(uri: str, params: Mapping[str, Any], content_type: str | None = None
     return {".json": "json", ".yaml": "yaml", ".yml": "yaml"}.get(suffix)
 
 
-def _decode(uri: str, data: bytes, fmt: str | None) -> Any:
+def _decode(uri: str, data: bytes, fmt: str | None, limits: Limits) -> Any:
+    where = mask_url(uri)
+    if fmt != "yaml":
+        try:
+            return loads_value(data, limits, what=where)
+        except LimitExceeded as error:
+            raise ResourceError(str(error)) from None
     try:
-        if fmt == "yaml":
-            return yaml.safe_load(data)
-        return orjson.loads(data)
-    except (yaml.YAMLError, orjson.JSONDecodeError) as error:
-        expected = "YAML" if fmt == "yaml" else "JSON"
-        raise ResourceError(f"{uri}: not valid {expected}: {error}") from error
+        value = safe_yaml(data, limits)
+    except LimitExceeded as error:
+        raise ResourceError(f"{where}: not valid YAML: {error}") from None
+    except yaml.YAMLError as error:
+        problem = getattr(error, "problem", None) or str(error).splitlines()[0]
+        mark = getattr(error, "problem_mark", None)
+        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        raise ResourceError(f"{where}: not valid YAML{at}: {problem}") from None
+    if not depth_within(value, limits.depth):
+        raise ResourceError(f"{where}: nests deeper than {limits.depth} levels")
+    try:  # YAML extras (dates, integer keys) as JSON carries them
+        return orjson.loads(orjson.dumps(value, option=orjson.OPT_NON_STR_KEYS))
+    except (TypeError, orjson.JSONEncodeError) as error:
+        raise ResourceError(f"{where}: YAML value not representable as JSON: {error}") from None
 
 
 def _encode(uri: str, value: Any, fmt: str | None) -> tuple[bytes, str]:
@@ -77,102 +103,136 @@ def _encode(uri: str, value: Any, fmt: str | None) -> tuple[bytes, str]:
     try:
         return orjson.dumps(value, option=orjson.OPT_INDENT_2), "application/json"
     except TypeError as error:
-        raise ResourceError(f"{uri}: cannot write as JSON: {error}") from error
+        raise ResourceError(f"{mask_url(uri)}: cannot write as JSON: {error}") from error
 
 
 def _is_http(uri: str) -> bool:
     return urllib.parse.urlsplit(uri).scheme.lower() in ("http", "https")
 
 
-def local_path(uri: str, base_dir: str | os.PathLike[str]) -> Path:
-    """The file ``uri`` names under ``base_dir``; raises ResourceError if it leaves it."""
-    parts = urllib.parse.urlsplit(uri)
-    scheme = parts.scheme.lower()
-    if scheme == "file":
-        raw = urllib.parse.unquote(parts.path)
-    elif scheme and len(scheme) > 1:  # one letter: a Windows drive, not a scheme
-        raise ResourceError(
-            f"{uri}: unsupported URI scheme {scheme!r} (expected a path, file:, http: or https:)"
+@dataclasses.dataclass(frozen=True, slots=True)
+class Resources:
+    """Where resource tasks may read and write: one root for files, the networks HTTP
+    may reach besides public addresses, and the bounds on what comes back."""
+
+    base_dir: Path
+    allow_networks: tuple[Network, ...] = ()
+    limits: Limits = DEFAULT_LIMITS
+    http_deadline: float = DEFAULT_HTTP_DEADLINE
+
+    @classmethod
+    def configure(
+        cls,
+        base_dir: str | os.PathLike[str] | None = None,
+        allow_networks: Sequence[str] = (),
+        limits: Limits = DEFAULT_LIMITS,
+        http_deadline: float = DEFAULT_HTTP_DEADLINE,
+    ) -> Resources:
+        """From plain settings: ``base_dir`` None means :func:`default_base_dir`;
+        ``allow_networks`` are CIDR strings (ValueError naming a bad one)."""
+        if isinstance(allow_networks, str):  # one CIDR passed bare would split into chars
+            allow_networks = [allow_networks]
+        if http_deadline <= 0:
+            raise ValueError(f"http_deadline {http_deadline!r}: expected a positive number")
+        root = Path(base_dir) if base_dir is not None else default_base_dir()
+        return cls(
+            root.expanduser().resolve(), parse_networks(allow_networks), limits, http_deadline
         )
-    else:
-        raw = uri
-    base = Path(base_dir).resolve()
-    path = (base / raw).resolve()  # resolves '..' and symlinks before the check
-    if not path.is_relative_to(base):
-        raise ResourceError(f"{uri}: resolves to {path}, outside the base directory {base}")
-    return path
+
+    def _deadline(self, uri: str, params: Mapping[str, Any]) -> float:
+        timeout = params.get("timeout", self.http_deadline)
+        if isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0:
+            raise ResourceError(
+                f"{mask_url(uri)}: timeout {timeout!r}, expected a positive number of seconds"
+            )
+        return min(float(timeout), self.http_deadline)
+
+    def _http(
+        self, uri: str, params: Mapping[str, Any], default: str, body: tuple[bytes, str] | None
+    ) -> tuple[bytes, str | None]:
+        method = str(params.get("method", default)).upper()
+        allowed = ("GET",) if body is None else ("PUT", "POST", "PATCH")
+        if method not in allowed:
+            raise ResourceError(
+                f"{mask_url(uri)}: method {method!r}, expected {' or '.join(allowed)}"
+            )
+        given = params.get("headers") or {}
+        if not isinstance(given, Mapping):
+            raise ResourceError(f"{mask_url(uri)}: headers {given!r}, expected an object")
+        headers = {str(k): str(v) for k, v in given.items()}
+        data = None
+        if body is not None:
+            data = body[0]
+            headers.setdefault("Content-Type", body[1])
+        response = request(
+            uri,
+            method,
+            body=data,
+            headers=headers,
+            allow_networks=self.allow_networks,
+            limit=self.limits.value_bytes,
+            deadline=self._deadline(uri, params),
+        )
+        return response.body, response.content_type
+
+    def load(self, uri: str, params: Mapping[str, Any] | None = None) -> Any:
+        """The data at ``uri`` (a source)."""
+        params = params or {}
+        fmt = _format(uri, params)  # a bad `format` fails before anything is fetched
+        if _is_http(uri):
+            data, content_type = self._http(uri, params, "GET", None)
+            return _decode(uri, data, _format(uri, params, content_type), self.limits)
+        return _decode(
+            uri, read_file(uri, self.base_dir, self.limits.value_bytes), fmt, self.limits
+        )
+
+    def store(self, uri: str, value: Any, params: Mapping[str, Any] | None = None) -> None:
+        """Write ``value`` to ``uri`` (a sink): a file replaced atomically, or an HTTP PUT."""
+        params = params or {}
+        body = _encode(uri, value, _format(uri, params))
+        if _is_http(uri):
+            self._http(uri, params, "PUT", body)
+        else:
+            write_file(uri, self.base_dir, body[0])
 
 
 def load_resource(
-    uri: str, params: Mapping[str, Any] | None = None, base_dir: str | os.PathLike[str] = "."
+    uri: str,
+    params: Mapping[str, Any] | None = None,
+    base_dir: str | os.PathLike[str] | None = None,
+    allow_networks: Sequence[str] = (),
 ) -> Any:
-    """The data at ``uri`` (a source)."""
-    params = params or {}
-    if _is_http(uri):
-        body, content_type = _http(uri, params, str(params.get("method", "GET")).upper(), None)
-        return _decode(uri, body, _format(uri, params, content_type))
-    path = local_path(uri, base_dir)
-    try:
-        data = path.read_bytes()
-    except OSError as error:
-        raise ResourceError(f"{uri}: cannot read {path}: {error.strerror}") from error
-    return _decode(uri, data, _format(uri, params))
+    """The data at ``uri`` (a source); see :class:`Resources` for the arguments."""
+    return Resources.configure(base_dir, allow_networks).load(uri, params)
 
 
 def store_resource(
     uri: str,
     value: Any,
     params: Mapping[str, Any] | None = None,
-    base_dir: str | os.PathLike[str] = ".",
+    base_dir: str | os.PathLike[str] | None = None,
+    allow_networks: Sequence[str] = (),
 ) -> None:
-    """Write ``value`` to ``uri`` (a sink): a file replaced atomically, or an HTTP PUT."""
-    params = params or {}
-    fmt = _format(uri, params)
-    body, content_type = _encode(uri, value, fmt)
-    if _is_http(uri):
-        _http(uri, params, str(params.get("method", "PUT")).upper(), (body, content_type))
-        return
-    path = local_path(uri, base_dir)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        # Write beside, then rename: a reader never sees half a file.
-        handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-        with os.fdopen(handle, "wb") as file:
-            file.write(body)
-        os.replace(temporary, path)
-    except OSError as error:
-        raise ResourceError(f"{uri}: cannot write {path}: {error.strerror}") from error
+    """Write ``value`` to ``uri`` (a sink); see :class:`Resources` for the arguments."""
+    Resources.configure(base_dir, allow_networks).store(uri, value, params)
 
 
-def _http(
-    uri: str, params: Mapping[str, Any], method: str, payload: tuple[bytes, str] | None
-) -> tuple[bytes, str | None]:
-    """(body, content type) of one request; raises ResourceError on any failure."""
-    if method not in ("GET", "PUT", "POST", "PATCH"):
-        raise ResourceError(f"{uri}: method {method!r}, expected GET, PUT, POST or PATCH")
-    timeout = params.get("timeout", DEFAULT_TIMEOUT)
-    if isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0:
-        raise ResourceError(f"{uri}: timeout {timeout!r}, expected a positive number of seconds")
-    headers = {str(k): str(v) for k, v in (params.get("headers") or {}).items()}
-    data = None
-    if payload is not None:
-        data, headers["Content-Type"] = payload[0], headers.get("Content-Type", payload[1])
-    request = urllib.request.Request(uri, data=data, method=method, headers=headers)
-    try:
-        with urllib.request.urlopen(request, timeout=float(timeout)) as response:  # noqa: S310
-            return response.read(), response.headers.get("Content-Type")
-    except urllib.error.HTTPError as error:
-        raise ResourceError(f"{uri}: {method} answered {error.code} {error.reason}") from error
-    except (urllib.error.URLError, TimeoutError, OSError) as error:
-        reason = getattr(error, "reason", error)
-        raise ResourceError(f"{uri}: {method} failed: {reason}") from error
+@dataclasses.dataclass(frozen=True, slots=True)
+class ResourceTask(Task):
+    """A resource task: a :class:`Task` and the node's ``role`` from its start-task
+    (``source``, ``sink``, or None when the engine did not say)."""
+
+    role: str | None = None
 
 
 class ResourceWorker(TaskListener):
     """Loads sources and stores sinks named by URI (see the module docstring).
 
-    ``base_dir``: where relative paths resolve (default: the current directory);
-    nothing outside it is read or written.
+    ``base_dir``: the root of local files (None: :func:`default_base_dir`); nothing
+    outside it is read or written. ``allow_networks``: CIDRs HTTP may reach beyond
+    public addresses (e.g. ``["10.1.0.0/16"]`` for an internal service).
+    ``limits.value_bytes`` caps what a source reads; ``http_deadline`` bounds one
+    request in seconds. Bad settings raise ValueError naming the value.
     """
 
     kind = RESOURCE_KIND
@@ -182,23 +242,36 @@ class ResourceWorker(TaskListener):
         kind: str | None = None,
         keys: Keys | None = None,
         *,
-        base_dir: str | os.PathLike[str] = ".",
+        base_dir: str | os.PathLike[str] | None = None,
+        allow_networks: Sequence[str] = (),
+        limits: Limits = DEFAULT_LIMITS,
+        http_deadline: float = DEFAULT_HTTP_DEADLINE,
         **options: Any,
     ) -> None:
+        self.resources = Resources.configure(base_dir, allow_networks, limits, http_deadline)
         super().__init__(kind, keys, **options)
-        self.base_dir = os.path.abspath(base_dir)
-        self.graphs = GraphCache(self.connection, self.keys)
 
-    def node_kind(self, task: Task) -> str:
-        """``source`` or ``sink``: from the workflow's graph (cached per graph hash)."""
-        digest = self.connection.hget(self.keys.workflow(task.workflow), "g")
-        if digest is None or task.index is None:
-            raise ResourceError(f"{task.name}: workflow {task.workflow} or its node is unknown")
-        node = self.graphs.machine(digest.decode()).graph.nodes[task.index]
-        return str(node.kind)
+    @property
+    def base_dir(self) -> Path:
+        return self.resources.base_dir
+
+    def task(self, event_id: str, event: Mapping[str, Any]) -> ResourceTask:
+        base = super().task(event_id, event)
+        values = {f.name: getattr(base, f.name) for f in dataclasses.fields(base)}
+        role = event.get("role")
+        return ResourceTask(**values, role=None if role is None else str(role))
 
     def run(self, task: Task) -> Any:
-        if self.node_kind(task) == "sink":
-            store_resource(task.name, task.input, task.parameters, self.base_dir)
+        role = task.role if isinstance(task, ResourceTask) else None
+        if role not in ROLES:
+            if role is None:
+                raise ResourceError(
+                    f"{mask_url(task.name)}: start-task has no role (expected 'source' or 'sink')"
+                )
+            raise ResourceError(
+                f"{mask_url(task.name)}: role {role!r}, expected 'source' or 'sink'"
+            )
+        if role == "sink":
+            self.resources.store(task.name, task.input, task.parameters)
             return task.input
-        return load_resource(task.name, task.parameters, self.base_dir)
+        return self.resources.load(task.name, task.parameters)

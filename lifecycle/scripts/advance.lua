@@ -9,9 +9,11 @@
 --
 -- ARGV[1]  the lifecycle consumer group
 -- ARGV[2]  the version the transition was computed from ('' = the workflow must not exist)
+-- ARGV[3]  the name of the version field of KEYS[1]
+-- ARGV[4]  the workflow id (the member of KEYS[4])
 -- then five sections, each led by its count:
 --   acks    n, entry id × n                          XACK on KEYS[2]
---   fields  n, (field, value) × n                    HSET on KEYS[1] (includes the new 'v')
+--   fields  n, (field, value) × n                    HSET on KEYS[1] (includes the new version)
 --   events  n, (key index, m, (field, value) × m) × n  XADD key * fields
 --   timers  n, (score, member) × n                   ZADD on KEYS[3]
 --   cancels n, member × n                            ZREM on KEYS[3]
@@ -21,7 +23,7 @@
 -- Returns 1 when committed, 0 when the version moved (another worker advanced
 -- the workflow first: nothing is written, the caller reloads and recomputes).
 
-local version = redis.call('HGET', KEYS[1], 'v')
+local version = redis.call('HGET', KEYS[1], ARGV[3])
 if ARGV[2] == '' then
   if version then return 0 end
 elseif version ~= ARGV[2] then
@@ -53,7 +55,7 @@ local function sliced(head, from, count, width)
   return from + count * width
 end
 
-local i = 3
+local i = 5
 local n = tonumber(ARGV[i]); i = i + 1
 i = sliced({'XACK', KEYS[2], ARGV[1]}, i, n, 1)
 
@@ -75,7 +77,7 @@ n = tonumber(ARGV[i]); i = i + 1
 i = sliced({'ZREM', KEYS[3]}, i, n, 1)
 
 if ARGV[i] ~= '' then
-  redis.call('ZADD', KEYS[4], ARGV[i], string.match(KEYS[1], ':wf:(.*)$'))
+  redis.call('ZADD', KEYS[4], ARGV[i], ARGV[4])
 end
 if ARGV[i + 1] ~= '' then
   redis.call('HINCRBY', KEYS[5], ARGV[i + 1], 1)

@@ -158,10 +158,16 @@ def _racing(other: Advancer, events: list[Any], raced: list[Any]) -> type[Advanc
     another worker commits between this one's WATCH and its EXEC); results in ``raced``."""
 
     class Racing(Advancer):
-        def _compute(self, item, result, now):
-            if not raced:
-                raced.append(other.apply(events))
-            return super()._compute(item, result, now)
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            compute = self.transition.compute
+
+            def racing_compute(item: Any, result: Any, now: int) -> Any:
+                if not raced:
+                    raced.append(other.apply(events))
+                return compute(item, result, now)
+
+            self.transition.compute = racing_compute  # type: ignore[method-assign]
 
     return Racing
 

@@ -87,7 +87,7 @@ def test_a_lifecycle_worker_killed_again_and_again_loses_and_repeats_nothing(
         processes.noop(f"noop-{n}")
     chance = random.Random(7)
     kills = [0]
-    next_kill = [time.monotonic() + chance.uniform(0.2, 0.6)]
+    next_kill = [time.monotonic() + chance.uniform(0.1, 0.3)]
 
     def kill_and_restart() -> None:
         if time.monotonic() < next_kill[0]:
@@ -96,7 +96,7 @@ def test_a_lifecycle_worker_killed_again_and_again_loses_and_repeats_nothing(
         victim[0].wait()
         kills[0] += 1
         victim[0] = processes.lifecycle("victim", claim_idle=1.0)
-        next_kill[0] = time.monotonic() + chance.uniform(0.2, 0.6)
+        next_kill[0] = time.monotonic() + chance.uniform(0.1, 0.3)
 
     states = wait_until_all_ended(redis_client, ids, timeout=180, during=kill_and_restart)
     assert kills[0] >= 2, "the run ended before the worker was killed twice"

@@ -9,6 +9,7 @@ from typing import Any
 import redis
 
 from lifecycle.submit import terminate_workflow
+from lifecycle.worker import LifecycleWorker
 from tests.rqse.seed_sleep_listener import SleepListener
 from tests.workers.helpers import KEYS, Threads, events, submit, wait_for_end, wait_until
 from workers import Task, TaskListener
@@ -121,8 +122,13 @@ def test_the_seeds_sleep_listener_runs_a_workflow_with_its_index_only_end_tasks(
 ) -> None:
     """The predecessor's SleepListener, unchanged: its end-task carries only workflow,
     name, index and status, and is appended to the listener's first stream — so it
-    is given the lifecycle stream first and its kind's task stream second."""
-    threads.lifecycle()
+    is given the lifecycle stream first and its kind's task stream second. Its answers
+    carry no attempt token: the lifecycle worker takes them when told to."""
+    threads.start(
+        LifecycleWorker(
+            pool=threads.pool, handle_signals=False, block_ms=100, untokened_answers=True
+        )
+    )
     kwargs = redis_client.connection_pool.connection_kwargs
     seed = SleepListener(
         [KEYS.lifecycle, KEYS.tasks("compute")],

@@ -1,0 +1,54 @@
+"""Names of what the engine stores per workflow: the fields of its hash and its states.
+
+One place for each name, used by every reader and writer in Python and passed
+to the Lua scripts as arguments (they spell none of them).
+"""
+
+from __future__ import annotations
+
+from flowlang.machine import FAILED, FINISHED, RUNNING, TERMINATED
+
+__all__ = [
+    "CREATED",
+    "ENDED",
+    "END_PREFIX",
+    "ENDED_STATES",
+    "FAILED",
+    "FINISHED",
+    "GRAPH",
+    "INPUT",
+    "NAME",
+    "RUNNING",
+    "SALT",
+    "START_PREFIX",
+    "STATE",
+    "STATES",
+    "TERMINATED",
+    "VERSION",
+    "end_field",
+    "start_field",
+]
+
+# Fields of {flow}:wf:<id> (lifecycle.keys.Keys.workflow).
+VERSION = "v"  # incremented by every commit: the advance's compare-and-set
+STATE = "s"  # the machine's state, JSON (flowlang.machine.State)
+GRAPH = "g"  # content hash of the compiled graph ({flow}:graph:<hash>)
+SALT = "t"  # secret of the workflow's attempt tokens (absent: workflows from before tokens)
+NAME = "name"  # the flow's name, when it has one
+CREATED = "created"  # ms
+ENDED = "ended"  # ms, once it ended
+INPUT = "input"  # the workflow's input, JSON
+START_PREFIX = "n:"  # n:<key>: [attempt, started ms, input] of the instance's latest attempt
+END_PREFIX = "o:"  # o:<key>: [ended ms, ok, output, error, worker] of its latest end
+
+# Workflow states (State.status); a workflow that ended is in one of ENDED_STATES.
+STATES = (RUNNING, FINISHED, FAILED, TERMINATED)
+ENDED_STATES = (FINISHED, FAILED, TERMINATED)
+
+
+def start_field(key: str) -> str:
+    return START_PREFIX + key
+
+
+def end_field(key: str) -> str:
+    return END_PREFIX + key

@@ -1,0 +1,360 @@
+"""The transition: one workflow's stored record plus its events in, what to write out.
+
+Pure: no Redis. :class:`Transition` applies a workflow's lifecycle events, in
+order, to the record loaded for it (:class:`~lifecycle.commit.Pending`) with
+:class:`flowlang.machine.Machine`, and returns the :class:`~lifecycle.commit.Commit`
+that holds every write — new state, task instance records, start-task events,
+timers, the acknowledgement of the events. The live lifecycle worker
+(:mod:`lifecycle.advance`), replay and recovery all call this one function;
+only where the record comes from and where the commit goes differ.
+
+One workflow's data can never stop another's: an error raised while applying
+its events (a value past the limits, a corrupt record, a graph that cannot be
+loaded, anything its data makes the machine raise) fails that workflow alone,
+with the reason, and the event that caused it is dead-lettered with it.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import orjson
+
+from flowlang.errors import FlowError
+from flowlang.limits import DEFAULT_LIMITS, Limits, depth_within, encode_value
+from flowlang.machine import Failed, Finished, Machine, StartTask, State
+from lifecycle import events as ev
+from lifecycle import records as rec
+from lifecycle.commit import BatchResult, Commit, Pending, Said, shared_keys
+from lifecycle.errors import LifecycleError
+from lifecycle.keys import Keys, task_kind
+from lifecycle.policy import Policy, split_params
+
+__all__ = ["GraphSource", "Transition"]
+
+log = logging.getLogger(__name__)
+
+_dumps = orjson.dumps
+
+
+class GraphSource(Protocol):  # lifecycle.store.GraphCache live; the archive's graphs in replay
+    def machine(self, digest: str) -> Machine: ...
+
+
+@dataclass(frozen=True, slots=True)
+class _TaskFacts:
+    stream: str
+    start_task: Any  # fastpipe.Template of its start-task (lifecycle.events.start_task_template)
+    policy: Policy
+
+
+class _EventFailed(Exception):
+    """An event failed its workflow: ``reason`` is what the workflow records."""
+
+    def __init__(self, event_id: str, reason: str) -> None:
+        super().__init__(reason)
+        self.event_id, self.reason = event_id, reason
+
+
+def _reason(error: BaseException) -> str:
+    if isinstance(error, FlowError | LifecycleError):
+        return str(error)
+    return f"{type(error).__name__}: {error}"
+
+
+class Transition:
+    """Computes workflow transitions from graphs (by content hash) and the deployment's keys."""
+
+    def __init__(
+        self,
+        graphs: GraphSource,
+        keys: Keys | None = None,
+        limits: Limits = DEFAULT_LIMITS,
+        *,
+        untokened_answers: bool = False,
+    ) -> None:
+        """``untokened_answers``: take an end-task that carries no token (task workers
+        written for the predecessor system send none); one with a wrong token never is."""
+        self.graphs = graphs
+        self.keys = keys or Keys()
+        self.limits = limits
+        self.untokened_answers = untokened_answers
+        self._shared = shared_keys(self.keys)
+        self._tasks: dict[str, list[_TaskFacts | None]] = {}  # graph hash -> per node
+
+    def compute(self, item: Pending, result: BatchResult | Said, now: int) -> Commit | None:
+        """Apply ``item.events`` to ``item.state``; return what to commit, or None when
+        nothing changes. Events that change nothing go to ``result.duplicates``, events
+        refused (with the reason) to ``result.rejected``."""
+        if item.corrupt is not None:
+            return self.failure(item, result, now, item.events[0][0], item.corrupt)
+        ended = item.state is not None and item.state.status != rec.RUNNING
+        try:
+            return self._compute(item, result, now)
+        except _EventFailed as failed:
+            log.debug("workflow %s: %s", item.workflow, failed.reason, exc_info=True)
+            if ended:  # it had ended before this batch: record nothing, refuse the event
+                result.rejected.append((failed.event_id, failed.reason))
+                return None
+            return self.failure(item, result, now, failed.event_id, failed.reason)
+
+    def failure(
+        self, item: Pending, result: BatchResult | Said, now: int, event_id: str, reason: str
+    ) -> Commit:
+        """The commit that fails ``item``'s workflow for ``reason``: its state failed, nothing
+        left running, a failed-workflow event, every event of the batch acknowledged and the
+        one that caused it dead-lettered with the reason. The rest of the batch goes on."""
+        state = item.state if item.state is not None and item.corrupt is None else State()
+        state.status, state.error = rec.FAILED, reason
+        state.running, state.waiting, state.fanin = {}, {}, {}
+        commit = Commit(self.keys, item.workflow, self._shared)
+        if not item.version:  # new in this batch: listed like any other workflow
+            commit.created = str(now)
+            commit.set(rec.CREATED, now)
+        commit.end(now, rec.FAILED)
+        commit.append(self.keys.lifecycle, ev.failed_workflow(item.workflow, reason))
+        commit.set(rec.STATE, _dumps(state.to_dict()))
+        commit.set(rec.VERSION, int(item.version or 0) + 1)
+        commit.acks += [event_id for event_id, _, _ in item.events]
+        result.rejected.append((event_id, f"workflow {item.workflow} failed: {reason}"))
+        return commit
+
+    # -- one workflow ------------------------------------------------------------
+
+    def _compute(self, item: Pending, result: BatchResult | Said, now: int) -> Commit | None:
+        commit = Commit(self.keys, item.workflow, self._shared)
+        state = item.state
+        machine: Machine | None = None
+        changed = False
+        seen: set[str] = set()
+        for event_id, kind, event in item.events:
+            if event_id in seen:  # the same entry delivered twice: a redelivery
+                result.duplicates.append(event_id)
+                continue
+            seen.add(event_id)
+            try:
+                if kind == ev.START_WORKFLOW:
+                    if state is not None:
+                        result.duplicates.append(event_id)
+                        continue
+                    state = State()
+                    item.state, item.digest, item.salt = state, event.graph, event.salt
+                    commit.created = str(now)
+                    commit.set(rec.CREATED, now)
+                    commit.set(rec.GRAPH, event.graph)
+                    commit.set(rec.SALT, event.salt)
+                    commit.set(rec.INPUT, encode_value(event.input, self.limits, "the input"))
+                    machine = self.graphs.machine(event.graph)
+                    if machine.graph.name:
+                        commit.set(rec.NAME, machine.graph.name)
+                    actions: list[Any] = machine.start(state, event.input)
+                elif state is None and kind == ev.TERMINATE_WORKFLOW:
+                    # Terminated before its start-workflow was applied (that event may be in
+                    # another worker's hands): record it terminated, so the start changes
+                    # nothing.
+                    state = item.state = State(status=rec.TERMINATED, error=event.reason)
+                    commit.created = str(now)
+                    commit.set(rec.CREATED, now)
+                    commit.end(now, rec.TERMINATED)
+                    commit.append(
+                        self.keys.lifecycle,
+                        ev.failed_workflow(item.workflow, event.reason, rec.TERMINATED),
+                    )
+                    commit.acks.append(event_id)
+                    changed = True
+                    continue
+                else:
+                    if state is None or item.digest is None:
+                        result.rejected.append(
+                            (event_id, f"event {event_id}: no workflow {item.workflow!r}")
+                        )
+                        continue
+                    machine = machine or self.graphs.machine(item.digest)
+                    applied = self._apply(
+                        machine, state, item, event_id, kind, event, commit, now, result
+                    )
+                    if applied is None:
+                        continue
+                    actions = applied
+                commit.acks.append(event_id)
+                changed = True
+                self._carry_out(machine, state, item, actions, commit, now)
+            except Exception as error:  # noqa: BLE001 - one workflow's data fails it alone
+                raise _EventFailed(event_id, _reason(error)) from error
+        if not changed or state is None:
+            return None
+        commit.set(rec.STATE, _dumps(state.to_dict()))
+        commit.set(rec.VERSION, int(item.version or 0) + 1)
+        return commit
+
+    def _apply(
+        self,
+        machine: Machine,
+        state: State,
+        item: Pending,
+        event_id: str,
+        kind: str,
+        event: Any,
+        commit: Commit,
+        now: int,
+        result: BatchResult | Said,
+    ) -> list[Any] | None:
+        """One event against the state; None when it changes nothing (the event went to
+        ``result``'s duplicates or rejected)."""
+        if kind == ev.TERMINATE_WORKFLOW:
+            if state.status != rec.RUNNING:
+                result.duplicates.append(event_id)
+                return None
+            machine.terminate(state, event.reason)
+            commit.end(now, rec.TERMINATED)
+            commit.append(
+                self.keys.lifecycle,
+                ev.failed_workflow(item.workflow, state.error or event.reason, rec.TERMINATED),
+            )
+            return []
+        key = event.key
+        running = state.running.get(key)
+        attempt = event.attempt if event.attempt is not None else running
+        answered = (
+            kind == ev.END_TASK and attempt is not None and self._answers(item, event, attempt)
+        )
+        if state.status != rec.RUNNING or attempt is None or running != attempt:
+            if kind != ev.END_TASK or (state.status != rec.RUNNING and answered):
+                # A timer that fired after its attempt ended (the engine's own race), or a
+                # genuine answer from a task still running when its workflow ended.
+                result.duplicates.append(event_id)
+            else:  # a second answer, or one for an attempt long gone
+                result.rejected.append((event_id, _stale(event_id, item, state, key, attempt)))
+            return None
+        if kind == ev.END_TASK and not answered:
+            what = "carries no token" if event.token is None else "has a wrong token"
+            result.rejected.append(
+                (
+                    event_id,
+                    f"event {event_id}: end-task of {item.workflow} task {key} attempt "
+                    f"{attempt} {what}: it does not answer that attempt's start-task",
+                )
+            )
+            return None
+        policy = self._policy(item, machine, key)
+        if kind == ev.RETRY_TASK:
+            return [machine.task_action(key, attempt, item.inputs.get(key))]
+        if policy.timeout:
+            commit.cancels.append(ev.timer_member(ev.TIMEOUT_TASK, item.workflow, key, attempt))
+        if kind == ev.END_TASK and event.success:
+            output = event.output
+            if (
+                (type(output) is dict or type(output) is list)
+                and output
+                and not depth_within(output, self.limits.depth)
+            ):
+                raise LifecycleError(
+                    f"task {key}: output nests deeper than {self.limits.depth} levels"
+                )
+            commit.set(rec.end_field(key), _dumps([now, True, output, None, event.worker]))
+            return machine.task_ended(state, key, attempt, output)
+        if kind == ev.END_TASK:
+            reason, worker = event.error or "failed", event.worker
+        else:
+            reason, worker = f"timed out after {policy.timeout}s", None
+        commit.set(rec.end_field(key), _dumps([now, False, None, reason, worker]))
+        tries = machine.invocation_attempt(state, key, attempt)  # not attempt: cycles
+        retry = tries <= policy.retries
+        actions = machine.task_failed(state, key, attempt, reason, retry, item.inputs.get(key))
+        delay = policy.retry_delay(tries) if retry else 0
+        if retry and delay > 0:
+            member = ev.timer_member(ev.RETRY_TASK, item.workflow, key, attempt + 1)
+            commit.timers += (now + int(delay * 1000), member)
+            return []
+        return actions
+
+    def _carry_out(
+        self,
+        machine: Machine,
+        state: State,
+        item: Pending,
+        actions: list[Any],
+        commit: Commit,
+        now: int,
+    ) -> None:
+        workflow = item.workflow
+        workflow_json = None
+        salt = item.salt or ""
+        for action in actions:
+            if isinstance(action, StartTask):
+                task = self._task(item, machine, action.node)
+                key, attempt = action.key, action.attempt
+                workflow_json = workflow_json or _dumps(workflow)
+                input_json = _dumps(action.input)
+                # n:<key> = [attempt, started ms, input], spliced: the input is encoded once
+                commit.set(rec.start_field(key), b"[%d,%d,%b]" % (attempt, now, input_json))
+                commit.append_filled(
+                    task.stream,
+                    task.start_task,
+                    (
+                        workflow_json,
+                        _dumps(key),
+                        b"%d" % attempt,
+                        _dumps(ev.task_instance_id(workflow, key, attempt)),
+                        _dumps(ev.task_token(salt, workflow, key, attempt)),
+                        input_json,
+                    ),
+                )
+                if task.policy.timeout:
+                    member = ev.timer_member(ev.TIMEOUT_TASK, workflow, key, attempt)
+                    commit.timers += (now + int(task.policy.timeout * 1000), member)
+            elif isinstance(action, Finished):
+                commit.end(now, rec.FINISHED)
+                commit.append(self.keys.lifecycle, ev.end_workflow(workflow, action.output))
+            elif isinstance(action, Failed):
+                commit.end(now, rec.FAILED)
+                commit.append(self.keys.lifecycle, ev.failed_workflow(workflow, action.reason))
+
+    def _task(self, item: Pending, machine: Machine, node: int) -> _TaskFacts:
+        """What every start-task of ``node`` shares, cached per graph: its stream, its
+        encoded name/index/parameters, and its retry/timeout policy."""
+        facts = self._tasks.get(item.digest or "")
+        if facts is None:
+            facts = self._tasks[item.digest or ""] = [None] * len(machine.nodes)
+        found = facts[node]
+        if found is None:
+            spec = machine.nodes[node]
+            name = spec.name or ""
+            try:
+                params, policy = split_params(spec.params)
+            except (LifecycleError, FlowError) as error:
+                # `lifecycle run` refuses such flows; one stored by other means still runs.
+                log.warning("workflow %s node %s: %s; no retry policy", item.workflow, node, error)
+                params, policy = spec.params, Policy()
+            node_kind = str(spec.kind)
+            stream = self.keys.tasks(task_kind(name, node_kind))
+            parameters = params if params is not None else {}
+            role = node_kind if node_kind in ev.ROLES else None
+            found = facts[node] = _TaskFacts(
+                stream, ev.start_task_template(stream, name, node, parameters, role), policy
+            )
+        return found
+
+    def _answers(self, item: Pending, event: Any, attempt: int) -> bool:
+        """Whether an end-task carries the token of ``attempt``'s start-task (workflows
+        started before tokens existed have no salt: every answer is taken)."""
+        if item.salt is None or (event.token is None and self.untokened_answers):
+            return True
+        return bool(event.token == ev.task_token(item.salt, item.workflow, event.key, attempt))
+
+    def _policy(self, item: Pending, machine: Machine, key: str) -> Policy:
+        """The retry/timeout policy of the node of instance ``key``."""
+        node = int(key) if "." not in key else int(key.split(".", 1)[0])
+        return self._task(item, machine, node).policy
+
+
+def _stale(event_id: str, item: Pending, state: State, key: str, attempt: int | None) -> str:
+    where = f"event {event_id}: end-task of {item.workflow} task {key}"
+    if state.status != rec.RUNNING:
+        return f"{where}: the workflow is {state.status}"
+    running = state.running.get(key)
+    if running is None:
+        return f"{where} attempt {attempt}: the task is not running (a second answer?)"
+    return f"{where} attempt {attempt}: attempt {running} runs now (a stale answer)"

@@ -1,0 +1,55 @@
+"""docs/events.md documents every workflow event kind and every field lifecycle.events
+builds: a field added in code and not in the docs fails here."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import orjson
+
+from lifecycle import events as ev
+
+DOC = (Path(__file__).parents[2] / "docs" / "events.md").read_text()
+
+
+def _rows() -> dict[str, str]:
+    """The table rows of the 'Workflow events' section, by the kind in their first cell."""
+    section = DOC[DOC.index("## Workflow events") :]
+    rows = {}
+    for line in section.splitlines():
+        found = re.match(r"\| `([a-z-]+)` \|(.*)", line)
+        if found:
+            rows[found.group(1)] = found.group(2)
+    return rows
+
+
+def _start_task_fields() -> set[str]:
+    template = ev.start_task_template("s", "A", 1, {}, "source")
+    words = [w for w in template.arguments if isinstance(w, bytes)]
+    return {w.decode() for w in words if re.fullmatch(rb"[a-z]+", w)} | {ev.RECOVERED}
+
+
+BUILT = {
+    ev.START_WORKFLOW: set(ev.start_workflow("w", "g", {})),
+    ev.END_TASK: set(ev.end_task({"workflow": "w", "key": "1", "attempt": 1, "token": "t"}, {}))
+    | set(ev.end_task({"workflow": "w", "key": "1"}, error="e", worker="x")),
+    ev.TERMINATE_WORKFLOW: set(ev.terminate_workflow("w")),
+    ev.END_WORKFLOW: set(ev.end_workflow("w", {})),
+    ev.FAILED_WORKFLOW: set(ev.failed_workflow("w", "r", "terminated")),
+    ev.RETRY_TASK: set(orjson.loads(ev.timer_member(ev.RETRY_TASK, "w", "1", 1))),
+    ev.TIMEOUT_TASK: set(orjson.loads(ev.timer_member(ev.TIMEOUT_TASK, "w", "1", 1))),
+}
+
+
+def test_every_event_kind_has_a_row_in_the_docs() -> None:
+    assert set(ev.KINDS) <= set(_rows())
+
+
+def test_every_field_the_builders_write_is_documented_in_its_kinds_row() -> None:
+    rows = _rows()
+    built = {**BUILT, ev.START_TASK: _start_task_fields()}
+    assert set(built) == set(ev.KINDS)
+    for kind, fields in built.items():
+        missing = {f for f in fields - {"kind"} if f"`{f}`" not in rows[kind]}
+        assert not missing, f"docs/events.md row {kind}: fields {sorted(missing)} undocumented"
