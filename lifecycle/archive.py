@@ -1,4 +1,4 @@
-"""The receipts archive: JSON Lines segments chained by sha256 (format in docs/audit.md).
+"""The receipts archive's format: one line per record, chained by sha256 (docs/audit.md).
 
 One record per line. Every record carries ``seq`` (0, 1, 2, ... over the whole
 archive) and ``prev``, the sha256 of the previous record's line, so altering,
@@ -8,40 +8,72 @@ record:
 ``{"seq", "prev", "checkpoint": {"streams": {stream: last id}, "graphs": [hash]}}``
     first line of every segment: where the archive stood, so a restart reads
     one segment, not the whole archive;
-``{"seq", "prev", "stream", "id", "event"}``
-    one stream entry, its fields decoded (``"gone": true`` and no event when the
-    entry was deleted before it could be read);
+``{"seq", "prev", "stream", "id", "event"[, "raw"]}``
+    one stream entry, its fields decoded. A value that does not decode within
+    :data:`VALUE_LIMITS` (not JSON, not UTF-8, nested deeper than 256 levels,
+    larger than 8 MiB, an integer past 64 bits, a lone surrogate) is not in
+    ``event`` but in ``raw``: ``{field name: base64 of the value's bytes}``,
+    exact, so nothing is lost and the worker goes on. A field name that is not
+    UTF-8 is in ``raw`` too, its bad bytes written as ``\\xNN`` escapes.
+    ``"gone": true`` and no event when the entry was deleted before it was read;
 ``{"seq", "prev", "graph", "text"}``
     a compiled graph's canonical JSON, archived before its first start-workflow.
 
-:class:`SegmentSink` writes them: segment files rotated by size, optionally
-gzip-compressed once closed, fsync'd by :meth:`SegmentSink.flush`. Any class
-with the :class:`Sink` methods can replace it.
+:func:`entry_record` encodes one entry (the worker's fast path copies values as
+written instead, in :mod:`lifecycle.receipts`); :func:`decode_line` and
+:func:`iter_archive` read records back. :class:`lifecycle.segments.SegmentSink`
+writes the files; any class with the :class:`Sink` methods can replace it.
 """
 
 from __future__ import annotations
 
-import fcntl
+import base64
+import contextlib
 import gzip
 import hashlib
-import logging
-import os
-from collections.abc import Iterator, Mapping, Sequence
+import json
+from collections import deque
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from itertools import chain
 from pathlib import Path
-from typing import IO, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import orjson
 
+from flowlang.limits import DEFAULT_LIMITS, LimitExceeded, Limits, loads_value
 from lifecycle.errors import LifecycleError
 
-__all__ = ["GENESIS", "ArchiveError", "SegmentSink", "Sink", "id_order", "read_archive"]
+if TYPE_CHECKING:
+    from lifecycle.segments import SegmentSink
 
-log = logging.getLogger(__name__)
+__all__ = [
+    "GENESIS",
+    "VALUE_LIMITS",
+    "ArchiveError",
+    "ArchiveProblem",
+    "ArchivedEvent",
+    "SegmentSink",
+    "Sink",
+    "decode_line",
+    "entry_record",
+    "id_order",
+    "iter_archive",
+    "raw_value",
+    "read_archive",
+]
 
 GENESIS = "0" * 64  # ``prev`` of record 0
 _PREFIX, _PLAIN, _PACKED = "segment-", ".jsonl", ".jsonl.gz"
 # An encoded record's line: what orjson.dumps({"seq": seq, "prev": prev, **record}) spells.
-_ENCODED_LINE = b'{"seq":%d,"prev":"%b",%b'
+ENCODED_LINE = b'{"seq":%d,"prev":"%b",%b'
+# Values decoded into ``event``; the others go to ``raw``. flowlang's limits: a value
+# the engine would refuse at its doors is kept exact rather than interpreted.
+VALUE_LIMITS: Limits = DEFAULT_LIMITS
+MAX_LINE_BYTES = 256 << 20  # a longer line is reported and skipped, not held in memory
+_DIGITS_AS_ZEROS = bytes.maketrans(b"123456789", b"000000000")
+_LONG_RUN = b"0" * 19  # digits of an integer that may not fit 64 bits: -9223372036854775809
+_INT_RANGE = range(-(2**63), 2**64)  # what orjson reads and writes as an integer
 
 
 class ArchiveError(LifecycleError):
@@ -58,12 +90,24 @@ def line_hash(line: bytes) -> str:
     return hashlib.sha256(line).hexdigest()
 
 
+def __getattr__(name: str) -> Any:
+    # SegmentSink lives in lifecycle.segments (which imports this module); callers
+    # have always imported it from here.
+    if name == "SegmentSink":
+        from lifecycle.segments import SegmentSink
+
+        return SegmentSink
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 class Sink(Protocol):
     """Where the receipts worker writes. ``write`` may buffer; once ``flush`` returns,
-    everything written is durable (the worker acknowledges only then).
+    everything written is durable (the worker acknowledges only then). ``flush`` may
+    raise (a full disk): the worker then flushes again later, or calls the sink's
+    ``discard()`` if it has one before it reads the same entries again.
 
     Records are dicts shaped as the archive's lines, without ``seq`` and ``prev``. A
-    sink that also has ``write_encoded(batch, last_ids)`` (as :class:`SegmentSink`)
+    sink that also has ``write_encoded(batch, last_ids)`` (as ``SegmentSink``)
     gets the batch there instead, with entries already encoded (see that method);
     any other sink receives dicts.
     """
@@ -81,230 +125,337 @@ class Sink(Protocol):
     def close(self) -> None: ...
 
 
-class SegmentSink:
-    """JSON Lines segments under ``directory``: ``segment-<first seq>.jsonl[.gz]``.
-
-    Opening recovers: it drops a torn last line left by a crash, fsyncs what
-    the previous process may have left in the page cache, and reads the last
-    segment to learn the chain head and the last id per stream. An exclusive
-    lock on ``directory/.lock`` keeps a second worker out.
-    """
-
-    def __init__(
-        self, directory: str | Path, *, segment_bytes: int = 64 << 20, compress: bool = False
-    ) -> None:
-        self.directory = Path(directory)
-        self.segment_bytes = segment_bytes
-        self.compress = compress
-        self.bytes_written = 0
-        try:
-            self.directory.mkdir(parents=True, exist_ok=True)
-            self._lock = open(self.directory / ".lock", "w")  # noqa: SIM115 - held while open
-            fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise ArchiveError(f"{self.directory}: another receipts worker holds it") from None
-        except OSError as error:
-            raise ArchiveError(f"{self.directory}: {error.strerror}") from None
-        self._seq, self._prev = 0, GENESIS.encode()  # the chain head: next seq, hex sha256
-        self._last: dict[str, str] = {}
-        self._graphs: set[str] = set()
-        self._file: IO[bytes] | None = None
-        self._path: Path | None = None
-        self._size = 0
-        self._recover()
-
-    # -- Sink ----------------------------------------------------------------------
-    def last_ids(self) -> dict[str, str]:
-        return dict(self._last)
-
-    def has_graph(self, digest: str) -> bool:
-        return digest in self._graphs
-
-    def write(self, batch: list[dict[str, Any]]) -> None:
-        self.write_encoded(batch, {})
-
-    def write_encoded(
-        self, batch: Sequence[dict[str, Any] | bytes], last_ids: Mapping[str, str]
-    ) -> None:
-        """``write``, where an entry's record may come encoded: ``bytes``, its JSON as
-        orjson spells it, without the opening brace (``"stream":…,"id":…,"event":{…}}``).
-        Its line is then the record's line, byte for byte, at the cost of one format;
-        ``last_ids`` (the last entry per stream in the batch) stands in for the stream
-        and id the sink would otherwise read from the records."""
-        assert self._file is not None
-        seq, prev = self._seq, self._prev
-        sha256 = hashlib.sha256
-        lines, records = [], []
-        for record in batch:
-            if type(record) is bytes:
-                line = _ENCODED_LINE % (seq, prev, record)
-            else:
-                line = orjson.dumps({"seq": seq, "prev": prev.decode(), **record})
-                records.append(record)
-            lines.append(line)
-            seq += 1
-            prev = sha256(line).hexdigest().encode()
-        lines.append(b"")  # the last line's end, without copying the batch once more
-        data = b"\n".join(lines)
-        self._file.write(data)
-        # The sink's state moves once the batch is in the file: after an error above it
-        # still describes the file (a record orjson cannot write, say).
-        self._seq, self._prev = seq, prev
-        for record in records:
-            self._note(record)
-        self._last.update(last_ids)
-        self._size += len(data)
-        self.bytes_written += len(data)
-
-    def flush(self) -> None:
-        self._sync()
-        if self._size >= self.segment_bytes:
-            self._rotate()
-
-    def close(self) -> None:
-        if self._file is not None:
-            self._sync()  # a full segment rotates at the next flush, not into an empty one now
-            self._file.close()
-            self._file = None
-        self._lock.close()
-
-    # -- internals -----------------------------------------------------------------
-    def _note(self, record: dict[str, Any]) -> None:
-        """What a record adds to the next checkpoint: its stream's last id, or its graph."""
-        if "stream" in record:
-            self._last[record["stream"]] = record["id"]
-        elif "graph" in record:
-            self._graphs.add(record["graph"])
-
-    def _sync(self) -> None:
-        assert self._file is not None
-        self._file.flush()
-        os.fsync(self._file.fileno())
-
-    def _open_segment(self) -> None:
-        self._path = self.directory / f"{_PREFIX}{self._seq:012d}{_PLAIN}"
-        self._file = open(self._path, "ab")  # noqa: SIM115 - the open segment
-        self._size = 0
-        checkpoint = {"streams": self._last, "graphs": sorted(self._graphs)}
-        self.write([{"checkpoint": checkpoint}])
-        self._sync()  # not flush(): a checkpoint past segment_bytes would rotate forever
-        _fsync_dir(self.directory)
-
-    def _rotate(self) -> None:
-        assert self._file is not None and self._path is not None
-        closed = self._path
-        self._file.close()
-        # The new segment exists (with its checkpoint) before the old one is compressed,
-        # so a crash in between leaves a readable archive either way.
-        self._open_segment()
-        if self.compress:
-            _gzip(closed)
-
-    def _recover(self) -> None:
-        for stale in self.directory.glob("*.tmp"):
-            stale.unlink()
-        segments = _segments(self.directory)
-        for path in segments:  # a crash after compressing, before removing the original
-            if path.name.endswith(_PACKED) and path.with_suffix("").exists():
-                path.with_suffix("").unlink()
-        segments = _segments(self.directory)
-        while segments:
-            last = segments[-1]
-            if last.name.endswith(_PACKED):
-                raise ArchiveError(f"{last}: last segment is compressed; cannot append")
-            good = _intact_prefix(last)
-            if good:
-                break
-            last.unlink()  # torn while being created: its predecessor is complete
-            segments.pop()
-        if not segments:
-            self._open_segment()
-            return
-        self._path = segments[-1]
-        with open(self._path, "r+b") as file:
-            file.truncate(len(good))
-            os.fsync(file.fileno())
-        for line in good.splitlines():
-            record = orjson.loads(line)
-            if "checkpoint" in record:
-                self._last = dict(record["checkpoint"]["streams"])
-                self._graphs = set(record["checkpoint"]["graphs"])
-            else:
-                self._note(record)
-            self._seq, self._prev = record["seq"] + 1, line_hash(line).encode()
-        self._file = open(self._path, "ab")  # noqa: SIM115 - the open segment
-        self._size = len(good)
+# -- encoding one entry --------------------------------------------------------------
+class _Raw(Exception):
+    """A value that stays raw (internal)."""
 
 
-def _intact_prefix(path: Path) -> bytes:
-    """The complete, parseable lines at the start of ``path`` (a crash may tear the last)."""
-    data = path.read_bytes()
-    end = lines = 0
-    while (cut := data.find(b"\n", end)) != -1:
-        try:
-            orjson.loads(data[end:cut])
-        except orjson.JSONDecodeError:
-            break
-        end, lines = cut + 1, lines + 1
-    if end < len(data):
-        # The worker writes only lines it reads back, so this is a crash's torn write:
-        # nothing fsync'd, nothing acknowledged, read again from Redis. Said all the same.
-        log.warning(
-            "%s: dropping %d bytes after line %d (not a complete JSON line: torn write)",
-            path,
-            len(data) - end,
-            lines,
-        )
-    return data[:end]
+def _checked_int(text: str) -> int:
+    number = int(text)
+    if number not in _INT_RANGE:
+        raise _Raw
+    return number
 
 
-def _segments(directory: Path) -> list[Path]:
-    found = [p for p in directory.iterdir() if p.name.startswith(_PREFIX)]
-    return sorted(found, key=lambda p: int(p.name[len(_PREFIX) :].split(".", 1)[0]))
-
-
-def _gzip(path: Path) -> None:
-    packed = path.with_name(path.name + ".gz")
-    temporary = packed.with_name(packed.name + ".tmp")
-    with open(path, "rb") as source, open(temporary, "wb") as raw:
-        with gzip.GzipFile(fileobj=raw, mode="wb", compresslevel=6, mtime=0) as target:
-            while chunk := source.read(1 << 20):
-                target.write(chunk)
-        raw.flush()
-        os.fsync(raw.fileno())
-    temporary.rename(packed)
-    path.unlink()
-    _fsync_dir(path.parent)
-
-
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
+def _value(raw: bytes) -> Any:
+    """The value ``raw`` holds, or :class:`_Raw` when it must stay raw."""
     try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+        value = loads_value(raw, VALUE_LIMITS)
+    except LimitExceeded:
+        # json.dumps writes NaN and Infinity (rqse reads them): archived as null, as
+        # the engine's encoder writes them. The standard parser recurses, and depth
+        # is only known after parsing: RecursionError is caught too.
+        if b"NaN" not in raw and b"Infinity" not in raw:
+            raise _Raw from None
+        try:
+            value = json.loads(raw.decode())
+        except (ValueError, RecursionError):
+            raise _Raw from None
+        return orjson.loads(orjson.dumps(value))  # NaN -> null
+    if has_long_digits(raw):
+        # orjson reads an integer past 64 bits as a float, losing digits; the standard
+        # parser (depth known to be within the limit here) tells whether one is there.
+        with contextlib.suppress(ValueError):  # _Raw is no ValueError: it goes through
+            json.loads(raw, parse_int=_checked_int)
+    return value
+
+
+def has_long_digits(data: bytes) -> bool:
+    """Whether ``data`` holds 19 digits in a row: an integer there may not fit 64 bits,
+    and orjson reads such an integer as a float, losing digits. (A translation and a
+    substring search: twenty times faster than a regular expression on a chunk.)"""
+    return _LONG_RUN in data.translate(_DIGITS_AS_ZEROS)
+
+
+def _base64(raw: bytes) -> str:
+    return base64.b64encode(raw).decode("ascii")
+
+
+def entry_record(stream: str, entry_id: str, fields: list[bytes] | None) -> dict[str, Any]:
+    """The archive record of one stream entry (``fields``: names and values, flat, as
+    XREAD returns them; None or empty once deleted). Never raises for what an entry
+    holds: a value that does not decode is kept in ``raw``."""
+    if not fields:  # say so rather than hide the gap
+        return {"stream": stream, "id": entry_id, "gone": True}
+    event: dict[str, Any] = {}
+    raw: dict[str, str] = {}
+    for name, value in zip(fields[0::2], fields[1::2], strict=True):
+        try:
+            text = name.decode()
+        except UnicodeDecodeError:
+            raw[name.decode("utf-8", "backslashreplace")] = _base64(value)
+            continue
+        try:
+            decoded = _value(value)
+            orjson.dumps([[[decoded]]])  # writable where a line holds it: record, event
+        except (_Raw, orjson.JSONEncodeError, orjson.JSONDecodeError):
+            event.pop(text, None)  # a repeated name: its last value counts
+            raw[text] = _base64(value)
+            continue
+        raw.pop(text, None)
+        event[text] = decoded
+    record: dict[str, Any] = {"stream": stream, "id": entry_id, "event": event}
+    if raw:
+        record["raw"] = raw
+    return record
+
+
+def raw_record(stream: str, entry_id: str, fields: list[bytes]) -> dict[str, Any]:
+    """The entry with every field raw: its record when :func:`entry_record` failed."""
+    raw = {
+        name.decode("utf-8", "backslashreplace"): _base64(value)
+        for name, value in zip(fields[0::2], fields[1::2], strict=False)
+    }
+    return {"stream": stream, "id": entry_id, "event": {}, "raw": raw}
+
+
+def raw_value(record: dict[str, Any], name: str) -> bytes | None:
+    """The exact bytes of a field ``record`` keeps raw, or None."""
+    text = (record.get("raw") or {}).get(name)
+    return base64.b64decode(text) if isinstance(text, str) else None
+
+
+# -- encoding entries as written (the receipts worker's fast path) -------------------
+# Brackets a record may hold and be copied as is: brackets count at least a value's
+# depth, and orjson writes 254 levels, of which a line takes two (record, event) above
+# its values. Deeper values take the decoding path (entry_record).
+MAX_BRACKETS = 250
+_MAX_SHAPES = 1024  # field-name tuples remembered per stream (engine events have a handful)
+_consume: Callable[[Iterator[Any]], None] = deque(maxlen=0).extend  # runs it, keeps nothing
+
+
+def joined_values(values_lists: list[list[bytes] | None]) -> tuple[bytes, int]:
+    """The values of these lists (an entry's values each, None for a deleted entry)
+    as one array with a ``null`` between each two, ``[v0,null,v1,null,v2]``, and how
+    many they are (:func:`all_plain`)."""
+    values = list(chain.from_iterable(filter(None, values_lists)))
+    return b"[" + b",null,".join(values) + b"]", len(values)
+
+
+def all_plain(text: bytes, count: int) -> bool:
+    """True if each of the ``count`` values joined in ``text`` (:func:`joined_values`) is
+    JSON on its own and holds no line break or carriage return, told by one parse of
+    them all instead of one per value (the calls cost more than the parsing); False if
+    it cannot be told so: each entry is then checked on its own.
+
+    Suppose the text holds no ``null`` but the n - 1 of the separators (``null`` has no
+    other spelling: no escape, no number form), it parses, and its odd elements are all
+    None. Each None comes from a null outside any string, so every separator's null is
+    one, at the top level, and so are the commas around it. Between two such commas (or
+    a bracket and a comma) the array holds one element, made of one value's bytes
+    alone, tokenised as they are on their own (no token runs past those commas): each
+    value is one JSON value on its own.
+
+    Values each JSON on their own always join into such a text, unless one holds
+    ``null`` or is nested to orjson's depth limit (the array adds a level).
+    """
+    if not count:
+        return True
+    if 10 in text or 13 in text or text.count(b"null") != count - 1:
+        return False
+    try:
+        parsed = orjson.loads(text)
+    except orjson.JSONDecodeError:
+        return False
+    return len(parsed) == 2 * count - 1 and parsed[1::2].count(None) == count - 1
+
+
+def fits_a_line(record: bytes) -> bool:
+    """A record copied from its values' bytes still makes one line the archive reads back:
+    no line break or carriage return in it (JSON whitespace, yet they would end the
+    line), and not too deep for the reader (its brackets bound its depth)."""
+    return (
+        10 not in record
+        and 13 not in record
+        and record.count(b"[") + record.count(b"{") <= MAX_BRACKETS
+    )
+
+
+def each_json(values: list[bytes]) -> bool:
+    """Every value JSON on its own, parsed one by one (as decoding parses them)."""
+    try:
+        _consume(map(orjson.loads, values))
+    except orjson.JSONDecodeError:
+        return False
+    return True
+
+
+def _literal(text: bytes) -> bytes:
+    """``text`` as a constant part of a bytes format."""
+    return text.replace(b"%", b"%%")
+
+
+@dataclass(frozen=True, slots=True)
+class EntryShape:
+    """How the entries of one stream with one tuple of field names are encoded without
+    being decoded: ``record % (entry id, *values)`` is the entry's record as orjson
+    spells it, without its opening brace (what ``SegmentSink.write_encoded`` takes).
+    Only the values' bytes may differ from a re-encoding: the writer's own number
+    spelling and escapes are kept."""
+
+    record: bytes
+    start_at: tuple[int, int] | None  # where kind and graph are, when both are fields
+
+    @classmethod
+    def of(cls, stream: str, names: tuple[bytes, ...]) -> EntryShape | None:
+        """None if a name is not UTF-8 or is repeated: those entries are decoded."""
+        try:
+            texts = [name.decode() for name in names]
+        except UnicodeDecodeError:
+            return None
+        if len(set(texts)) != len(texts):
+            return None
+        # An entry id is digits and a dash (Redis makes them): nothing in it to escape.
+        head = b'"stream":' + _literal(orjson.dumps(stream)) + b',"id":"%b","event":{'
+        members = b",".join(_literal(orjson.dumps(text)) + b":%b" for text in texts)
+        start_at = None
+        if "kind" in texts and "graph" in texts:
+            start_at = texts.index("kind"), texts.index("graph")
+        return cls(head + members + b"}}", start_at)
+
+
+class EntryShapes:
+    """The shapes of one stream's entries, by field names (at most ``_MAX_SHAPES``)."""
+
+    __slots__ = ("_known", "stream")
+
+    def __init__(self, stream: str) -> None:
+        self.stream = stream
+        self._known: dict[tuple[bytes, ...], EntryShape | None] = {}
+
+    def of(self, names: list[bytes]) -> EntryShape | None:
+        key = tuple(names)
+        if key not in self._known:
+            if len(self._known) >= _MAX_SHAPES:
+                self._known.clear()
+            self._known[key] = EntryShape.of(self.stream, key)
+        return self._known[key]
+
+
+# -- reading -------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class ArchivedEvent:
+    """One record of the archive (an entry, a graph or a checkpoint) and where it is.
+
+    ``line`` holds the record's bytes (their sha256 is the next record's ``prev``)."""
+
+    file: str
+    number: int  # line number in its file, from 1
+    line: bytes
+    record: dict[str, Any]
+
+    @property
+    def seq(self) -> int:
+        return int(self.record["seq"])
+
+    @property
+    def stream(self) -> str | None:
+        stream = self.record.get("stream")
+        return stream if isinstance(stream, str) else None
+
+    @property
+    def id(self) -> str | None:
+        entry_id = self.record.get("id")
+        return entry_id if isinstance(entry_id, str) else None
+
+    @property
+    def event(self) -> dict[str, Any] | None:
+        """The decoded fields of an entry; None for a gone entry, a graph, a checkpoint."""
+        event = self.record.get("event")
+        return event if isinstance(event, dict) else None
+
+
+@dataclass(frozen=True, slots=True)
+class ArchiveProblem:
+    """A line of the archive that holds no record; replay reports it."""
+
+    file: str
+    line: int
+    reason: str
+
+    def __str__(self) -> str:
+        return f"{self.file}:{self.line}: {self.reason}"
+
+
+def decode_line(line: bytes) -> dict[str, Any] | str:
+    """The record a line holds, or why it holds none (never raises)."""
+    try:
+        record = orjson.loads(line)
+    except orjson.JSONDecodeError as error:
+        return f"not JSON ({error})"
+    if not isinstance(record, dict):
+        return "not a JSON object"
+    if type(record.get("seq")) is not int or not isinstance(record.get("prev"), str):
+        return "not a record (no seq or prev)"
+    return record
+
+
+def segment_paths(directory: Path) -> list[Path]:
+    """The segments of an archive, in order (``.tmp`` and other files left out)."""
+    found = []
+    for path in directory.iterdir():
+        name = path.name
+        number = name[len(_PREFIX) :].split(".", 1)[0]
+        if name.startswith(_PREFIX) and name.endswith((_PLAIN, _PACKED)) and number.isdigit():
+            found.append((int(number), path))
+    return [path for _, path in sorted(found)]
+
+
+def iter_archive(
+    directory: str | Path, *, max_line: int = MAX_LINE_BYTES
+) -> Iterator[ArchivedEvent | ArchiveProblem]:
+    """Every record of the archive in archive order (each stream's entries in id order),
+    across plain and gzip segments, one line at a time: memory holds a line (at most
+    ``max_line`` bytes), never the archive. A line that holds no record is yielded as
+    an :class:`ArchiveProblem` and reading goes on; an incomplete final line (a write
+    torn by a crash) is one too. Raises ArchiveError only when the directory or a
+    segment cannot be read at all."""
+    root = Path(directory)
+    if not root.is_dir():
+        raise ArchiveError(f"{root}: no such archive directory")
+    try:
+        for path in segment_paths(root):
+            opener = gzip.open if path.name.endswith(_PACKED) else open
+            with opener(path, "rb") as file:
+                yield from _records(file, path.name, max_line)
+    except (OSError, EOFError) as error:  # unreadable, or a gzip stream cut short
+        raise ArchiveError(f"{root}: cannot read the archive: {error}") from None
+
+
+class _Lines(Protocol):
+    def readline(self, size: int = -1, /) -> bytes: ...
+
+
+def _records(file: _Lines, name: str, max_line: int) -> Iterator[ArchivedEvent | ArchiveProblem]:
+    number = 0
+    while raw := file.readline(max_line + 1):
+        number += 1
+        if len(raw) > max_line and not raw.endswith(b"\n"):
+            while (rest := file.readline(1 << 20)) and not rest.endswith(b"\n"):
+                pass  # the rest of the line, a chunk at a time
+            yield ArchiveProblem(name, number, f"line longer than {max_line:,} bytes")
+            continue
+        if not raw.endswith(b"\n"):
+            yield ArchiveProblem(name, number, "incomplete final line (torn write)")
+            continue
+        line = raw[:-1]
+        if not line:
+            continue
+        decoded = decode_line(line)
+        if isinstance(decoded, str):
+            yield ArchiveProblem(name, number, decoded)
+        else:
+            yield ArchivedEvent(name, number, line, decoded)
 
 
 def read_archive(directory: str | Path) -> Iterator[tuple[bytes, dict[str, Any]]]:
     """Every ``(line, record)`` of the archive in order, across plain and gzip segments.
 
-    Raises ArchiveError for a missing directory or a line that is not JSON
-    (naming the segment and line number); chain checks are replay's job.
+    Raises ArchiveError for a missing directory or a line that holds no record
+    (naming the segment and line number); :func:`iter_archive` goes on instead.
+    Chain checks are replay's job.
     """
-    root = Path(directory)
-    if not root.is_dir():
-        raise ArchiveError(f"{root}: no such archive directory")
-    for path in _segments(root):
-        opener = gzip.open if path.name.endswith(_PACKED) else open
-        with opener(path, "rb") as file:
-            for number, raw in enumerate(file, 1):
-                line = raw.rstrip(b"\n")
-                if not line:
-                    continue
-                try:
-                    record = orjson.loads(line)
-                except orjson.JSONDecodeError as error:
-                    raise ArchiveError(f"{path.name}:{number}: not JSON ({error})") from None
-                if not isinstance(record, dict):
-                    raise ArchiveError(f"{path.name}:{number}: not a JSON object")
-                yield line, record
+    for item in iter_archive(directory):
+        if isinstance(item, ArchiveProblem):
+            raise ArchiveError(str(item))
+        yield item.line, item.record

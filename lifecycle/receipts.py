@@ -20,30 +20,51 @@ pending in it are archived and acknowledged at start. That argument needs one
 receipts worker per archive and partition; the archive directory's lock
 enforces the first half. The worker also trims the engine streams with rqse's
 ``trim_acknowledged`` (only entries every group, this one included, is past),
-so streams stay bounded.
+so streams stay bounded; never a stream whose receipts group is missing or
+ahead of the archive.
+
+It stops only when told (``stop()``, SIGTERM/SIGINT through
+:mod:`rqse.shutdown`). An entry it cannot decode is archived with the value raw
+(:func:`lifecycle.archive.entry_record`); a disk that refuses the flush is
+retried with backoff, said once per state, and nothing moves past it; any other
+error is logged and backed off from, the unflushed batch dropped and read again.
+The line format, including the fast path that copies values as written, is
+:mod:`lifecycle.archive`'s; the files are :mod:`lifecycle.segments`'.
 """
 
 from __future__ import annotations
 
 import logging
-import signal
 import threading
 import time
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from itertools import chain
 from typing import Any
 
 import orjson
 import redis
 
-from lifecycle.archive import Sink, id_order
+from lifecycle.archive import (
+    MAX_BRACKETS,
+    ArchiveError,
+    EntryShape,
+    EntryShapes,
+    Sink,
+    all_plain,
+    each_json,
+    entry_record,
+    fits_a_line,
+    has_long_digits,
+    id_order,
+    joined_values,
+    raw_record,
+)
 from lifecycle.events import START_WORKFLOW
 from lifecycle.keys import LIFECYCLE_GROUP, RECEIPTS_GROUP, TASK_GROUP, Keys
-from rqse.events import decode_lenient
+from rqse.backoff import Backoff
 from rqse.fastpipe import execute
-from rqse.keys import dead_letter_key
+from rqse.keys import DEAD_LETTER_SUFFIX, dead_letter_key
+from rqse.shutdown import SignalHandlers
 from rqse.trim import trim_acknowledged
 
 __all__ = ["ReceiptsStats", "ReceiptsWorker"]
@@ -52,14 +73,9 @@ log = logging.getLogger(__name__)
 
 _loads = orjson.loads
 _dumps = orjson.dumps
-_consume = deque(maxlen=0).extend  # runs an iterator to its end, keeping nothing
 RECEIPTS_GROUP_BYTES = RECEIPTS_GROUP.encode()
 DEFAULT_CONSUMER = "receipts"  # stable: finds what an older worker of this name left pending
-_MAX_SHAPES = 1024  # field-name tuples remembered per stream (engine events have a handful)
-_CHECKED_TOGETHER = 128  # entries whose values one parse checks (_all_plain)
-# Brackets a record may hold and be copied as is. orjson reads 1,024 levels, and a line
-# holds an event's values two levels deep: brackets count at least a value's depth.
-_MAX_BRACKETS = 1000
+_CHECKED_TOGETHER = 128  # entries whose values one parse checks (all_plain)
 
 
 def _order(entry_id: bytes) -> int:
@@ -69,140 +85,6 @@ def _order(entry_id: bytes) -> int:
     return int(ms) << 64 | int(seq or 0)
 
 
-def _decode(fields: list[bytes]) -> dict[str, Any]:
-    """The entry's fields decoded per the wire format; a value that is not JSON is text.
-    NaN and Infinity, which ``json.dumps`` writes, are archived as null, as the engine's
-    own encoder writes them."""
-    mapping = dict(zip(fields[0::2], fields[1::2], strict=True))
-    try:  # the wire format's common case, at a third of decode_lenient's cost
-        return {name.decode(): _loads(value) for name, value in mapping.items()}
-    except (orjson.JSONDecodeError, UnicodeDecodeError):
-        return decode_lenient(mapping)
-
-
-def _decode_writable(fields: list[bytes]) -> dict[str, Any]:
-    """:func:`_decode` for an event an archive line cannot hold as decoded (a value
-    nested deeper than orjson writes, an integer past 64 bits, a lone surrogate): field
-    by field, such a value kept as text."""
-    event = {}
-    for name, raw in zip(fields[0::2], fields[1::2], strict=True):
-        (text, value), *_ = decode_lenient({name: raw}).items()
-        try:
-            _dumps([[value]])  # in the line: the record, then the event
-        except orjson.JSONEncodeError:
-            value = raw.decode("utf-8", "replace")
-        event[text] = value
-    return event
-
-
-def _joined(values_lists: list[list[bytes] | None]) -> tuple[bytes, int]:
-    """The values of these lists (an entry's values each, None for a deleted entry)
-    as one array with a ``null`` between each two, ``[v0,null,v1,null,v2]``, and how
-    many they are (:func:`_all_plain`)."""
-    values = list(chain.from_iterable(filter(None, values_lists)))
-    return b"[" + b",null,".join(values) + b"]", len(values)
-
-
-def _all_plain(text: bytes, count: int) -> bool:
-    """True if each of the ``count`` values joined in ``text`` (:func:`_joined`) is
-    JSON on its own and holds no line break or carriage return, told by one parse of
-    them all instead of one per value (the calls cost more than the parsing); False if
-    it cannot be told so: each entry is then checked on its own.
-
-    Suppose the text holds no ``null`` but the n - 1 of the separators (``null`` has no
-    other spelling: no escape, no number form), it parses, and its odd elements are all
-    None. Each None comes from a null outside any string, so every separator's null is
-    one, at the top level, and so are the commas around it. Between two such commas (or
-    a bracket and a comma) the array holds one element, made of one value's bytes
-    alone, tokenised as they are on their own (no token runs past those commas): each
-    value is one JSON value on its own.
-
-    Values each JSON on their own always join into such a text, unless one holds
-    ``null`` or is nested to orjson's depth limit (the array adds a level).
-    """
-    if not count:
-        return True
-    if 10 in text or 13 in text or text.count(b"null") != count - 1:
-        return False
-    try:
-        parsed = _loads(text)
-    except orjson.JSONDecodeError:
-        return False
-    return len(parsed) == 2 * count - 1 and parsed[1::2].count(None) == count - 1
-
-
-def _fits_a_line(record: bytes) -> bool:
-    """A record copied from its values' bytes still makes one line the archive reads back:
-    no line break or carriage return in it (JSON whitespace, yet they would end the
-    line), and not too deep for the reader (its brackets bound its depth)."""
-    return (
-        10 not in record
-        and 13 not in record
-        and record.count(b"[") + record.count(b"{") <= _MAX_BRACKETS
-    )
-
-
-def _each_json(values: list[bytes]) -> bool:
-    """Every value JSON on its own, parsed one by one (as decoding parses them)."""
-    try:
-        _consume(map(_loads, values))
-    except orjson.JSONDecodeError:
-        return False
-    return True
-
-
-def _literal(text: bytes) -> bytes:
-    """``text`` as a constant part of a bytes format."""
-    return text.replace(b"%", b"%%")
-
-
-@dataclass(frozen=True, slots=True)
-class _Shape:
-    """How the entries of one stream with one tuple of field names are encoded without
-    being decoded: ``record % (entry id, *values)`` is the entry's record as orjson
-    spells it, without its opening brace (what ``SegmentSink.write_encoded`` takes).
-    Only the values' bytes may differ from a re-encoding: the writer's own number
-    spelling and escapes are kept."""
-
-    record: bytes
-    start_at: tuple[int, int] | None  # where kind and graph are, when both are fields
-
-    @classmethod
-    def of(cls, stream: str, names: tuple[bytes, ...]) -> _Shape | None:
-        """None if a name is not UTF-8 or is repeated: those entries are decoded."""
-        try:
-            texts = [name.decode() for name in names]
-        except UnicodeDecodeError:
-            return None
-        if len(set(texts)) != len(texts):
-            return None
-        # An entry id is digits and a dash (Redis makes them): nothing in it to escape.
-        head = b'"stream":' + _literal(orjson.dumps(stream)) + b',"id":"%b","event":{'
-        members = b",".join(_literal(orjson.dumps(text)) + b":%b" for text in texts)
-        start_at = None
-        if "kind" in texts and "graph" in texts:
-            start_at = texts.index("kind"), texts.index("graph")
-        return cls(head + members + b"}}", start_at)
-
-
-class _Shapes:
-    """The shapes of one stream's entries, by field names (at most ``_MAX_SHAPES``)."""
-
-    __slots__ = ("_known", "stream")
-
-    def __init__(self, stream: str) -> None:
-        self.stream = stream
-        self._known: dict[tuple[bytes, ...], _Shape | None] = {}
-
-    def of(self, names: list[bytes]) -> _Shape | None:
-        key = tuple(names)
-        if key not in self._known:
-            if len(self._known) >= _MAX_SHAPES:
-                self._known.clear()
-            self._known[key] = _Shape.of(self.stream, key)
-        return self._known[key]
-
-
 @dataclass
 class ReceiptsStats:
     archived: int = 0  # entries written
@@ -210,11 +92,22 @@ class ReceiptsStats:
     gone: int = 0  # entries an older worker left pending, deleted before they were archived
     batches: int = 0
     trimmed: int = 0
+    raw: int = 0  # entries archived with a value kept raw (lifecycle.archive.entry_record)
+    refused_flushes: int = 0  # flushes the sink refused (disk full, read-only), retried
+    errors: int = 0  # unexpected errors the loop logged and backed off from
     peak_lengths: dict[str, int] = field(default_factory=dict)  # XLEN seen before each trim
 
 
 class ReceiptsWorker:
-    """Archive the engine's streams into ``sink``. ``run()`` until ``stop()`` or a signal."""
+    """Archive the engine's streams into ``sink``. ``run()`` until ``stop()`` or a signal.
+
+    It never stops on its own for what an entry holds (an undecodable value is archived
+    raw) or for a disk that refuses writes (flushes are retried with backoff, saying so
+    once per state, and nothing is acknowledged or trimmed past what is durable). After
+    ``stop()`` (or SIGTERM/SIGINT, with :meth:`install_signal_handlers`) it finishes the
+    batch in hand for at most ``drain_timeout`` seconds; a batch the disk still refuses
+    then is left to be read again at the next start.
+    """
 
     def __init__(
         self,
@@ -227,6 +120,8 @@ class ReceiptsWorker:
         block_ms: int = 500,
         rescan_every: float = 1.0,
         trim_every: float | None = 1.0,
+        drain_timeout: float = 10.0,
+        retry_max: float = 5.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.client = client
@@ -237,6 +132,10 @@ class ReceiptsWorker:
         self.block_ms = block_ms
         self.rescan_every = rescan_every
         self.trim_every = trim_every
+        self.drain_timeout = drain_timeout
+        if not retry_max > 0:
+            raise ValueError(f"retry_max must be > 0 seconds, got {retry_max!r}")
+        self.retry_max = retry_max  # longest wait between two tries (refused flushes, errors)
         self.clock = clock
         self.stats = ReceiptsStats()
         self.streams: list[str] = []
@@ -246,53 +145,127 @@ class ReceiptsWorker:
         self._write_encoded: Callable[[list[Any], dict[str, str]], None] | None = getattr(
             sink, "write_encoded", None
         )
-        self._shapes: dict[str, _Shapes] = {}
+        self._shapes: dict[str, EntryShapes] = {}
         self._stopping = threading.Event()
-        self._signals = 0
+        self._deadline = float("inf")  # once stopping: when the batch in hand is given up
+        self._signals = SignalHandlers(self._on_signal)
+        self._said: set[str] = set()  # keys whose problem was logged (_say_once)
 
     # -- control -------------------------------------------------------------------
     def stop(self) -> None:
-        """Finish the batch in hand, then return from ``run()``; idempotent, thread-safe."""
-        self._stopping.set()
+        """Finish the batch in hand (within ``drain_timeout``), then return from
+        ``run()``; idempotent, thread-safe."""
+        if not self._stopping.is_set():
+            self._deadline = self.clock() + self.drain_timeout
+            self._stopping.set()
 
-    def install_signal_handlers(self) -> None:
-        """SIGTERM/SIGINT: stop after the batch in hand; a second one exits at once."""
+    def install_signal_handlers(self) -> bool:
+        """SIGTERM/SIGINT: stop after the batch in hand; a second one exits at once
+        (``SystemExit(128 + signum)``: nothing unflushed was acknowledged). Only from
+        the main thread; True if installed. ``run()`` restores the previous handlers."""
+        return self._signals.install()
 
-        def handler(signum: int, _frame: Any) -> None:
-            self._signals += 1
-            if self._signals > 1:
-                raise SystemExit(128 + signum)
-            self.stop()
-
-        signal.signal(signal.SIGTERM, handler)
-        signal.signal(signal.SIGINT, handler)
+    def _on_signal(self, signum: int) -> None:
+        # Only flags: the loop sees them between two steps.
+        if self._stopping.is_set() and self._signals.received:
+            raise SystemExit(128 + signum)
+        self._signals.received = signum
+        self.stop()
 
     def run(self, idle_timeout: float | None = None) -> ReceiptsStats:
         """Archive until stopped (or until nothing arrived for ``idle_timeout`` seconds)."""
         next_rescan = next_trim = 0.0
         last_entry = self.clock()
-        while not self._stopping.is_set():
-            try:
-                now = self.clock()
-                if now >= next_rescan:
-                    self._discover()
-                    next_rescan = now + self.rescan_every
-                if self.trim_every is not None and now >= next_trim:
-                    self._trim()
-                    next_trim = now + self.trim_every
-                if self._read(self.block_ms):
-                    last_entry = self.clock()
-                elif idle_timeout is not None and self.clock() - last_entry >= idle_timeout:
+        backoff = Backoff(initial=min(0.5, self.retry_max), maximum=self.retry_max)
+        try:
+            while not self._stopping.is_set():
+                try:
+                    now = self.clock()
+                    if now >= next_rescan:
+                        self._discover()
+                        next_rescan = now + self.rescan_every
+                    if self.trim_every is not None and now >= next_trim:
+                        self._trim()
+                        next_trim = now + self.trim_every
+                    if self._read(self.block_ms):
+                        last_entry = self.clock()
+                    elif idle_timeout is not None and self.clock() - last_entry >= idle_timeout:
+                        break
+                    backoff.reset()
+                except _Stopped:
                     break
-            except redis.ConnectionError as error:
-                # Redis away: reading resumes from the archive's last ids once the
-                # streams are joined again.
-                log.warning("receipts: Redis unavailable (%s); retrying in 1s", error)
-                self.streams = []
-                self._stopping.wait(1.0)
-                next_rescan = 0.0
-        self.sink.flush()
+                except redis.ConnectionError as error:
+                    # Redis away: reading resumes from the archive's last ids once the
+                    # streams are joined again.
+                    log.warning("receipts: Redis unavailable (%s); retrying in 1s", error)
+                    self._discard()
+                    self.streams = []
+                    self._stopping.wait(1.0)
+                    next_rescan = 0.0
+                except Exception:  # noqa: BLE001 - logged; the loop is the last line
+                    # Whatever went wrong, nothing unflushed was acknowledged: rejoin the
+                    # streams (positions from the archive) and try again, backing off.
+                    delay = backoff.next_delay()
+                    self.stats.errors += 1
+                    log.exception("receipts: unexpected error; retrying in %.1fs", delay)
+                    self._discard()
+                    self.streams = []
+                    self._stopping.wait(delay)
+                    next_rescan = 0.0
+        finally:
+            self._signals.restore()
+            if self._signals.received:
+                log.info("receipts: stopped on signal %s", self._signals.received)
+        try:
+            self.sink.flush()  # a sink other than SegmentSink may hold writes until now
+        except (ArchiveError, OSError) as error:
+            log.warning("receipts: last flush refused (%s); read again at the next start", error)
         return self.stats
+
+    def _flush(self) -> None:
+        """Flush the sink until it takes the batch; the disk refusing (full, read-only)
+        is retried with backoff and said once per state ("archive disk full at PATH;
+        retrying"), and once more when it passes. Stopped meanwhile, and past the drain
+        deadline, the batch is given up (:class:`_Stopped`): nothing was acknowledged."""
+        backoff = Backoff(initial=min(0.05, self.retry_max), maximum=self.retry_max)
+        said: str | None = None
+        while True:
+            try:
+                self.sink.flush()
+            except (ArchiveError, OSError) as error:
+                self.stats.refused_flushes += 1
+                state = str(error)
+                if state != said:
+                    log.error("%s; retrying", state)
+                    said = state
+                if not self._pause(backoff.next_delay()):
+                    self._discard()
+                    log.warning("receipts: stopping with the batch in hand not archived (%s)", said)
+                    raise _Stopped from None
+                continue
+            if said is not None:
+                log.warning("receipts: archive writable again (was: %s); archiving resumes", said)
+            return
+
+    def _discard(self) -> None:
+        """Drop what the sink holds unflushed: those entries are read again (from the
+        archive's last ids), and must not be archived twice."""
+        discard = getattr(self.sink, "discard", None)
+        if discard is not None:
+            discard()
+
+    def _pause(self, delay: float) -> bool:
+        """Wait ``delay`` seconds before another try; False once stopping and past the
+        drain deadline (the wait ends there)."""
+        if not self._stopping.is_set():
+            self._stopping.wait(delay)
+            if not self._stopping.is_set():
+                return True
+        remaining = self._deadline - self.clock()
+        if remaining <= 0:
+            return False
+        time.sleep(min(delay, remaining))
+        return True
 
     # -- steps ---------------------------------------------------------------------
     def _discover(self) -> None:
@@ -300,15 +273,20 @@ class ReceiptsWorker:
         pending in the group, then read on from the archive's last id (or the group's,
         if further: an archive started after the group sees what comes next)."""
         keys = self.keys
+        try:
+            kinds = self.client.smembers(keys.kinds)
+        except redis.ResponseError as error:  # not a set: the task streams wait for one
+            self._say_once(keys.kinds, f"{keys.kinds}: task kinds not readable ({error})")
+            kinds = set()
         bases = [keys.lifecycle] + sorted(
-            keys.tasks(kind.decode()) for kind in self.client.smembers(keys.kinds)
+            keys.tasks(kind.decode() if isinstance(kind, bytes) else str(kind)) for kind in kinds
         )
         wanted = [s for base in bases for s in (base, dead_letter_key(base))]
         new = []
         for stream in wanted:
             if stream in self.streams:
                 continue
-            dead = stream.endswith(":dead")
+            dead = stream.endswith(DEAD_LETTER_SUFFIX)
             if dead and not self.client.exists(stream):
                 continue  # created by the first dead letter; joined at a later rescan
             try:
@@ -316,7 +294,10 @@ class ReceiptsWorker:
                 self.client.xgroup_create(stream, RECEIPTS_GROUP, id="0", mkstream=not dead)
             except redis.ResponseError as error:
                 if "BUSYGROUP" not in str(error):
-                    raise
+                    # Not a stream (WRONGTYPE): the others are archived all the same;
+                    # tried again at every rescan.
+                    self._say_once(stream, f"{stream}: not archived ({error})")
+                    continue
             new.append(stream)
         for stream in new:
             self._claim_orphans(stream)
@@ -332,6 +313,12 @@ class ReceiptsWorker:
                 archived if archived and id_order(archived) >= id_order(delivered) else delivered
             )
         self.streams.extend(new)
+
+    def _say_once(self, key: str, message: str) -> None:
+        """Log a problem with a key once (it is met again at every rescan)."""
+        if key not in self._said:
+            self._said.add(key)
+            log.error("receipts: %s", message)
 
     def _claim_orphans(self, stream: str) -> None:
         """Take over entries a previous receipts consumer of another name left pending."""
@@ -368,7 +355,7 @@ class ReceiptsWorker:
     def _read_pending(self, stream: str) -> int:
         """Entries this consumer holds pending in the group (left by an older worker):
         archive those not archived yet, acknowledge all. Returns how many were read."""
-        command = ["XREADGROUP", "GROUP", RECEIPTS_GROUP, self.consumer]
+        command: list[str | int] = ["XREADGROUP", "GROUP", RECEIPTS_GROUP, self.consumer]
         command += ["COUNT", self.batch_size, "STREAMS", stream, "0"]
         entries = self._archive(self._reply(command)).get(stream)
         if not entries:
@@ -424,7 +411,7 @@ class ReceiptsWorker:
                 self._write_encoded(batch, written)
             else:
                 self.sink.write(batch)
-            self.sink.flush()  # durable before the group moves: the whole guarantee
+            self._flush()  # durable before the group moves: the whole guarantee
             self.stats.archived += archived
             self._last.update(written)
         if read:
@@ -449,27 +436,30 @@ class ReceiptsWorker:
     ) -> None:
         """Add the entries' records to ``batch`` encoded from their own JSON values
         (``SegmentSink.write_encoded``), not decoded and encoded again. Their values are
-        checked a chunk at a time (:func:`_all_plain`): in a chunk that cannot be checked
+        checked a chunk at a time (:func:`all_plain`): in a chunk that cannot be checked
         so (a value with null in it) each entry's values are parsed on their own, and in
-        one with many brackets each record's brackets are counted (:func:`_fits_a_line`)."""
-        shapes = self._shapes.get(stream) or self._shapes.setdefault(stream, _Shapes(stream))
+        one with many brackets each record's brackets are counted (:func:`fits_a_line`)."""
+        shapes = self._shapes.get(stream) or self._shapes.setdefault(stream, EntryShapes(stream))
         for start in range(0, len(entries), _CHECKED_TOGETHER):
             self._add_chunk(shapes, entries[start : start + _CHECKED_TOGETHER], batch, graphs)
 
     def _add_chunk(
-        self, shapes: _Shapes, entries: list[Any], batch: list[Any], graphs: set[str]
+        self, shapes: EntryShapes, entries: list[Any], batch: list[Any], graphs: set[str]
     ) -> None:
         """The worker's hot loop. An entry that is not plain is decoded instead
         (:meth:`_add_decoded`): a name not UTF-8 or repeated, a value that is not JSON
-        on its own, a record that would not make a line (:func:`_fits_a_line`)."""
+        on its own, a record that would not make a line (:func:`fits_a_line`)."""
         stream = shapes.stream
         values_lists = [fields[1::2] if fields else None for _, fields in entries]
-        text, count = _joined(values_lists)
-        checked = _all_plain(text, count)
+        text, count = joined_values(values_lists)
+        checked = all_plain(text, count)
         # The chunk's brackets bound the depth of each value, as a record's bound its own.
-        shallow = text.count(b"[") + text.count(b"{") <= _MAX_BRACKETS
+        shallow = text.count(b"[") + text.count(b"{") <= MAX_BRACKETS
+        # An integer past 64 bits is kept raw (entry_record): entries with 19 digits in
+        # a row, rare (ids and ms times have 13), take the decoding path, which tells.
+        long_digits = has_long_digits(text)
         names_before: list[bytes] | None = None
-        shape: _Shape | None = None
+        shape: EntryShape | None = None  # that of names_before
         append = batch.append
         for (entry_id, fields), values in zip(entries, values_lists, strict=True):
             if fields:
@@ -479,11 +469,13 @@ class ReceiptsWorker:
                 if names != names_before:
                     names_before, shape = names, shapes.of(names)
             record = None
-            if values is not None and shape is not None and (checked or _each_json(values)):
+            if long_digits and values is not None and any(map(has_long_digits, values)):
+                shape = names_before = None  # the next entry looks its shape up again
+            if values is not None and shape is not None and (checked or each_json(values)):
                 record = shape.record % (entry_id, *values)
-                if not ((checked and shallow) or _fits_a_line(record)):
+                if not ((checked and shallow) or fits_a_line(record)):
                     record = None
-            if record is None:
+            if record is None or shape is None or values is None:
                 self._add_decoded(stream, entry_id, fields, batch, graphs)
                 continue
             if shape.start_at is not None:
@@ -511,19 +503,27 @@ class ReceiptsWorker:
         The record is encoded here, once: a value it cannot hold is found now and kept
         as text, rather than failing the batch in the sink at every start."""
         id_text = entry_id.decode()
-        if not fields:  # say so rather than hide the gap
-            batch.append({"stream": stream, "id": id_text, "gone": True})
+        if not fields:
             self.stats.gone += 1
-            return
-        event = _decode(fields)
-        if event.get("kind") == START_WORKFLOW:
-            self._add_graph(event.get("graph"), batch, graphs)
-        record = {"stream": stream, "id": id_text, "event": event}
         try:
+            record = entry_record(stream, id_text, fields)
+            if record.get("event", {}).get("kind") == START_WORKFLOW:
+                self._add_graph(record["event"].get("graph"), batch, graphs)
             line = _dumps(record)
-        except orjson.JSONEncodeError:
-            record["event"] = _decode_writable(fields)
+        except redis.RedisError:
+            raise  # the graph's GET: the loop's business
+        except Exception:  # noqa: BLE001 - an entry must never stop the worker
+            log.exception("%s %s: archived raw (not encodable)", stream, id_text)
+            record = raw_record(stream, id_text, fields or [])
             line = _dumps(record)
+        if "raw" in record:
+            self.stats.raw += 1
+            log.warning(
+                "%s %s: fields %s not decodable; archived raw (base64)",
+                stream,
+                id_text,
+                ", ".join(sorted(record["raw"])),
+            )
         # Without its opening brace, the line is the record as write_encoded takes it.
         batch.append(line[1:] if self._write_encoded is not None else record)
 
@@ -532,8 +532,14 @@ class ReceiptsWorker:
         replay needs it, and it lives in a Redis key, not in any stream."""
         if not isinstance(digest, str) or digest in graphs or self.sink.has_graph(digest):
             return
-        text = self.client.get(self.keys.graph(digest))
-        if text is not None:
+        try:
+            text = self.client.get(self.keys.graph(digest))
+        except redis.ResponseError as error:
+            # Not a string key (WRONGTYPE): the same at every try, so never retried;
+            # the start-workflow is archived, and replay reports the missing graph.
+            log.warning("graph %s: not archived (%s)", digest, error)
+            return
+        if isinstance(text, bytes):
             # Not UTF-8 (not the engine's writing): kept, and replay reports it (no hash match).
             batch.append({"graph": digest, "text": text.decode("utf-8", "replace")})
             graphs.add(digest)
@@ -543,16 +549,30 @@ class ReceiptsWorker:
 
         Only streams whose engine group exists: with the receipts group alone on a
         task stream, trimming would drop start-tasks no task worker has seen yet.
-        Dead-letter streams are left for operators (they are archived all the same).
+        Only streams whose receipts group exists and stands at or before what this
+        worker archived: the trim's bound is the lowest group position, and a
+        receipts group ahead of the archive (moved by hand, re-created, an archive
+        restored from a backup) must not let unarchived entries go. Dead-letter
+        streams are left for operators (they are archived all the same).
         """
         for stream in self.streams:
-            if stream.endswith(":dead"):
+            if stream.endswith(DEAD_LETTER_SUFFIX):
                 continue
             engine_group = LIFECYCLE_GROUP if stream == self.keys.lifecycle else TASK_GROUP
-            groups = {g["name"].decode() for g in self.client.xinfo_groups(stream)}
-            if engine_group not in groups:
+            groups = {g["name"].decode(): g for g in self.client.xinfo_groups(stream)}
+            receipts = groups.get(RECEIPTS_GROUP)
+            if engine_group not in groups or receipts is None:
+                continue
+            archived = self._last.get(stream)
+            delivered = receipts["last-delivered-id"]
+            delivered = delivered.decode() if isinstance(delivered, bytes) else str(delivered)
+            if archived is None or id_order(delivered) > id_order(archived):
                 continue
             length = int(self.client.xlen(stream))
             peak = self.stats.peak_lengths
             peak[stream] = max(peak.get(stream, 0), length)
             self.stats.trimmed += trim_acknowledged(self.client, stream).removed
+
+
+class _Stopped(Exception):
+    """Stopping, with the batch in hand given up (internal to the worker)."""

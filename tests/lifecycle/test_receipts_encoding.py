@@ -14,10 +14,12 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from lifecycle.archive import SegmentSink, line_hash, read_archive
-from lifecycle.receipts import ReceiptsWorker, _all_plain, _joined
+from lifecycle.archive import SegmentSink, line_hash, raw_value, read_archive
+from lifecycle.archive import all_plain as _all_plain
+from lifecycle.archive import joined_values as _joined
+from lifecycle.receipts import ReceiptsWorker
 from lifecycle.verify import check_chain
-from rqse.events import decode_lenient
+from tests.lifecycle.archive_oracle import expected_fields
 
 # CI's size; RECEIPTS_ENCODING_EXAMPLES=20000 (with -o timeout=0) for the full one.
 EXAMPLES = int(os.environ.get("RECEIPTS_ENCODING_EXAMPLES", "200"))
@@ -53,16 +55,6 @@ names = text.map(str.encode) | st.sampled_from([b"kind", b"graph", b"\xff", b"%s
 def _reply(stream: bytes, entries: list[list[Any]]) -> list[Any]:
     """An XREAD reply as hiredis gives it (RESP2): [[stream, [[id, fields], ...]]]."""
     return [[stream, entries]]
-
-
-def _decoded(fields: list[bytes]) -> dict[str, Any]:
-    """The event as the decoding path archives it, read back."""
-    mapping = dict(zip(fields[0::2], fields[1::2], strict=True))
-    try:
-        event = {name.decode(): orjson.loads(value) for name, value in mapping.items()}
-    except (orjson.JSONDecodeError, UnicodeDecodeError):
-        event = decode_lenient(mapping)
-    return orjson.loads(orjson.dumps(event))
 
 
 class _NoGraphs:
@@ -106,8 +98,9 @@ def _check(stream: str, entries: list[list[Any]], lines: list[tuple[bytes, Any]]
         if fields is None:
             assert record["gone"] is True
             continue
-        event = _decoded(fields)
+        event, raw = expected_fields(fields)
         assert record["event"] == event
+        assert {name: raw_value(record, name) for name in record.get("raw", {})} == raw
         if _engine(fields):
             head = {key: record[key] for key in ("seq", "prev", "stream", "id")}
             assert line == orjson.dumps({**head, "event": event})
@@ -157,7 +150,8 @@ def test_entries_checked_a_chunk_at_a_time_each_read_back_as_decoded(tmp_path: P
         entries.append([b"1700000000000-%d" % number, fields])
     lines = _archive("{flow}:lifecycle", entries, tmp_path)
     _check("{flow}:lifecycle", entries, lines)
-    assert lines[1 + 140][1]["event"]["output"] == '{"n":1'  # kept as text
+    assert raw_value(lines[1 + 140][1], "output") == b'{"n":1'  # kept raw, exact
+    assert "output" not in lines[1 + 140][1]["event"]
     assert lines[1 + 290][1]["event"]["output"] == {"n": 1}
 
 
@@ -220,6 +214,8 @@ def test_write_encoded_lines_equal_the_dict_records_lines_and_a_failed_batch_kee
     )
     with pytest.raises(TypeError):  # a record orjson cannot write: nothing of it is kept
         fast.write_encoded([encoded, {"graph": object()}], {"s%": "2-0"})
+    assert fast.last_ids() == {}  # nothing counts before a flush
+    fast.flush()
     assert fast.last_ids() == {"s%": "1-1"}
     fast.write_encoded([encoded.replace(b"1-0", b"2-0")], {"s%": "2-0"})
     plain.write([{**record, "id": "2-0"}])
@@ -240,7 +236,7 @@ def _nested(depth: int) -> bytes:
     return b"[" * depth + b"]" * depth
 
 
-def test_a_value_too_deep_for_a_line_is_kept_as_text_and_no_entry_after_it_is_lost(
+def test_a_value_too_deep_for_a_line_is_kept_raw_and_no_entry_after_it_is_lost(
     tmp_path: Path,
 ) -> None:
     # 1,023 levels parse on their own but not two levels down in a line (orjson reads
@@ -252,8 +248,8 @@ def test_a_value_too_deep_for_a_line_is_kept_as_text_and_no_entry_after_it_is_lo
         for number, output in enumerate([b"1", deep, _nested(300), b"2", deep + b" "])
     ]
     lines = _archive("{flow}:lifecycle", entries, tmp_path)
-    outputs = [record["event"]["output"] for _, record in lines[1:]]
-    assert outputs == [1, deep.decode(), orjson.loads(_nested(300)), 2, (deep + b" ").decode()]
+    outputs = [r["event"].get("output", raw_value(r, "output")) for _, r in lines[1:]]
+    assert outputs == [1, deep, _nested(300), 2, deep + b" "]
     reopened = SegmentSink(tmp_path)
     assert reopened.last_ids() == {"{flow}:lifecycle": "1-4"}
     reopened.close()
@@ -266,7 +262,7 @@ def test_a_value_too_deep_for_a_line_is_kept_as_text_and_no_entry_after_it_is_lo
     ids=["lone-surrogate", "integer-past-64-bits", "deeper-than-orjson-writes"],
 )
 @pytest.mark.parametrize("encoded", [True, False], ids=["segment-sink", "dict-sink"])
-def test_a_value_an_archive_line_cannot_hold_as_json_is_kept_as_text(
+def test_a_value_an_archive_line_cannot_hold_as_json_is_kept_raw_and_exact(
     tmp_path: Path, value: bytes, encoded: bool
 ) -> None:
     # A name that is not UTF-8 sends the entry down the decoding path.
@@ -297,8 +293,9 @@ def test_a_value_an_archive_line_cannot_hold_as_json_is_kept_as_text(
         sink = JsonLinesSink()
         ReceiptsWorker(_NoGraphs(), sink, trim_every=None)._archive(_reply(b"s", entries))  # type: ignore[arg-type]
         records = [orjson.loads(line) for line in sink.lines]
-    assert [record["event"]["output"] for record in records] == [value.decode(), 2]
-    assert records[0]["event"]["\ufffd"] == 1
+    assert raw_value(records[0], "output") == value and "output" not in records[0]["event"]
+    assert records[1]["event"]["output"] == 2 and "raw" not in records[1]
+    assert raw_value(records[0], "\\xff") == b"1"  # a name that is not UTF-8, escaped
 
 
 def test_segments_smaller_than_their_checkpoint_rotate_once_per_flush(tmp_path: Path) -> None:
@@ -322,9 +319,9 @@ def test_a_torn_last_line_is_dropped_on_opening_and_reported(
     (segment,) = tmp_path.glob("segment-*")
     with open(segment, "ab") as file:
         file.write(b'{"seq":2,"prev":"ab')  # a crash in the middle of a write
-    with caplog.at_level("WARNING", logger="lifecycle.archive"):
+    with caplog.at_level("WARNING", logger="lifecycle.segments"):
         reopened = SegmentSink(tmp_path)
     assert reopened.last_ids() == {"s": "1-0"}
     reopened.close()
-    assert "dropping 19 bytes after line 2" in caplog.text
+    assert "jsonl:3: dropping an incomplete final line (19 bytes" in caplog.text
     assert [record.get("id") for _, record in read_archive(tmp_path)] == [None, "1-0"]
