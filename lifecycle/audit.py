@@ -14,7 +14,7 @@ from typing import Any
 import redis
 
 from lifecycle import events as ev
-from lifecycle.archive import read_archive
+from lifecycle.archive import ArchiveProblem, iter_archive
 from lifecycle.keys import Keys
 from lifecycle.replay import (
     BEHIND,
@@ -132,7 +132,11 @@ def audit_archive(
             item.diverge("", None, f"workflow {item.workflow}: replay failed: {error}")
         report.add(item, keep)
 
-    for number, (line, record) in enumerate(read_archive(directory)):
+    for number, read in enumerate(iter_archive(directory)):
+        if isinstance(read, ArchiveProblem):  # kept as evidence; the chain check says more
+            report.chain.append(Finding(f"archive line {read}"))
+            continue
+        line, record = read.line, read.record
         report.records += 1
         checker.feed(line, record)
         while ended and ended[0][0] + _SETTLE_RECORDS <= number:

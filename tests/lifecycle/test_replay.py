@@ -184,3 +184,19 @@ def test_history_shows_the_same_timeline_from_live_data(
     (replayed,) = [w for w in audit_archive(directory, KEYS).workflows if w.workflow == "w5"]
     assert live["complete"] and live["state"] == "finished"
     assert live["timeline"] == replayed.summary()["timeline"]
+
+
+def test_a_corrupt_middle_line_is_reported_and_replay_goes_on(
+    archived: tuple[list[str], Path],
+) -> None:
+    ids, directory = archived
+    (segment,) = [p for p in directory.iterdir() if p.suffix == ".jsonl"][:1] or [None]
+    assert segment is not None
+    lines = segment.read_bytes().split(b"\n")
+    middle = len(lines) // 2
+    lines[middle] = b"{this is not json"
+    segment.write_bytes(b"\n".join(lines))
+    report = audit_archive(directory, KEYS)
+    assert not report.ok
+    assert any(f"{segment.name}:{middle + 1}" in f.message for f in report.chain)
+    assert report.replayed >= len(ids) - 1  # every workflow but the damaged one's is replayed
