@@ -52,8 +52,8 @@ def shown_raw(raw: bytes) -> str:
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError:
-        text = ""
-    if not text.isprintable() and raw:
+        text = "\0"  # not text: shown in base64 below
+    if not text.isprintable():
         text = "base64:" + base64.b64encode(raw[:RAW_SHOWN]).decode()
     return text if len(text) <= RAW_SHOWN else text[: RAW_SHOWN - 1] + "…"
 
@@ -113,7 +113,8 @@ def _json(raw: bytes) -> Any:
     try:
         return loads_value(raw, DEFAULT_LIMITS, "the value")
     except Exception as error:  # noqa: BLE001 - LimitExceeded, or anything a bad value raises
-        raise _Bad(str(error).removeprefix("the value ")) from None
+        message = str(error)
+        raise _Bad(message.removeprefix("the value is ").removeprefix("the value ")) from None
 
 
 def _opt(value: Any, kind: type, what: str) -> None:
