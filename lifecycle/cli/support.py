@@ -18,6 +18,7 @@ from typing import Any
 
 import orjson
 import redis
+from redis import exceptions as errors
 
 from flowlang.compiler import compile_text
 from flowlang.errors import FlowError
@@ -26,7 +27,7 @@ from flowlang.limits import DEFAULT_LIMITS, loads_value
 from lifecycle.errors import LifecycleError
 from lifecycle.keys import Keys
 from rqse.connection import RedisSettings
-from rqse.errors import ConfigurationError, RedisUnavailable, RqseError
+from rqse.errors import RedisCommandError, RedisUnavailable, RqseError
 
 __all__ = [
     "EXIT_ERROR",
@@ -142,28 +143,32 @@ def dispatch(args: argparse.Namespace) -> int:
 def describe_error(error: BaseException, context: Context) -> str:
     """The line shown for ``error``: the message of our own errors, a plain account of
     Redis's, and the type and message of anything else (a bug, shown without traceback)."""
-    if isinstance(error, (FlowError, LifecycleError, ConfigurationError)):
+    if isinstance(error, (RedisUnavailable, RedisCommandError)) and isinstance(
+        error.__cause__, redis.RedisError
+    ):
+        error = error.__cause__  # rqse's translation: describe what Redis said
+    if isinstance(error, (FlowError, LifecycleError, RqseError)):
         return str(error)
-    if isinstance(error, (redis.ConnectionError, redis.TimeoutError, RedisUnavailable)):
-        if isinstance(error, redis.AuthenticationError):
-            return f"Redis at {context.where} refused the credentials: {error}"
-        return f"cannot reach Redis at {context.where}: {error}"
-    if isinstance(error, redis.ResponseError):
-        text = str(error)
-        if text.startswith("OOM"):
-            return f"Redis at {context.where} is out of memory (maxmemory reached): {text}"
-        if text.startswith("READONLY"):
-            return f"Redis at {context.where} is read-only (a replica?): {text}"
-        if text.startswith(("NOAUTH", "WRONGPASS", "NOPERM")):
-            return f"Redis at {context.where} refused the command: {text}"
-        if text.startswith(("LOADING", "MASTERDOWN", "BUSY")):
-            return f"Redis at {context.where} is not serving now (try again): {text}"
-        return f"Redis at {context.where} refused a command: {text}"
-    if isinstance(error, (redis.RedisError, RqseError)):
-        return f"Redis at {context.where}: {error}"
+    where = context.where
+    if isinstance(error, (redis.AuthenticationError, errors.AuthorizationError)):
+        return f"Redis at {where} refused the credentials: {error}"
+    # redis-py takes the error code off the message and names the class after it.
+    text = str(error)
+    if isinstance(error, (errors.BusyLoadingError, errors.MasterDownError, errors.TryAgainError)):
+        return f"Redis at {where} is not serving now (try again): {text}"
+    if isinstance(error, (redis.ConnectionError, redis.TimeoutError)):
+        return f"cannot reach Redis at {where}: {text}"
+    if isinstance(error, errors.OutOfMemoryError) or text.startswith("OOM"):
+        return f"Redis at {where} is out of memory (maxmemory reached): {text}"
+    if isinstance(error, errors.ReadOnlyError) or text.startswith("READONLY"):
+        return f"Redis at {where} is read-only (a replica?): {text}"
+    if isinstance(error, errors.NoPermissionError) or text.startswith(("NOPERM", "NOAUTH")):
+        return f"Redis at {where} refused the command to this user: {text}"
+    if isinstance(error, redis.RedisError):
+        return f"Redis at {where} refused a command: {text}"
     if isinstance(error, OSError):
-        where = f"{error.filename}: " if error.filename else ""
-        return f"{where}{error.strerror or error}"
+        name = f"{error.filename}: " if error.filename else ""
+        return f"{name}{error.strerror or error}"
     return f"internal error, please report it: {type(error).__name__}: {error}"
 
 
