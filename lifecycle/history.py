@@ -85,7 +85,8 @@ def live_history(client: redis.Redis, keys: Keys, workflow_id: str) -> dict[str,
     """
     record = read_workflow(client, keys, workflow_id)
     problems = [str(p) for p in record.problems]
-    kinds = sorted(k.decode("utf-8", "replace") for k in client.smembers(keys.kinds))
+    members: Any = client.smembers(keys.kinds)
+    kinds = sorted(k.decode("utf-8", "replace") for k in members)
     streams = [keys.lifecycle] + sorted(keys.tasks(kind) for kind in kinds)
     needle = orjson.dumps(workflow_id)
     entries: list[Entry] = []
@@ -133,7 +134,7 @@ def _scan(client: redis.Redis, stream: str, page: int = 5000) -> Any:
     """All entries of ``stream``, a page at a time (exclusive ranges after the first)."""
     start = "-"
     while True:
-        rows = client.xrange(stream, start, "+", count=page)
+        rows: Any = client.xrange(stream, start, "+", count=page)
         yield from rows
         if len(rows) < page:
             return

@@ -159,7 +159,7 @@ def _end(raw: bytes) -> list[Any]:
 
 def read_workflow(client: redis.Redis, keys: Keys, workflow_id: str) -> StoredWorkflow:
     """The workflow's hash, every field checked; UnknownWorkflow when there is none."""
-    raw: dict[bytes, bytes] = client.hgetall(keys.workflow(workflow_id))
+    raw: dict[bytes, bytes] = client.hgetall(keys.workflow(workflow_id))  # type: ignore[assignment]
     if not raw:
         raise UnknownWorkflow(f"no workflow {workflow_id!r}")
     return parse_workflow(workflow_id, raw)
@@ -225,10 +225,10 @@ def describe_workflow(client: redis.Redis, keys: Keys, workflow_id: str) -> dict
     nodes = []
     for key in sorted(set(record.starts) | set(record.ends), key=_key_order):
         attempt, started, task_input = record.starts.get(key, [None, None, None])
-        ended, ok, output, error, worker = record.ends.get(key, [None] * 5)
+        ended, ok, output, failure, worker = record.ends.get(key, [None] * 5)
         if key in record.running:
             state = "running"
-            ended = output = error = None
+            ended = output = failure = None
         elif ok is None:
             state = "abandoned"  # the workflow ended (failed, terminated) while it ran
         else:
@@ -249,7 +249,7 @@ def describe_workflow(client: redis.Redis, keys: Keys, workflow_id: str) -> dict
                 "worker": worker,
                 "input": task_input,
                 "output": output,
-                "error": error,
+                "error": failure,
             }
         )
     return {
@@ -278,7 +278,8 @@ def list_workflows(
     """One summary per workflow, oldest first, filtered by state and flow name. A
     workflow whose record cannot be read is listed in state ``corrupt`` with its
     problems under ``corrupt``; one whose record is gone, in state ``unknown``."""
-    ids = [i.decode("utf-8", "replace") for i in client.zrange(keys.workflows, 0, -1)]
+    listed: Any = client.zrange(keys.workflows, 0, -1)
+    ids = [i.decode("utf-8", "replace") for i in listed]
     fields = (rec.NAME, rec.STATE, rec.CREATED, rec.ENDED)
     pipe = client.pipeline(transaction=False)
     for workflow_id in ids:

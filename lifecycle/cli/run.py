@@ -93,7 +93,7 @@ class Since:
 
 
 def last_id(client: redis.Redis, stream: str) -> str:
-    last = client.xrevrange(stream, count=1)
+    last: Any = client.xrevrange(stream, count=1)
     return str(last[0][0].decode()) if last else "0-0"
 
 
@@ -133,7 +133,7 @@ def wait_for_end(
     with Progress(*columns, console=console, transient=True) as progress:
         bar = progress.add_task(workflow_id[:40], total=_task_total(graph))
         while deadline is None or time.monotonic() < deadline:
-            reply = client.xread(cursors, count=500, block=200)  # type: ignore[arg-type]
+            reply: Any = client.xread(cursors, count=500, block=200)  # type: ignore[arg-type]
             for stream, entries in reply or []:
                 name = stream.decode()
                 for entry_id, fields in entries:
@@ -146,7 +146,7 @@ def wait_for_end(
                         ending = None
                     if ending is not None:
                         return ending
-            names = client.hkeys(workflow_key)
+            names: list[bytes] = client.hkeys(workflow_key)  # type: ignore[assignment]
             started = sum(1 for n in names if n.startswith(rec.START_PREFIX.encode()))
             ended = sum(1 for n in names if n.startswith(rec.END_PREFIX.encode()))
             progress.update(bar, completed=ended, total=max(started, _task_total(graph), 1))
@@ -193,7 +193,8 @@ def _text(value: Any, default: str) -> str:
 
 
 def _ending_from_record(client: redis.Redis, keys: Keys, workflow_id: str) -> Ending | None:
-    state = _loads(client.hget(keys.workflow(workflow_id), rec.STATE))
+    raw: Any = client.hget(keys.workflow(workflow_id), rec.STATE)
+    state = _loads(raw)
     if not isinstance(state, dict):
         return None
     status = state.get("status")
