@@ -29,7 +29,7 @@ from lifecycle.keys import Keys
 from lifecycle.submit import start_workflow
 from rqse.keys import dead_letter_key
 
-__all__ = ["Ending", "Since", "add_commands", "last_id", "wait_for_end"]
+__all__ = ["DEAD_LETTERED", "Ending", "Since", "add_commands", "last_id", "wait_for_end"]
 
 
 def add_commands(commands: Any, common: argparse.ArgumentParser) -> None:
