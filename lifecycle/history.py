@@ -15,9 +15,8 @@ import redis
 
 from lifecycle import events as ev
 from lifecycle.archive import id_order
-from lifecycle.inspect import iso
+from lifecycle.inspect import iso, read_workflow, shown_raw
 from lifecycle.keys import Keys
-from lifecycle.store import load_workflow
 
 __all__ = ["Entry", "format_timeline", "live_history", "timeline"]
 
@@ -81,12 +80,14 @@ def live_history(client: redis.Redis, keys: Keys, workflow_id: str) -> dict[str,
 
     Streams are trimmed once archived, so an old workflow's timeline may be
     partial here (``complete`` False when a stream lost entries from around the
-    workflow's start on); ``replay`` on the archive always has all of it.
+    workflow's start on); ``replay`` on the archive always has all of it. Fields
+    of the record or of an entry that cannot be read are listed under ``corrupt``.
     """
-    record = load_workflow(client, keys, workflow_id)
-    streams = [keys.lifecycle] + sorted(
-        keys.tasks(kind.decode()) for kind in client.smembers(keys.kinds)
-    )
+    record = read_workflow(client, keys, workflow_id)
+    problems = [str(p) for p in record.problems]
+    members: Any = client.smembers(keys.kinds)
+    kinds = sorted(k.decode("utf-8", "replace") for k in members)
+    streams = [keys.lifecycle] + sorted(keys.tasks(kind) for kind in kinds)
     needle = orjson.dumps(workflow_id)
     entries: list[Entry] = []
     complete = True
@@ -100,8 +101,10 @@ def live_history(client: redis.Redis, keys: Keys, workflow_id: str) -> dict[str,
             complete = False
         for raw_id, fields in _scan(client, stream):
             if fields.get(b"workflow") == needle:
-                event = {k.decode(): orjson.loads(v) for k, v in fields.items()}
-                entries.append((stream, raw_id.decode(), event))
+                entry_id = raw_id.decode()
+                event, bad = _decode(fields)
+                problems += [f"corrupt entry {stream} {entry_id}: {b}" for b in bad]
+                entries.append((stream, entry_id, event))
     return {
         "workflow": workflow_id,
         "graph": record.graph,
@@ -110,14 +113,28 @@ def live_history(client: redis.Redis, keys: Keys, workflow_id: str) -> dict[str,
         "error": record.error,
         "complete": complete,
         "timeline": timeline(entries),
+        "corrupt": problems,
     }
+
+
+def _decode(fields: dict[bytes, bytes]) -> tuple[dict[str, Any], list[str]]:
+    """An entry's event, and a line per field that is not JSON (left out of the event)."""
+    event: dict[str, Any] = {}
+    bad = []
+    for name, value in fields.items():
+        text = name.decode("utf-8", "replace")
+        try:
+            event[text] = orjson.loads(value)
+        except orjson.JSONDecodeError as error:
+            bad.append(f"field {text}: not JSON: {error} (raw: {shown_raw(value)})")
+    return event, bad
 
 
 def _scan(client: redis.Redis, stream: str, page: int = 5000) -> Any:
     """All entries of ``stream``, a page at a time (exclusive ranges after the first)."""
     start = "-"
     while True:
-        rows = client.xrange(stream, start, "+", count=page)
+        rows: Any = client.xrange(stream, start, "+", count=page)
         yield from rows
         if len(rows) < page:
             return

@@ -1,57 +1,247 @@
-"""What ``inspect`` and ``list`` show: workflow records turned into plain data."""
+"""What ``inspect``, ``list`` and ``history`` show: workflow records turned into plain data.
+
+These readers never trust what they read: a stored field that is not JSON, nests
+too deep, has the wrong type or is missing is reported as a :class:`Problem`
+(``corrupt record: field s: ...`` with its raw value) and the rest of the record,
+and every other workflow, is shown all the same.
+"""
 
 from __future__ import annotations
 
+import base64
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-import orjson
 import redis
 
+from flowlang.limits import DEFAULT_LIMITS, loads_value
 from flowlang.machine import parse_key
+from lifecycle import records as rec
+from lifecycle.errors import UnknownWorkflow
 from lifecycle.keys import Keys
-from lifecycle.store import GraphCache, load_workflow
+from lifecycle.store import GraphCache
 
-__all__ = ["describe_workflow", "list_workflows", "iso"]
+__all__ = [
+    "CORRUPT",
+    "Problem",
+    "StoredWorkflow",
+    "describe_workflow",
+    "iso",
+    "list_workflows",
+    "read_workflow",
+    "shown_raw",
+]
+
+CORRUPT = "corrupt"  # the state shown for a workflow whose state field cannot be read
+UNKNOWN = "unknown"  # listed, but its record is gone
+RAW_SHOWN = 200  # characters of a corrupt value shown
 
 
 def iso(ms: int | None) -> str | None:
     if ms is None:
         return None
-    return datetime.fromtimestamp(ms / 1000, UTC).isoformat(timespec="milliseconds")
+    try:
+        return datetime.fromtimestamp(ms / 1000, UTC).isoformat(timespec="milliseconds")
+    except (OverflowError, ValueError, OSError, TypeError):
+        return str(ms)  # out of the calendar's range: shown as stored
+
+
+def shown_raw(raw: bytes) -> str:
+    """A stored value as it can be shown: its text, else ``base64:...``; shortened."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        text = "\0"  # not text: shown in base64 below
+    if not text.isprintable():
+        text = "base64:" + base64.b64encode(raw[:RAW_SHOWN]).decode()
+    return text if len(text) <= RAW_SHOWN else text[: RAW_SHOWN - 1] + "…"
+
+
+@dataclass(frozen=True)
+class Problem:
+    """A stored field that cannot be read as what it should be."""
+
+    field: str
+    message: str
+    raw: str | None = None  # shown_raw of the value, None when the field is missing
+
+    def __str__(self) -> str:
+        raw = "" if self.raw is None else f" (raw: {self.raw})"
+        return f"corrupt record: field {self.field}: {self.message}{raw}"
+
+
+@dataclass
+class StoredWorkflow:
+    """A workflow's hash as read, each field checked; ``problems`` lists the ones that
+    could not be read (their values here are None)."""
+
+    id: str
+    graph: str | None = None
+    name: str | None = None
+    status: str = CORRUPT
+    created: int | None = None
+    ended: int | None = None
+    input: Any = None
+    output: Any = None
+    error: str | None = None
+    running: dict[str, Any] = field(default_factory=dict)
+    starts: dict[str, list[Any]] = field(default_factory=dict)  # key -> [attempt, t0, input]
+    ends: dict[str, list[Any]] = field(default_factory=dict)  # key -> [t1, ok, output, error, w]
+    problems: list[Problem] = field(default_factory=list)
+
+
+class _Bad(Exception):
+    pass
+
+
+def _text(raw: bytes) -> str:
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise _Bad("not UTF-8 text") from None
+
+
+def _int(raw: bytes) -> int:
+    try:
+        return int(raw)
+    except ValueError:
+        raise _Bad("not an integer") from None
+
+
+def _json(raw: bytes) -> Any:
+    try:
+        return loads_value(raw, DEFAULT_LIMITS, "the value")
+    except Exception as error:  # noqa: BLE001 - LimitExceeded, or anything a bad value raises
+        message = str(error)
+        raise _Bad(message.removeprefix("the value is ").removeprefix("the value ")) from None
+
+
+def _opt(value: Any, kind: type, what: str) -> None:
+    """``value`` is None or a ``kind`` (True is no int here, as JSON tells them apart)."""
+    if value is None or (isinstance(value, kind) and (kind is bool or type(value) is not bool)):
+        return
+    raise _Bad(f"{what} is {type(value).__name__}, expected {kind.__name__} or null")
+
+
+def _state(raw: bytes) -> dict[str, Any]:
+    state = _json(raw)
+    if not isinstance(state, dict):
+        raise _Bad(f"is {type(state).__name__}, expected an object")
+    status = state.get("status", rec.RUNNING)
+    if status not in rec.STATES:
+        raise _Bad(f"status {status!r} is none of {', '.join(rec.STATES)}")
+    if not isinstance(state.get("running", {}), dict):
+        raise _Bad("running is not an object")
+    _opt(state.get("error"), str, "error")
+    return state
+
+
+def _start(raw: bytes) -> list[Any]:
+    value = _json(raw)
+    if not isinstance(value, list) or len(value) != 3:
+        raise _Bad("expected [attempt, started ms, input]")
+    _opt(value[0], int, "attempt")
+    _opt(value[1], int, "started")
+    return value
+
+
+def _end(raw: bytes) -> list[Any]:
+    value = _json(raw)
+    if not isinstance(value, list) or len(value) != 5:
+        raise _Bad("expected [ended ms, ok, output, error, worker]")
+    _opt(value[0], int, "ended")
+    _opt(value[1], bool, "ok")
+    _opt(value[3], str, "error")
+    _opt(value[4], str, "worker")
+    return value
+
+
+def read_workflow(client: redis.Redis, keys: Keys, workflow_id: str) -> StoredWorkflow:
+    """The workflow's hash, every field checked; UnknownWorkflow when there is none."""
+    raw: dict[bytes, bytes] = client.hgetall(keys.workflow(workflow_id))  # type: ignore[assignment]
+    if not raw:
+        raise UnknownWorkflow(f"no workflow {workflow_id!r}")
+    return parse_workflow(workflow_id, raw)
+
+
+def parse_workflow(workflow_id: str, raw: dict[bytes, bytes]) -> StoredWorkflow:
+    """A :class:`StoredWorkflow` from the fields of its hash (what :func:`read_workflow`
+    and ``list`` read)."""
+    found = StoredWorkflow(workflow_id)
+
+    def read(name: str, parse: Any) -> Any:
+        value = raw.get(name.encode())
+        if value is None:
+            return None
+        try:
+            return parse(value)
+        except _Bad as error:
+            found.problems.append(Problem(name, str(error), shown_raw(value)))
+            return None
+
+    found.graph = read(rec.GRAPH, _text)
+    found.name = read(rec.NAME, _text) or None
+    found.created = read(rec.CREATED, _int)
+    found.ended = read(rec.ENDED, _int)
+    found.input = read(rec.INPUT, _json)
+    if rec.STATE.encode() not in raw:
+        found.problems.append(Problem(rec.STATE, "missing"))
+    state = read(rec.STATE, _state)
+    if state is not None:
+        found.status = state.get("status", rec.RUNNING)
+        found.error = state.get("error")
+        found.running = state.get("running") or {}
+        found.output = state.get("output") if found.status == rec.FINISHED else None
+    for name in raw:
+        for prefix, into, parse in (
+            (rec.START_PREFIX, found.starts, _start),
+            (rec.END_PREFIX, found.ends, _end),
+        ):
+            if name.startswith(prefix.encode()):
+                text = shown_raw(name)
+                try:
+                    key = name[len(prefix) :].decode("utf-8")
+                    parse_key(key)
+                except (UnicodeDecodeError, ValueError, IndexError):
+                    found.problems.append(Problem(text, "not a task instance key", None))
+                    continue
+                parsed = read(name.decode(), parse)
+                if parsed is not None:
+                    into[key] = parsed
+    return found
 
 
 def describe_workflow(client: redis.Redis, keys: Keys, workflow_id: str) -> dict[str, Any]:
-    """State, every task instance with its times, attempts, input and output."""
-    record = load_workflow(client, keys, workflow_id)
-    running = record.state.running
+    """State, every task instance with its times, attempts, input and output; ``corrupt``
+    lists the fields that could not be read (shown, not raised)."""
+    record = read_workflow(client, keys, workflow_id)
+    graph = None
+    if record.graph:  # a workflow terminated before it started has no graph
+        try:
+            graph = GraphCache(client, keys).machine(record.graph).graph
+        except Exception as error:  # noqa: BLE001 - an unreadable graph is shown, not raised
+            record.problems.append(Problem(rec.GRAPH, f"graph {record.graph}: {error}"))
     nodes = []
-    # A workflow terminated before it started has no graph and no task.
-    graph = GraphCache(client, keys).machine(record.graph).graph if record.graph else None
     for key in sorted(set(record.starts) | set(record.ends), key=_key_order):
-        assert graph is not None
         attempt, started, task_input = record.starts.get(key, [None, None, None])
-        ended, ok, output, error, worker = [
-            *record.ends.get(key, []),
-            None,
-            None,
-            None,
-            None,
-            None,
-        ][:5]
-        if key in running:
+        ended, ok, output, failure, worker = record.ends.get(key, [None] * 5)
+        if key in record.running:
             state = "running"
-            ended = output = error = None
+            ended = output = failure = None
         elif ok is None:
             state = "abandoned"  # the workflow ended (failed, terminated) while it ran
         else:
             state = "ended" if ok else "failed"
-        node = graph.nodes[parse_key(key)[0]]
+        name, kind = None, "?"
+        index = parse_key(key)[0]
+        if graph is not None and 0 <= index < len(graph.nodes):
+            name, kind = graph.nodes[index].name, str(graph.nodes[index].kind)
         nodes.append(
             {
                 "key": key,
-                "name": node.name,
-                "kind": str(node.kind),
+                "name": name,
+                "kind": kind,
                 "state": state,
                 "attempts": attempt,
                 "started": iso(started),
@@ -59,7 +249,7 @@ def describe_workflow(client: redis.Redis, keys: Keys, workflow_id: str) -> dict
                 "worker": worker,
                 "input": task_input,
                 "output": output,
-                "error": error,
+                "error": failure,
             }
         )
     return {
@@ -73,6 +263,7 @@ def describe_workflow(client: redis.Redis, keys: Keys, workflow_id: str) -> dict
         "output": record.output,
         "error": record.error,
         "tasks": nodes,
+        "corrupt": [str(p) for p in record.problems],
     }
 
 
@@ -84,24 +275,32 @@ def _key_order(key: str) -> tuple[int, ...]:
 def list_workflows(
     client: redis.Redis, keys: Keys, state: str | None = None, flow: str | None = None
 ) -> list[dict[str, Any]]:
-    """One summary per workflow, oldest first, filtered by state and flow name."""
-    ids = [i.decode() for i in client.zrange(keys.workflows, 0, -1)]
+    """One summary per workflow, oldest first, filtered by state and flow name. A
+    workflow whose record cannot be read is listed in state ``corrupt`` with its
+    problems under ``corrupt``; one whose record is gone, in state ``unknown``."""
+    listed: Any = client.zrange(keys.workflows, 0, -1)
+    ids = [i.decode("utf-8", "replace") for i in listed]
+    fields = (rec.NAME, rec.STATE, rec.CREATED, rec.ENDED)
     pipe = client.pipeline(transaction=False)
     for workflow_id in ids:
-        pipe.hmget(keys.workflow(workflow_id), "name", "s", "created", "ended")
+        pipe.hmget(keys.workflow(workflow_id), *fields)
     rows = []
-    for workflow_id, (name, raw_state, created, ended) in zip(ids, pipe.execute(), strict=True):
-        status = orjson.loads(raw_state).get("status") if raw_state else "unknown"
-        flow_name = name.decode() if name else None
-        if (state and status != state) or (flow and flow_name != flow):
+    for workflow_id, values in zip(ids, pipe.execute(), strict=True):
+        if all(v is None for v in values):
+            record = StoredWorkflow(workflow_id, status=UNKNOWN)
+        else:
+            raw = {n.encode(): v for n, v in zip(fields, values, strict=True) if v is not None}
+            record = parse_workflow(workflow_id, raw)
+        if (state and record.status != state) or (flow and record.name != flow):
             continue
-        rows.append(
-            {
-                "id": workflow_id,
-                "flow": flow_name,
-                "state": status,
-                "created": iso(int(created)) if created else None,
-                "ended": iso(int(ended)) if ended else None,
-            }
-        )
+        row: dict[str, Any] = {
+            "id": workflow_id,
+            "flow": record.name,
+            "state": record.status,
+            "created": iso(record.created),
+            "ended": iso(record.ended),
+        }
+        if record.problems:
+            row["corrupt"] = [str(p) for p in record.problems]
+        rows.append(row)
     return rows

@@ -5,7 +5,8 @@ from pathlib import Path
 import orjson
 import pytest
 
-from lifecycle.cli import EXIT_ERROR, EXIT_FAILED, EXIT_OK, main
+from flowstream.cli import main
+from lifecycle.cli import EXIT_ERROR, EXIT_FAILED, EXIT_OK
 
 
 @pytest.fixture

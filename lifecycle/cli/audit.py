@@ -1,8 +1,7 @@
-"""``python -m lifecycle receipts | replay | history``: the audit commands.
+"""``python -m lifecycle receipts | replay``: the audit commands.
 
-Plugged into :mod:`lifecycle.cli` by :func:`add_commands` and
-:func:`run_command`. Exit codes: 0 ok; 1 replay found a difference (chain
-broken, or a workflow diverged from its archive or its live record); 2 error.
+Exit codes: 0 ok; 1 replay found a difference (chain broken, or a workflow
+diverged from its archive or its live record); 2 error.
 """
 
 from __future__ import annotations
@@ -12,20 +11,21 @@ import logging
 import sys
 from typing import Any
 
-import orjson
 import redis
 
+from lifecycle.cli.support import EXIT_FAILED, EXIT_OK, CliError, Context, dumps_text, print_json
 from lifecycle.keys import Keys
+from rqse.errors import RqseError
 
-__all__ = ["add_commands", "run_command"]
+__all__ = ["EXIT_DIFFERENT", "add_commands"]
 
 log = logging.getLogger(__name__)
 
-EXIT_OK, EXIT_DIFFERENT, EXIT_ERROR = 0, 1, 2
+EXIT_DIFFERENT = EXIT_FAILED  # replay found a difference
 
 
 def add_commands(commands: Any, common: argparse.ArgumentParser) -> None:
-    """Add ``receipts``, ``replay`` and ``history`` to the lifecycle CLI's subparsers."""
+    """Add ``receipts`` and ``replay`` to the lifecycle CLI's subparsers."""
     receipts = commands.add_parser(
         "receipts", parents=[common], help="archive every engine event (the receipts worker)"
     )
@@ -40,6 +40,7 @@ def add_commands(commands: Any, common: argparse.ArgumentParser) -> None:
         "--trim-interval", type=float, default=1.0, help="seconds between trims (1)"
     )
     receipts.add_argument("--no-trim", action="store_true", help="never trim the streams")
+    receipts.set_defaults(func=_receipts, narrates=True)
 
     replay = commands.add_parser(
         "replay", parents=[common], help="rebuild workflows from an archive and check them"
@@ -48,49 +49,30 @@ def add_commands(commands: Any, common: argparse.ArgumentParser) -> None:
     replay.add_argument("--workflow", help="only this workflow id")
     replay.add_argument("--json", action="store_true", help="print JSON")
     replay.add_argument("--offline", action="store_true", help="do not compare with Redis")
-
-    history = commands.add_parser("history", parents=[common], help="one workflow's timeline")
-    history.add_argument("id")
-    history.add_argument("--json", action="store_true", help="print JSON")
+    replay.set_defaults(func=_replay_command)
 
 
-def run_command(args: argparse.Namespace, keys: Keys) -> int | None:
-    """Run an audit command; None when ``args.command`` is not one of them."""
-    if args.command not in ("receipts", "replay", "history"):
-        return None
-    from lifecycle.archive import ArchiveError
-    from lifecycle.cli import CliError, connect
-    from lifecycle.errors import LifecycleError
-
+def _replay_command(args: argparse.Namespace, context: Context) -> int:
+    client = None
+    if not args.offline:
+        try:
+            client = context.client
+        except (redis.RedisError, RqseError) as error:
+            log.warning(
+                "not comparing with live data: cannot reach Redis at %s: %s", context.where, error
+            )
     try:
-        if args.command == "receipts":
-            return _receipts(args, connect(args.redis_url), keys)
-        if args.command == "replay":
-            client = None
-            if not args.offline:
-                try:
-                    client = connect(args.redis_url)
-                except CliError as error:
-                    log.warning("not comparing with live data: %s", error)
-            return _replay(args, client, keys)
-        return _history(args, connect(args.redis_url), keys)
-    except (ArchiveError, LifecycleError, CliError) as error:
-        print(f"error: {error}", file=sys.stderr)
-        return EXIT_ERROR
-    except redis.RedisError as error:
-        print(f"error: Redis: {error}", file=sys.stderr)
-        return EXIT_ERROR
-    except (OSError, ValueError) as error:  # unreadable segment, bad graph text
-        print(f"error: {type(error).__name__}: {error}", file=sys.stderr)
-        return EXIT_ERROR
+        return _replay(args, client, context.keys)
+    except ValueError as error:  # a graph record whose text does not parse
+        raise CliError(f"{args.archive}: {error}") from None
 
 
-def _receipts(args: argparse.Namespace, client: redis.Redis, keys: Keys) -> int:
+def _receipts(args: argparse.Namespace, context: Context) -> int:
     from lifecycle.archive import SegmentSink
     from lifecycle.receipts import ReceiptsWorker
     from rqse.process import settle_process
 
-    logging.getLogger().setLevel(logging.DEBUG if args.verbose else logging.INFO)
+    client, keys = context.client, context.keys
     sink = SegmentSink(
         args.archive, segment_bytes=int(args.segment_mb * (1 << 20)), compress=args.compress
     )
@@ -127,11 +109,10 @@ def _replay(args: argparse.Namespace, client: redis.Redis | None, keys: Keys) ->
 
     report = audit_archive(args.archive, keys, workflow=args.workflow, client=client)
     if args.workflow and not report.workflows:
-        print(f"error: no workflow {args.workflow!r} in {args.archive}", file=sys.stderr)
-        return EXIT_ERROR
+        raise CliError(f"no workflow {args.workflow!r} in {args.archive}")
     if args.json:
         data = {**report.summary(), "replays": [w.summary() for w in report.workflows]}
-        sys.stdout.write(orjson.dumps(data, option=orjson.OPT_INDENT_2).decode() + "\n")
+        print_json(data)
     else:
         for finding in report.chain:
             print(f"TAMPERED: {finding}")
@@ -142,7 +123,7 @@ def _replay(args: argparse.Namespace, client: redis.Redis | None, keys: Keys) ->
                 f"workflow {item.workflow}: {summary['state']}, replay {verdict}, live {item.live}"
             )
             if summary["output"] is not None:
-                print(f"  output: {orjson.dumps(summary['output']).decode()}")
+                print(f"  output: {dumps_text(summary['output'])}")
             if summary["error"]:
                 print(f"  error: {summary['error']}")
             if item.divergence is not None:
@@ -159,22 +140,3 @@ def _replay(args: argparse.Namespace, client: redis.Redis | None, keys: Keys) ->
     if problem is not None:
         print(f"difference: {problem}", file=sys.stderr)
     return EXIT_OK if report.ok else EXIT_DIFFERENT
-
-
-def _history(args: argparse.Namespace, client: redis.Redis, keys: Keys) -> int:
-    from lifecycle.history import format_timeline, live_history
-
-    data = live_history(client, keys, args.id)
-    if args.json:
-        sys.stdout.write(orjson.dumps(data, option=orjson.OPT_INDENT_2).decode() + "\n")
-        return EXIT_OK
-    print(f"workflow {args.id}: {data['state']}")
-    if data["output"] is not None:
-        print(f"  output: {orjson.dumps(data['output']).decode()}")
-    if data["error"]:
-        print(f"  error: {data['error']}")
-    if not data["complete"]:
-        print("  (streams trimmed: earlier events are only in the archive; use replay)")
-    for line in format_timeline(data["timeline"]):
-        print(f"  {line}")
-    return EXIT_OK

@@ -19,12 +19,22 @@ from typing import Any
 
 import redis
 from rich.console import Console
+from rich.markup import escape
 
 from flowlang.compiler import compile_text
-from lifecycle.cli import EXIT_FAILED, EXIT_OK, compile_file, connect, read_input
-from lifecycle.commands import last_id, print_json, show_workflow, wait_for_end
+from lifecycle import records as rec
+from lifecycle.cli.look import show_workflow
+from lifecycle.cli.run import Since, wait_for_end
+from lifecycle.cli.support import (
+    EXIT_FAILED,
+    EXIT_OK,
+    Context,
+    compile_file,
+    print_json,
+    read_input,
+)
 from lifecycle.inspect import describe_workflow
-from lifecycle.keys import RESOURCE_KIND, WAIT_KIND, Keys
+from lifecycle.keys import RESOURCE_KIND, WAIT_KIND
 from lifecycle.submit import graph_task_kinds, start_workflow
 from lifecycle.worker import LifecycleWorker
 from rqse.server import RedisServer
@@ -32,7 +42,17 @@ from workers.noop import SimulatedWorker, served_kinds
 from workers.resources import ResourceWorker
 from workers.wait import WaitWorker
 
-__all__ = ["demo", "state_dir"]
+__all__ = ["add_commands", "demo", "state_dir"]
+
+
+def add_commands(commands: Any, common: argparse.ArgumentParser) -> None:
+    parser = commands.add_parser(
+        "demo", parents=[common], help="embedded Redis + workers: run a flow end to end"
+    )
+    parser.add_argument("file", nargs="?", help="the .flow file (default: a built-in example)")
+    parser.add_argument("--input", help="workflow input: JSON text, or @file.json")
+    parser.add_argument("--delay-max", type=float, default=0.3, help="simulated task time, max s")
+    parser.set_defaults(func=demo)
 
 
 def state_dir() -> Path:
@@ -45,15 +65,19 @@ def _redis_configured(args: argparse.Namespace) -> bool:
     return bool(args.redis_url or os.environ.get("REDIS_URL") or os.environ.get("REDIS_HOST"))
 
 
-def demo(args: argparse.Namespace, keys: Keys) -> int:
+def demo(args: argparse.Namespace, context: Context) -> int:
+    """Run ``args.file`` (or the built-in flow) on a private server unless Redis is
+    configured, with every worker it needs in threads; print the result."""
     console = Console(stderr=True)
+    keys = context.keys
     if args.file:
         graph = compile_file(args.file)
     else:
         graph = compile_text((Path(__file__).parent / "demo.flow").read_text(), "demo.flow")
+    value = read_input(args.input)  # refused before any server starts
     with ExitStack() as stack:
         if _redis_configured(args):
-            client = connect(args.redis_url)
+            client = context.client
         else:
             data = state_dir() / "redis"
             server = stack.enter_context(RedisServer(data_dir=data))
@@ -81,18 +105,18 @@ def demo(args: argparse.Namespace, keys: Keys) -> int:
             thread.start()
             stack.callback(thread.join, 10)
             stack.callback(worker.stop)
-        since = last_id(client, keys.lifecycle)
-        workflow_id = start_workflow(client, graph, read_input(args.input), keys=keys)
+        since = Since.now(client, keys)
+        workflow_id = start_workflow(client, graph, value, keys=keys)
         served = ", ".join(kinds)
         name = graph.name or "workflow"
         console.print(f"started {workflow_id} ({name}), tasks served by {served}")
-        event = wait_for_end(client, keys, workflow_id, graph, since, 120, console)
-        if event is None or event["kind"] != "end-workflow":
-            reason = event.get("reason") if event else "no end within 120 s"
-            console.print(f"[red]workflow {workflow_id} did not finish: {reason}[/]")
+        ending = wait_for_end(client, keys, workflow_id, graph, since, 120, console)
+        if ending is None or ending.status != rec.FINISHED:
+            reason = ending.reason if ending else "no end within 120 s"
+            console.print(f"[red]workflow {workflow_id} did not finish: {escape(str(reason))}[/]")
             return EXIT_FAILED
         console.print(f"[green]workflow {workflow_id} finished[/]")
         show_workflow(describe_workflow(client, keys, workflow_id), console)
         console.print("output:")
-        print_json(event.get("output"))
+        print_json(ending.output)
         return EXIT_OK

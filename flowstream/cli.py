@@ -1,0 +1,28 @@
+"""The ``python -m lifecycle`` program as shipped: the engine's commands, a worker that
+also serves the built-in ``wait:`` tasks, and the demo."""
+
+from __future__ import annotations
+
+from flowstream.demo import add_commands as demo_commands
+from flowstream.worker import WaitCompanion
+from lifecycle.cli.audit import add_commands as audit_commands
+from lifecycle.cli.look import add_commands as look_commands
+from lifecycle.cli.main import main as lifecycle_main
+from lifecycle.cli.run import add_commands as run_commands
+from lifecycle.cli.support import Registrar
+from lifecycle.cli.worker import worker_command
+
+__all__ = ["COMMANDS", "main"]
+
+COMMANDS: tuple[Registrar, ...] = (
+    worker_command([WaitCompanion()]),
+    run_commands,
+    look_commands,
+    audit_commands,
+    demo_commands,
+)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m lifecycle`` and the ``flow-lifecycle`` script."""
+    return lifecycle_main(argv, COMMANDS)

@@ -1,0 +1,205 @@
+"""``python -m lifecycle run``: start a workflow and, with ``--wait``, follow it to its end."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+import redis
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from flowlang.graph import Graph, NodeKind
+from lifecycle import events as ev
+from lifecycle import records as rec
+from lifecycle.cli.support import (
+    EXIT_ERROR,
+    EXIT_FAILED,
+    EXIT_OK,
+    Context,
+    compile_file,
+    print_json,
+    read_input,
+)
+from lifecycle.keys import Keys
+from lifecycle.submit import start_workflow
+from rqse.keys import dead_letter_key
+
+__all__ = ["DEAD_LETTERED", "Ending", "Since", "add_commands", "last_id", "wait_for_end"]
+
+
+def add_commands(commands: Any, common: argparse.ArgumentParser) -> None:
+    run = commands.add_parser("run", parents=[common], help="start a workflow from a .flow file")
+    run.add_argument("file", help="the .flow file ('-' for stdin)")
+    run.add_argument("--input", help="workflow input: JSON text, or @file.json")
+    run.add_argument("--id", help="workflow id (default: <flow name>-<uuid>)")
+    run.add_argument("--wait", action="store_true", help="wait for the end, print the output")
+    run.add_argument("--timeout", type=float, help="with --wait: give up after this many seconds")
+    run.set_defaults(func=_run)
+
+
+def _run(args: argparse.Namespace, context: Context) -> int:
+    graph = compile_file(args.file)
+    value = read_input(args.input)
+    client, keys = context.client, context.keys
+    since = Since.now(client, keys)
+    workflow_id = start_workflow(client, graph, value, args.id, keys)
+    print(workflow_id, flush=True)
+    if not args.wait:
+        return EXIT_OK
+    ending = wait_for_end(
+        client, keys, workflow_id, graph, since, args.timeout, Console(stderr=True)
+    )
+    if ending is None:
+        print(f"error: workflow {workflow_id} did not end within {args.timeout}s", file=sys.stderr)
+        return EXIT_ERROR
+    if ending.status == rec.FINISHED:
+        print_json(ending.output)
+        return EXIT_OK
+    print(f"workflow {workflow_id} {ending.status}: {ending.reason}", file=sys.stderr)
+    return EXIT_FAILED
+
+
+@dataclass(frozen=True)
+class Ending:
+    """How a workflow ended: ``status`` finished, failed, terminated, or ``dead-lettered``
+    when the lifecycle refused its start-workflow (the workflow never existed)."""
+
+    status: str
+    output: Any = None
+    reason: str | None = None
+
+
+DEAD_LETTERED = "dead-lettered"
+
+
+@dataclass(frozen=True)
+class Since:
+    """The last entry ids of the lifecycle stream and its dead letters before a start:
+    where following the workflow begins."""
+
+    lifecycle: str
+    dead: str
+
+    @classmethod
+    def now(cls, client: redis.Redis, keys: Keys) -> Since:
+        return cls(
+            last_id(client, keys.lifecycle), last_id(client, dead_letter_key(keys.lifecycle))
+        )
+
+
+def last_id(client: redis.Redis, stream: str) -> str:
+    last: Any = client.xrevrange(stream, count=1)
+    return str(last[0][0].decode()) if last else "0-0"
+
+
+def _task_total(graph: Graph) -> int:
+    return sum(
+        1
+        for n in graph.nodes
+        if n.kind is NodeKind.TASK
+        or n.kind is NodeKind.SINK
+        or (n.kind is NodeKind.SOURCE and n.name)
+    )
+
+
+def wait_for_end(
+    client: redis.Redis,
+    keys: Keys,
+    workflow_id: str,
+    graph: Graph,
+    since: Since,
+    timeout: float | None,
+    console: Console,
+) -> Ending | None:
+    """Follow the lifecycle stream and its dead letters from ``since`` until the workflow
+    ends or its start-workflow is dead-lettered, showing ended/started tasks; None on
+    timeout."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    dead = dead_letter_key(keys.lifecycle)
+    cursors = {keys.lifecycle: since.lifecycle, dead: since.dead}
+    workflow_key = keys.workflow(workflow_id)
+    needle = orjson.dumps(workflow_id)
+    columns = (
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+    )
+    with Progress(*columns, console=console, transient=True) as progress:
+        bar = progress.add_task(workflow_id[:40], total=_task_total(graph))
+        while deadline is None or time.monotonic() < deadline:
+            reply: Any = client.xread(cursors, count=500, block=200)  # type: ignore[arg-type]
+            for stream, entries in reply or []:
+                name = stream.decode()
+                for entry_id, fields in entries:
+                    cursors[name] = entry_id.decode()
+                    if name == dead:
+                        ending = _dead_letter_ending(fields, needle)
+                    elif fields.get(b"workflow") == needle:
+                        ending = _event_ending(fields)
+                    else:
+                        ending = None
+                    if ending is not None:
+                        return ending
+            names: list[bytes] = client.hkeys(workflow_key)  # type: ignore[assignment]
+            started = sum(1 for n in names if n.startswith(rec.START_PREFIX.encode()))
+            ended = sum(1 for n in names if n.startswith(rec.END_PREFIX.encode()))
+            progress.update(bar, completed=ended, total=max(started, _task_total(graph), 1))
+            final = _ending_from_record(client, keys, workflow_id)
+            if final is not None:  # the end event was trimmed away before we read it
+                return final
+    return None
+
+
+def _loads(raw: bytes | None) -> Any:
+    try:
+        return orjson.loads(raw) if raw is not None else None
+    except orjson.JSONDecodeError:
+        return None
+
+
+def _event_ending(fields: dict[bytes, bytes]) -> Ending | None:
+    kind = _loads(fields.get(b"kind"))
+    if kind == ev.END_WORKFLOW:
+        return Ending(rec.FINISHED, output=_loads(fields.get(b"output")))
+    if kind == ev.FAILED_WORKFLOW:
+        status = _loads(fields.get(b"status"))
+        reason = _loads(fields.get(b"reason"))
+        return Ending(
+            status if isinstance(status, str) else rec.FAILED, reason=_text(reason, "failed")
+        )
+    return None
+
+
+def _dead_letter_ending(fields: dict[bytes, bytes], needle: bytes) -> Ending | None:
+    """The ending of a dead letter that holds this workflow's start-workflow."""
+    original = _loads(fields.get(b"fields"))
+    if not isinstance(original, dict) or original.get("workflow") != needle.decode():
+        return None
+    if _loads(str(original.get("kind", "null")).encode()) != ev.START_WORKFLOW:
+        return None
+    reason, error = _loads(fields.get(b"reason")), _loads(fields.get(b"error"))
+    what = _text(error, "") or _text(reason, "no reason given")
+    return Ending(DEAD_LETTERED, reason=f"its start-workflow was dead-lettered: {what}")
+
+
+def _text(value: Any, default: str) -> str:
+    return value if isinstance(value, str) and value else default
+
+
+def _ending_from_record(client: redis.Redis, keys: Keys, workflow_id: str) -> Ending | None:
+    raw: Any = client.hget(keys.workflow(workflow_id), rec.STATE)
+    state = _loads(raw)
+    if not isinstance(state, dict):
+        return None
+    status = state.get("status")
+    if status == rec.FINISHED:
+        return Ending(rec.FINISHED, output=state.get("output"))
+    if status in (rec.FAILED, rec.TERMINATED):
+        return Ending(status, reason=_text(state.get("error"), str(status)))
+    return None

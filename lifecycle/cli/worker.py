@@ -1,0 +1,107 @@
+"""``python -m lifecycle worker``: the lifecycle worker, and whatever runs beside it.
+
+The engine knows no task worker; a composition that wants some served in the
+same process (``wait:`` by default, in ``flowstream.worker``) passes them as
+:class:`Companion` objects to :func:`worker_command`: each adds its options
+and, unless switched off, starts before the lifecycle worker listens and stops
+after it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+from lifecycle.cli.support import EXIT_OK, Context, Registrar
+from lifecycle.keys import Keys
+
+__all__ = ["Companion", "Running", "worker_command"]
+
+log = logging.getLogger(__name__)
+
+
+class Running(Protocol):
+    """A companion started in the background."""
+
+    def stop(self) -> None: ...
+
+    def join(self, timeout: float | None = None) -> None: ...
+
+
+class Companion(Protocol):
+    """Something the worker command runs beside the lifecycle worker."""
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        """Add this companion's options (e.g. ``--no-wait``) to the worker's parser."""
+
+    def start(self, args: argparse.Namespace, pool: Any, keys: Keys) -> Running | None:
+        """Start in the background; None when ``args`` switch it off."""
+
+
+def worker_command(companions: Sequence[Companion] = ()) -> Registrar:
+    """The registrar of ``worker``, with ``companions`` run beside the lifecycle worker."""
+
+    def add(commands: Any, common: argparse.ArgumentParser) -> None:
+        worker = commands.add_parser("worker", parents=[common], help="run a lifecycle worker")
+        worker.add_argument("--consumer", help="stable consumer name (default: host-pid-random)")
+        worker.add_argument(
+            "--no-timers", action="store_true", help="do not fire retry/timeout timers"
+        )
+        worker.add_argument(
+            "--claim-idle",
+            type=float,
+            default=10.0,
+            help="seconds before taking over a dead worker's events (default 10)",
+        )
+        worker.add_argument(
+            "--batch-size", type=int, default=200, help="events per read (default 200)"
+        )
+        worker.add_argument(
+            "--accept-untokened-answers",
+            action="store_true",
+            help="take end-tasks that carry no attempt token (task workers written for the "
+            "predecessor system); a wrong token is refused all the same",
+        )
+        for companion in companions:
+            companion.add_arguments(worker)
+
+        def run(args: argparse.Namespace, context: Context) -> int:
+            return _worker(args, context, companions)
+
+        worker.set_defaults(func=run, narrates=True)
+
+    return add
+
+
+def _worker(args: argparse.Namespace, context: Context, companions: Sequence[Companion]) -> int:
+    from lifecycle.worker import LifecycleWorker
+    from rqse.process import settle_process
+
+    client, keys = context.client, context.keys
+    worker = LifecycleWorker(
+        keys,
+        timers=not args.no_timers,
+        untokened_answers=args.accept_untokened_answers,
+        consumer=args.consumer,
+        pool=client.connection_pool,
+        claim_idle=args.claim_idle,
+        batch_size=args.batch_size,
+    )
+    log.info("lifecycle worker %s listening on %s", worker.consumer, keys.lifecycle)
+    running: list[Running] = []
+    try:
+        for companion in companions:
+            started = companion.start(args, client.connection_pool, keys)
+            if started is not None:
+                running.append(started)
+        settle_process()
+        worker.listen()
+    finally:
+        # Companions keep their state in Redis: stopping them loses nothing registered.
+        for started in running:
+            started.stop()
+        for started in running:
+            started.join(10)
+    return EXIT_OK
