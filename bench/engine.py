@@ -25,6 +25,7 @@ import orjson
 import redis
 
 from flowlang.compiler import compile_text
+from lifecycle.events import END_WORKFLOW
 from lifecycle.keys import Keys
 from lifecycle.submit import start_workflow, start_workflows
 from rqse.server import PERSISTENCE_OPTIONS, RedisServer
@@ -40,6 +41,7 @@ SHAPES = {
 }
 MAP_INPUT = [{"item": i} for i in range(10)]
 KEYS = Keys()
+_END_WORKFLOW_JSON = orjson.dumps(END_WORKFLOW)
 
 
 @dataclass
@@ -246,7 +248,7 @@ def latency(args: argparse.Namespace) -> dict[str, Any]:
                 for _, entries in reply or []:
                     for entry_id, fields in entries:
                         cursor = entry_id.decode()
-                        if fields.get(b"kind") == b'"end-workflow"':
+                        if fields.get(b"kind") == _END_WORKFLOW_JSON:
                             done = True
                 if done:
                     break

@@ -18,6 +18,7 @@ from typing import Any
 
 import redis
 
+from lifecycle.events import START_TASK
 from lifecycle.keys import TASK_GROUP, Keys
 from rqse.events import encode_event
 from rqse.server import RedisServer
@@ -42,7 +43,7 @@ def _fill(client: redis.Redis, tasks: int) -> None:
     pipe = client.pipeline(transaction=False)
     for n in range(tasks):
         event = {
-            "kind": "start-task",
+            "kind": START_TASK,
             "workflow": f"w{n}",
             "name": "A",
             "index": 1,

@@ -26,10 +26,10 @@ import redis
 
 from bench.engine import SHAPES, _spawn, _stop
 from flowlang.compiler import compile_text
-from lifecycle.archive import SegmentSink
-from lifecycle.events import end_task
+from lifecycle.events import START_TASK, end_task
 from lifecycle.keys import LIFECYCLE_GROUP, RECEIPTS_GROUP, Keys
 from lifecycle.receipts import ReceiptsWorker
+from lifecycle.segments import SegmentSink
 from lifecycle.submit import start_workflows
 from rqse.process import settle_process
 from rqse.server import RedisServer
@@ -44,7 +44,7 @@ def _fill(client: redis.Redis, events: int) -> None:
     for n in range(events // 2):
         workflow, key = f"w{n // 10}", str(n % 10 + 1)
         start = {
-            "kind": "start-task",
+            "kind": START_TASK,
             "workflow": workflow,
             "name": f"A{key}",
             "index": int(key),

@@ -51,7 +51,7 @@ def sample_event(index: int) -> dict[str, Any]:
             "input": {"path": "/data/in.csv", "rows": 1200},
             "parameters": {"for": 0},
         },
-        kind="start-task",
+        kind="job",
     )
 
 

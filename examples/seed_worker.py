@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from lifecycle.events import END_TASK, START_TASK
 from lifecycle.keys import Keys
 from rqse import EventListener, message, receipt_for
 
@@ -31,7 +32,7 @@ class StockListener(EventListener):
         super().__init__(
             key or KEYS.tasks("stock"),
             group,
-            select=["start-task"],
+            select=[START_TASK],
             consumer=consumer,
             pool=pool,
             **options,
@@ -60,7 +61,7 @@ class StockListener(EventListener):
         except Exception as error:  # the workflow sees this text as the failure reason
             end_event["status"] = "FAILURE"
             end_event["error"] = f"{type(error).__name__}: {error}"
-        self.append(message(end_event, kind="end-task"), KEYS.lifecycle)
+        self.append(message(end_event, kind=END_TASK), KEYS.lifecycle)
         return True
 
     def do_items(self, batch: dict[str, Any]) -> list[dict[str, Any]]:

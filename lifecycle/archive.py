@@ -37,15 +37,12 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from itertools import chain
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import orjson
 
 from flowlang.limits import DEFAULT_LIMITS, LimitExceeded, Limits, loads_value
 from lifecycle.errors import LifecycleError
-
-if TYPE_CHECKING:
-    from lifecycle.segments import SegmentSink
 
 __all__ = [
     "GENESIS",
@@ -53,7 +50,6 @@ __all__ = [
     "ArchiveError",
     "ArchiveProblem",
     "ArchivedEvent",
-    "SegmentSink",
     "Sink",
     "decode_line",
     "entry_record",
@@ -88,16 +84,6 @@ def id_order(entry_id: str) -> tuple[int, int]:
 
 def line_hash(line: bytes) -> str:
     return hashlib.sha256(line).hexdigest()
-
-
-def __getattr__(name: str) -> Any:
-    # SegmentSink lives in lifecycle.segments (which imports this module); callers
-    # have always imported it from here.
-    if name == "SegmentSink":
-        from lifecycle.segments import SegmentSink
-
-        return SegmentSink
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 class Sink(Protocol):

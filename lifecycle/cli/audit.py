@@ -1,7 +1,8 @@
-"""``python -m lifecycle receipts | replay``: the audit commands.
+"""``python -m lifecycle receipts | replay | recover``: the audit commands.
 
 Exit codes: 0 ok; 1 replay found a difference (chain broken, or a workflow
-diverged from its archive or its live record); 2 error.
+diverged from its archive or its live record), or recover left a lost workflow
+it could not restore; 2 error.
 """
 
 from __future__ import annotations
@@ -51,6 +52,17 @@ def add_commands(commands: Any, common: argparse.ArgumentParser) -> None:
     replay.add_argument("--offline", action="store_true", help="do not compare with Redis")
     replay.set_defaults(func=_replay_command)
 
+    recover = commands.add_parser(
+        "recover",
+        parents=[common],
+        help="restore from the archive the workflows Redis lost (or holds at an older point)",
+    )
+    recover.add_argument("--archive", required=True, help="archive directory")
+    recover.add_argument("--workflow", help="only this workflow id")
+    recover.add_argument("--dry-run", action="store_true", help="say what would be restored")
+    recover.add_argument("--json", action="store_true", help="print JSON")
+    recover.set_defaults(func=_recover)
+
 
 def _replay_command(args: argparse.Namespace, context: Context) -> int:
     client = None
@@ -67,9 +79,37 @@ def _replay_command(args: argparse.Namespace, context: Context) -> int:
         raise CliError(f"{args.archive}: {error}") from None
 
 
+def _recover(args: argparse.Namespace, context: Context) -> int:
+    from lifecycle.recover import recover
+
+    try:
+        report = recover(
+            context.client,
+            args.archive,
+            context.keys,
+            workflow=args.workflow,
+            dry_run=args.dry_run,
+        )
+    except ValueError as error:  # a graph record whose text does not parse
+        raise CliError(f"{args.archive}: {error}") from None
+    if args.json:
+        print_json({**report.summary(), "workflows": report.restored})
+    else:
+        verb = "would restore" if args.dry_run else "restored"
+        for workflow in report.restored:
+            print(f"{verb} {workflow}")
+        for workflow, why in report.skipped:
+            print(f"not restored {workflow}: {why}")
+        print(
+            f"{len(report.restored)} {verb}, {report.resent} start-tasks sent again, "
+            f"{len(report.skipped)} not restored, {report.audit.replayed} workflows replayed"
+        )
+    return EXIT_FAILED if report.skipped else EXIT_OK
+
+
 def _receipts(args: argparse.Namespace, context: Context) -> int:
-    from lifecycle.archive import SegmentSink
     from lifecycle.receipts import ReceiptsWorker
+    from lifecycle.segments import SegmentSink
     from rqse.process import settle_process
 
     client, keys = context.client, context.keys
@@ -133,7 +173,8 @@ def _replay(args: argparse.Namespace, client: redis.Redis | None, keys: Keys) ->
         totals = report.summary()
         print(
             f"{totals['workflows']} workflows, {totals['records']} records, "
-            f"{totals['diverged']} diverged, {len(report.chain)} chain problems; "
+            f"{totals['diverged']} diverged, {totals['lost_in_redis']} lost in Redis "
+            f"(python -m lifecycle recover), {len(report.chain)} chain problems; "
             f"head {report.head}"
         )
     problem = report.first_problem

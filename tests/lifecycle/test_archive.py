@@ -15,13 +15,13 @@ from lifecycle.archive import (
     ArchivedEvent,
     ArchiveError,
     ArchiveProblem,
-    SegmentSink,
     entry_record,
     iter_archive,
     line_hash,
     raw_value,
     read_archive,
 )
+from lifecycle.segments import SegmentSink
 from lifecycle.verify import check_chain
 
 

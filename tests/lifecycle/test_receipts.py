@@ -10,10 +10,11 @@ import pytest
 import redis
 
 from flowlang.compiler import compile_text
-from lifecycle.archive import SegmentSink, raw_value, read_archive
+from lifecycle.archive import raw_value, read_archive
 from lifecycle.audit import audit_archive
 from lifecycle.keys import RECEIPTS_GROUP
 from lifecycle.receipts import ReceiptsWorker
+from lifecycle.segments import SegmentSink
 from lifecycle.submit import start_workflow
 from lifecycle.verify import check_chain
 from tests.lifecycle.archive_oracle import expected_fields

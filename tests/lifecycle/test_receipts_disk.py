@@ -22,12 +22,12 @@ from lifecycle.archive import (
     ArchivedEvent,
     ArchiveError,
     ArchiveProblem,
-    SegmentSink,
     id_order,
     iter_archive,
 )
 from lifecycle.keys import LIFECYCLE_GROUP, RECEIPTS_GROUP
 from lifecycle.receipts import ReceiptsWorker
+from lifecycle.segments import SegmentSink
 from lifecycle.verify import check_chain
 from tests.lifecycle.audit_helpers import KEYS, assert_exactly_once
 

@@ -14,10 +14,11 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from lifecycle.archive import SegmentSink, line_hash, raw_value, read_archive
 from lifecycle.archive import all_plain as _all_plain
 from lifecycle.archive import joined_values as _joined
+from lifecycle.archive import line_hash, raw_value, read_archive
 from lifecycle.receipts import ReceiptsWorker
+from lifecycle.segments import SegmentSink
 from lifecycle.verify import check_chain
 from tests.lifecycle.archive_oracle import expected_fields
 

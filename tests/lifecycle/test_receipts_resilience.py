@@ -13,9 +13,10 @@ import orjson
 import pytest
 import redis
 
-from lifecycle.archive import ArchivedEvent, ArchiveProblem, SegmentSink, iter_archive, raw_value
+from lifecycle.archive import ArchivedEvent, ArchiveProblem, iter_archive, raw_value
 from lifecycle.keys import LIFECYCLE_GROUP, RECEIPTS_GROUP
 from lifecycle.receipts import ReceiptsWorker
+from lifecycle.segments import SegmentSink
 from tests.lifecycle.audit_helpers import KEYS, archive_all, assert_exactly_once
 
 POISON = {

@@ -99,3 +99,18 @@ def test_a_dry_run_changes_nothing(redis_client: redis.Redis, tmp_path: Path) ->
     report = recover(redis_client, tmp_path / "archive", KEYS, dry_run=True)
     assert report.restored == [ids[0]]
     assert not redis_client.exists(KEYS.workflow(ids[0]))
+
+
+def test_the_recover_command_restores_and_says_what_it_did(
+    redis_client: redis.Redis, tmp_path: Path, redis_url: str, capsys
+) -> None:
+    from lifecycle.cli import main
+
+    _, ids, _ = _halfway(redis_client, 2)
+    archive_all(redis_client, tmp_path / "archive")
+    redis_client.delete(KEYS.workflow(ids[1]))
+    code = main(["recover", "--archive", str(tmp_path / "archive"), "--redis-url", redis_url])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert f"restored {ids[1]}" in out and "1 restored, 1 start-tasks sent again" in out
+    assert load_workflow(redis_client, KEYS, ids[1]).state.running == {"2": 1}

@@ -11,9 +11,10 @@ from flowlang.compiler import compile_text
 from flowlang.machine import Machine, State
 from flowlang.runner import TaskCall, run
 from lifecycle.advance import Advancer
-from lifecycle.archive import SegmentSink, read_archive
+from lifecycle.archive import read_archive
 from lifecycle.keys import Keys
 from lifecycle.receipts import ReceiptsWorker
+from lifecycle.segments import SegmentSink
 from lifecycle.store import load_workflow
 from lifecycle.submit import start_workflow, terminate_workflow
 from tests.lifecycle.harness import Harness, decode
