@@ -30,7 +30,13 @@ from typing import Any
 
 import redis
 
-from rqse.deadletter import MAX_DELIVERIES, PROCESS_ERROR, REJECTED, dead_letter_fields
+from rqse.deadletter import (
+    INVALID_JSON,
+    MAX_DELIVERIES,
+    PROCESS_ERROR,
+    REJECTED,
+    dead_letter_fields,
+)
 from rqse.errors import MalformedEntry
 from rqse.events import decode_fields
 from rqse.keys import dead_letter_key
@@ -167,6 +173,11 @@ class BatchHandler:
                     event = decode(fields, event_id)
                 except MalformedEntry as e:
                     self._dead_letter(stream, entry_id, fields, e.reason, str(e), deliveries)
+                    acks.append(entry_id)
+                    continue
+                except Exception as e:  # a decode_entry override tripping on garbage
+                    error = f"{type(e).__name__} while decoding: {e}"
+                    self._dead_letter(stream, entry_id, fields, INVALID_JSON, error, deliveries)
                     acks.append(entry_id)
                     continue
                 if select is not None and event[kind_field] not in select:

@@ -140,6 +140,13 @@ def _load_value(raw: bytes, name: str, entry_id: str | None) -> Any:
         pass
     try:  # json.dumps output orjson refuses: NaN, Infinity, lone surrogates
         return json.loads(raw.decode("utf-8"))
+    except RecursionError:  # deeper than orjson's 1024 levels: garbage, not an event
+        raise MalformedEntry(
+            "invalid-json",
+            f"field {name!r} is nested too deeply ({len(raw)} bytes)",
+            entry_id=entry_id,
+            field=name,
+        ) from None
     except (UnicodeDecodeError, ValueError) as e:
         preview = raw[:60].decode("utf-8", "replace")
         raise MalformedEntry(

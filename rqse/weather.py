@@ -129,7 +129,9 @@ def _detail(error: BaseException) -> str:
             detail = str(current)
         current = current.__cause__ or current.__context__
         seen += 1
-    return detail.strip().rstrip(".")
+    # The server's first sentence says it (MISCONF's message runs to five).
+    first = detail.strip().split(". ", 1)[0].rstrip(".")
+    return first if len(first) <= 120 else first[:117] + "..."
 
 
 class Forecast:
