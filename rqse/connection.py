@@ -23,8 +23,8 @@ import re
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
 from pathlib import Path
+from typing import Any
 from urllib.parse import unquote
 
 import redis

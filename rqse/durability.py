@@ -62,7 +62,10 @@ def warnings_for(config: Mapping[str, str]) -> list[str]:
 
 def _text_items(reply: Any) -> dict[str, str]:
     """CONFIG GET's reply (a dict in redis-py, values bytes or str) as text."""
-    items = reply.items() if isinstance(reply, Mapping) else zip(reply[::2], reply[1::2])
+    if isinstance(reply, Mapping):
+        items: Any = reply.items()
+    else:  # a flat name, value, ... list (RESP2 without redis-py's callback)
+        items = zip(reply[::2], reply[1::2], strict=False)
     return {_text(name): _text(value) for name, value in items}
 
 
