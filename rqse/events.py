@@ -185,7 +185,7 @@ def decode_fields(
                 text = name.decode()
             except UnicodeDecodeError:
                 raise MalformedEntry(
-                    "invalid-json", f"field name {name!r} is not UTF-8", entry_id=entry_id
+                    "invalid-json", f"field name {name[:40]!r} is not UTF-8", entry_id=entry_id
                 ) from None
             event[text] = _load_value(raw, text, entry_id)
     if kind_field is not None and not isinstance(event.get(kind_field), str):
