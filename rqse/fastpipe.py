@@ -35,6 +35,7 @@ __all__ = [
     "Template",
     "execute",
     "execute_transaction",
+    "internals_missing",
     "session",
     "transaction",
 ]
@@ -82,6 +83,38 @@ class Template:
         """The arguments ``fill(*values)`` packs, as a list."""
         slots = iter(values)
         return [next(slots) if a is SLOT else a for a in self.arguments]  # type: ignore[misc]
+
+
+def internals_missing(client: redis.Redis) -> list[str]:
+    """The redis-py internals this module (and the listener's raw read) relies on that
+    the installed redis-py lacks, checked on one of ``client``'s connections (an empty
+    list: all there). Without them the fast path is off, silently but for this list."""
+    missing = []
+    if _NOT_ENOUGH_DATA is None:
+        missing.append("redis._parsers.hiredis.NOT_ENOUGH_DATA")
+    pool = client.connection_pool
+    try:
+        connection = pool.get_connection()
+    except TypeError as error:  # redis-py < 6 wants a command name
+        return [*missing, f"ConnectionPool.get_connection() without arguments ({error})"]
+    try:
+        connection.connect()
+        for name in ("send_packed_command", "send_command", "read_response", "disconnect"):
+            if not callable(getattr(connection, name, None)):
+                missing.append(f"Connection.{name}()")
+        if not isinstance(getattr(connection, "_sock", None), socket.socket):
+            missing.append("Connection._sock (the connected socket)")
+        parser = getattr(connection, "_parser", None)
+        if not isinstance(getattr(parser, "_reader", None), hiredis.Reader):
+            missing.append("Connection._parser._reader (a hiredis.Reader)")
+        if getattr(connection, "protocol", 2) not in (2, "2", None):
+            if _PUSH is None:
+                missing.append("hiredis.PushNotification (hiredis >= 3.2, for RESP3)")
+            if not callable(getattr(parser, "handle_push_response", None)):
+                missing.append("Connection._parser.handle_push_response()")
+    finally:
+        pool.release(connection)
+    return missing
 
 
 def execute(client: redis.Redis, commands: Sequence[Command]) -> list[Any]:
