@@ -25,6 +25,7 @@ __all__ = [
     "BUSY",
     "DOWN",
     "LOADING",
+    "MASTERDOWN",
     "MISCONF",
     "OUT_OF_MEMORY",
     "READONLY",
@@ -43,6 +44,7 @@ LOADING = "is loading its data"
 MISCONF = "refuses writes: its last save to disk failed (MISCONF)"
 BUSY = "is busy running a script"
 TRYAGAIN = "asks to try again (failover or resharding in progress)"
+MASTERDOWN = "is a replica cut off from its master"
 DOWN = "is unreachable"
 TIMEOUT = "did not answer in time"
 AUTH = "refused the credentials"  # a rotated password: retried, as the others
@@ -56,7 +58,7 @@ _CODES = {
     "LOADING": LOADING,
     "MISCONF": MISCONF,
     "BUSY": BUSY,
-    "MASTERDOWN": TRYAGAIN,
+    "MASTERDOWN": MASTERDOWN,
     "TRYAGAIN": TRYAGAIN,
     "CLUSTERDOWN": TRYAGAIN,
     "NOREPLICAS": TRYAGAIN,
@@ -87,6 +89,8 @@ def _classify_one(error: BaseException) -> str | None:
             return OUT_OF_MEMORY
         if isinstance(error, redis.exceptions.ReadOnlyError):
             return READONLY
+        if isinstance(error, redis.exceptions.MasterDownError):  # a ClusterDownError
+            return MASTERDOWN
         if isinstance(error, (redis.exceptions.TryAgainError, redis.exceptions.ClusterDownError)):
             return TRYAGAIN
         code = getattr(error, "status_code", None) or str(error).split(" ", 1)[0]

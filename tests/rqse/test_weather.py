@@ -226,3 +226,29 @@ def test_weather_is_described_in_one_line_and_real_errors_are_not_weather(server
         wrapped = RuntimeError("the handler's own error")
         wrapped.__cause__ = error
         assert classify(wrapped) is not None, "a handler's error caused by weather is weather"
+
+
+@pytest.mark.parametrize(
+    ("reply", "expected"),
+    [
+        ("LOADING Redis is loading the dataset in memory", "Redis is loading its data"),
+        ("MASTERDOWN Link with MASTER is down", "Redis is a replica cut off from its master"),
+        ("TRYAGAIN Multiple keys request during rehashing of slot", "Redis asks to try again"),
+        ("CLUSTERDOWN The cluster is down", "Redis asks to try again"),
+        ("NOREPLICAS Not enough good replicas to write.", "Redis asks to try again"),
+        ("WRONGPASS invalid username-password pair", "Redis refused the credentials"),
+    ],
+)
+def test_replies_of_states_hard_to_cause_here_are_weather_too(reply, expected):
+    """Error replies as redis-py's own parser turns them into exceptions."""
+    from redis._parsers.base import BaseParser
+
+    error = BaseParser.parse_error(reply)
+    assert describe(error).startswith(expected)
+
+
+def test_real_errors_are_not_weather():
+    from redis._parsers.base import BaseParser
+
+    for reply in ("NOPERM this user has no permissions", "ERR unknown command 'XFOO'"):
+        assert classify(BaseParser.parse_error(reply)) is None
