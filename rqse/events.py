@@ -236,7 +236,7 @@ def raw_stream_items(reply: Any) -> list[tuple[bytes, list[tuple[bytes, dict[byt
     streams = reply.items() if isinstance(reply, dict) else reply
     items = []
     for name, raw_entries in streams:
-        entries = []
+        entries: list[tuple[bytes, dict[bytes, bytes]]] = []
         append = entries.append
         for entry_id, flat in raw_entries:
             pairs = iter(flat or ())

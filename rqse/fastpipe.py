@@ -82,7 +82,7 @@ class Template:
     def unpacked(self, *values: bytes) -> list[Argument]:
         """The arguments ``fill(*values)`` packs, as a list."""
         slots = iter(values)
-        return [next(slots) if a is SLOT else a for a in self.arguments]  # type: ignore[misc]
+        return [next(slots) if a is SLOT else a for a in self.arguments]
 
 
 def internals_missing(client: redis.Redis) -> list[str]:
@@ -98,7 +98,7 @@ def internals_missing(client: redis.Redis) -> list[str]:
     except TypeError as error:  # redis-py < 6 wants a command name
         return [*missing, f"ConnectionPool.get_connection() without arguments ({error})"]
     try:
-        connection.connect()
+        connection.connect()  # type: ignore[no-untyped-call]
         for name in ("send_packed_command", "send_command", "read_response", "disconnect"):
             if not callable(getattr(connection, name, None)):
                 missing.append(f"Connection.{name}()")
@@ -152,7 +152,7 @@ def session(client: redis.Redis) -> Iterator[Send]:
         yield send
     except BaseException:
         # The stream of replies may be out of step with the commands: never reuse it.
-        connection.disconnect()
+        connection.disconnect()  # type: ignore[no-untyped-call]
         raise
     finally:
         pool.release(connection)
@@ -161,7 +161,7 @@ def session(client: redis.Redis) -> Iterator[Send]:
 def _round_trip(connection: Any, commands: Sequence[Command], check_health: bool) -> list[Any]:
     if not commands:
         return []
-    pack = hiredis.pack_command
+    pack: Callable[[tuple[Argument, ...]], bytes] = hiredis.pack_command  # type: ignore[assignment]
     connection.send_packed_command(
         [b"".join([c if type(c) is bytes else pack(tuple(c)) for c in commands])],
         check_health=check_health,

@@ -44,7 +44,7 @@ import threading
 import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from time import monotonic
-from typing import Any
+from typing import Any, cast
 
 import redis
 
@@ -286,9 +286,9 @@ class EventListener(Recovery, EventClient):
         options = _xadd_options(maxlen, minid, approximate)
         if not self._in_batch:
             with translate_errors("XADD", f"{stream!r} at {self.location}"):
-                self._redis.xadd(stream, fields, **options)
+                self._redis.xadd(stream, cast(Any, fields), **options)
             return
-        self._outbox.add(stream, fields, options)
+        self._outbox.add(stream, cast(Any, fields), options)
 
     def emit_filled(self, xadd: Template, *values: bytes) -> None:
         """:meth:`emit` of an ``XADD <stream> * <fields>`` :class:`rqse.fastpipe.Template`
@@ -484,7 +484,7 @@ class EventListener(Recovery, EventClient):
         try:
             if self._stopping.is_set():
                 self._start_waking()
-            reply = connection.read_response()  # type: ignore[no-untyped-call]
+            reply = connection.read_response()
         except BaseException:
             connection.disconnect()  # type: ignore[no-untyped-call]  # reply half read?
             raise
