@@ -8,8 +8,9 @@ pending (failed), or dead letter on the last allowed delivery. Then one
 transaction writes it all (:class:`rqse.outbox.Outbox`).
 
 Redis weather (:mod:`rqse.weather`: out of memory, read-only, unreachable...)
-is not the entry's fault. When ``process()`` fails with it, or the batch's
-transaction does, the batch stops there: nothing is counted as failed, the
+is not the entry's fault. When ``process()`` fails with it (and a probe finds
+this listener's Redis refusing writes too: the handler may have met another
+server), or the batch's transaction does, the batch stops there: nothing is counted as failed, the
 entries not acknowledged stay pending, and each is noted in ``_weathered`` so
 that its next delivery to this listener (after the backoff, by recovery or a
 claim) does not count toward ``max_deliveries``: nothing is dead-lettered
@@ -42,7 +43,7 @@ from rqse.events import decode_fields
 from rqse.keys import dead_letter_key
 from rqse.lease import Lease
 from rqse.outbox import Outbox
-from rqse.weather import is_weather
+from rqse.weather import classify, is_weather
 
 __all__ = ["BatchHandler", "ListenerStats"]
 
@@ -191,7 +192,7 @@ class BatchHandler:
                 try:
                     handled = process(event_id, event)
                 except Exception as e:
-                    if is_weather(e):
+                    if is_weather(e) and self._our_weather(stream):
                         weather = e  # Redis refused, not the entry: stop the batch here
                         break
                     stats.failed += 1
@@ -220,6 +221,22 @@ class BatchHandler:
             self._weather_hit(stream, entries, acks)
             raise weather
 
+    def _our_weather(self, stream: str) -> bool:
+        """Whether this listener's Redis refuses writes now (one probe, on the failure
+        path only): a handler's error may come from another Redis it talks to, which
+        must not spare an entry from being counted and, in the end, dead-lettered.
+
+        The probe is the write establishing does (XGROUP CREATE, answered BUSYGROUP by
+        a healthy server), so it meets the same refusals the batch's writes would.
+        """
+        try:
+            self._redis.xgroup_create(stream, self._group, id="0", mkstream=True)
+        except redis.RedisError as error:
+            # Its own words only: raised while handling the handler's error, it has
+            # that error for context.
+            return classify(error, chain=False) is not None
+        return False
+
     def _weather_hit(
         self, stream: str, entries: Sequence[Entry], finished: Sequence[bytes]
     ) -> None:
@@ -242,7 +259,7 @@ class BatchHandler:
         try:
             acknowledged = self.process_batch(batch) or ()
         except Exception as error:
-            if is_weather(error):
+            if is_weather(error) and self._our_weather(stream):
                 return error
             self.stats.failed += len(batch)
             for event_id, _ in batch:

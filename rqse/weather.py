@@ -65,13 +65,16 @@ _CODES = {
 }
 
 
-def classify(error: BaseException) -> str | None:
+def classify(error: BaseException, chain: bool = True) -> str | None:
     """The weather ``error`` reports (one of this module's states), or None.
 
-    Looks through ``__cause__``/``__context__`` too, so an rqse error raised
-    ``from`` a redis-py error (or a handler's own exception raised while Redis
-    refused its write) is classified by what Redis said.
+    Looks through ``__cause__``/``__context__`` too (unless ``chain`` is False),
+    so an rqse error raised ``from`` a redis-py error (or a handler's own
+    exception raised while Redis refused its write) is classified by what Redis
+    said.
     """
+    if not chain:
+        return _classify_one(error)
     seen = 0
     current: BaseException | None = error
     while current is not None and seen < 16:  # a chain is short; a cycle is not followed

@@ -252,3 +252,22 @@ def test_real_errors_are_not_weather():
 
     for reply in ("NOPERM this user has no permissions", "ERR unknown command 'XFOO'"):
         assert classify(BaseParser.parse_error(reply)) is None
+
+
+def test_a_handler_failing_on_another_redis_is_counted_and_dead_lettered(server, caplog):
+    """Weather of a server the handler talks to is the handler's failure: only this
+    listener's own Redis refusing writes spares an entry from being counted."""
+    elsewhere = RedisSettings.resolve(url=f"redis://127.0.0.1:{free_port()}", env={})
+    other = redis.Redis(connection_pool=elsewhere.pool())
+
+    class Copier(EventListener):
+        def process(self, event_id, event):
+            other.set("copy", event["n"])  # refused: nothing listens there
+            return True
+
+    EventClient("jobs", url=server.url).append(message({"n": 1}, kind="job"))
+    listener = Copier("jobs", "g", url=server.url, max_deliveries=2, claim_idle=0.05)
+    listener.listen(max_events=1)
+    [(_, letter)] = EventClient(dead_letter_key("jobs"), url=server.url).range(count=None)
+    assert letter["reason"] == "process-error" and "ConnectionError" in letter["error"]
+    assert listener.stats.failed == 2 and listener.stats.reconnects == 0
