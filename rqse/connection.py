@@ -18,6 +18,7 @@ appear in logs or error messages: every URL printed goes through :func:`mask_url
 
 from __future__ import annotations
 
+import argparse
 import os
 import re
 from collections.abc import Iterator, Mapping
@@ -39,6 +40,7 @@ __all__ = [
     "is_transient",
     "mask_url",
     "read_url_file",
+    "redis_arguments",
     "resolve_url",
     "translate_errors",
 ]
@@ -252,6 +254,22 @@ def resolve_url(
     falling back to the environment (``REDIS_URL``, ``REDIS_URL_FILE``, ``REDIS_HOST``...).
     Raises :class:`ConfigurationError` with one printable line."""
     return RedisSettings.resolve(url=url, url_file=url_file, env=env)
+
+
+def redis_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add ``--redis-url`` and ``--redis-url-file`` (mutually exclusive) to a CLI's
+    parser; pass their values to :func:`resolve_url`."""
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument(
+        "--redis-url",
+        metavar="URL",
+        help="redis://, rediss:// or unix:// URL (a password here shows in ps: prefer a file)",
+    )
+    where.add_argument(
+        "--redis-url-file",
+        metavar="PATH",
+        help="file holding the Redis URL (also REDIS_URL_FILE), e.g. a mounted secret",
+    )
 
 
 def _host_url(host: str, port: int | str) -> str:

@@ -179,3 +179,19 @@ def test_a_client_never_shows_a_password_with_delimiters(caplog):
     with pytest.raises(ConfigurationError) as refused:  # '/' and '#' cut the URL short
         EventClient("k", url="redis://me:p#ss/w@rd@127.0.0.1:1/0")
     assert "p#ss" not in str(refused.value) and "w@rd" not in str(refused.value)
+
+
+def test_cli_flags_for_the_url_and_its_file_are_exclusive_and_feed_resolve_url(tmp_path, capsys):
+    import argparse
+
+    from rqse.connection import redis_arguments
+
+    parser = argparse.ArgumentParser(prog="tool")
+    redis_arguments(parser)
+    path = tmp_path / "url"
+    path.write_text("redis://:s3cret@db:6379/0")
+    args = parser.parse_args(["--redis-url-file", str(path)])
+    assert resolve_url(args.redis_url, args.redis_url_file, env={}).url.endswith("@db:6379/0")
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--redis-url", "redis://h", "--redis-url-file", str(path)])
+    assert "not allowed with argument" in capsys.readouterr().err
