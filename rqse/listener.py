@@ -522,15 +522,16 @@ class EventListener(Recovery, EventClient):
             return
         threading.Thread(target=self._wake, name="rqse-wake", daemon=True).start()
         grace = min(1.0, self._drain_timeout / 2)
-        cutter = threading.Timer(grace, self._cut_reader)
+        cutter = threading.Timer(grace, self._cut_reader, args=(self._reader,))
         cutter.daemon = True
         cutter.start()
 
-    def _cut_reader(self) -> None:
-        reader = self._reader
-        connection = reader.connection if reader is not None else None
-        sock = getattr(connection, "_sock", None)
-        if not self._blocking or sock is None:
+    def _cut_reader(self, reader: redis.Redis | None) -> None:
+        # Only the read it was started for: listen() may have returned and begun anew.
+        if reader is None or reader is not self._reader or not self._blocking:
+            return
+        sock = getattr(reader.connection, "_sock", None)
+        if sock is None:
             return
         logger.debug("consumer %s: Redis did not unblock the read; closing it", self._consumer)
         with contextlib.suppress(OSError):
