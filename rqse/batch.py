@@ -10,11 +10,13 @@ transaction writes it all (:class:`rqse.outbox.Outbox`).
 Redis weather (:mod:`rqse.weather`: out of memory, read-only, unreachable...)
 is not the entry's fault. When ``process()`` fails with it (and a probe finds
 this listener's Redis refusing writes too: the handler may have met another
-server), or the batch's transaction does, the batch stops there: nothing is counted as failed, the
-entries not acknowledged stay pending, and each is noted in ``_weathered`` so
-that its next delivery to this listener (after the backoff, by recovery or a
-claim) does not count toward ``max_deliveries``: nothing is dead-lettered
-because Redis was full. The error then goes up to the loop, which backs off.
+server), or the batch's transaction does, the batch stops there: nothing is
+counted as failed, the entries not acknowledged stay pending, and each is noted
+in ``_weathered`` so that its next delivery to this listener (after the
+backoff, by recovery or a claim) does not count toward ``max_deliveries``:
+nothing is dead-lettered because Redis was full. The error then goes up to the
+loop, which backs off. (The note lives in this process: a delivery to another
+consumer, or after a restart, counts.)
 
 This is the hot path: locals instead of attribute lookups, no per-entry
 allocation beyond the decoded event, the id string and the ack list slot.
@@ -156,7 +158,7 @@ class BatchHandler:
                 else:
                     deliveries = counts.get(entry_id, 1)
                     if weathered:
-                        deliveries -= weathered.pop((stream, entry_id), 0)
+                        deliveries = max(1, deliveries - weathered.pop((stream, entry_id), 0))
                 if deliveries > max_deliveries:
                     self._dead_letter(
                         stream,
