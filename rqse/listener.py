@@ -60,7 +60,7 @@ from rqse.lease import Lease
 from rqse.outbox import Outbox
 from rqse.recovery import Recovery
 from rqse.shutdown import SignalHandlers
-from rqse.weather import Forecast, classify
+from rqse.weather import READONLY, Forecast, classify
 
 __all__ = ["EventListener", "ListenerStats", "default_consumer_name"]
 
@@ -434,6 +434,11 @@ class EventListener(Recovery, EventClient):
         self.stats.reconnects += 1
         delay = self._reconnect.next_delay()
         self._forecast.storm(error, self.location, delay)
+        if state == READONLY:
+            # A failover made this server a replica; its name may point at the new
+            # primary by now, which only new connections reach (idle ones are dropped,
+            # those other threads use are theirs to lose).
+            self._pool.disconnect(inuse_connections=False)
         self._stopping.wait(delay)
 
     def _establish(self) -> None:

@@ -271,3 +271,43 @@ def test_a_handler_failing_on_another_redis_is_counted_and_dead_lettered(server,
     [(_, letter)] = EventClient(dead_letter_key("jobs"), url=server.url).range(count=None)
     assert letter["reason"] == "process-error" and "ConnectionError" in letter["error"]
     assert listener.stats.failed == 2 and listener.stats.reconnects == 0
+
+
+def test_after_a_failover_the_listener_follows_its_address_to_the_new_primary(
+    server, proxy, run_listener, caplog
+):
+    """The old primary turns replica (READONLY) while the address the listener uses
+    (the proxy, as a DNS name or a virtual IP would) moves to the promoted replica:
+    connections made before the failover must not be reused for ever."""
+    caplog.set_level(logging.INFO, logger="rqse")
+    old = redis.Redis(port=server.port)
+    old.config_set("repl-diskless-sync-delay", 0)  # a full sync at once, not in 5 s
+    with RedisServer(extra_args=["--repl-diskless-sync-delay", "0"]) as promoted:
+        new = redis.Redis(port=promoted.port)
+        new.replicaof("127.0.0.1", server.port)
+        EventClient("jobs", url=server.url).append_many(
+            [message({"n": n}, kind="job") for n in range(20)]
+        )
+
+        def failover() -> None:
+            wait_until(
+                lambda: (
+                    new.info("replication")["master_link_status"] == "up"
+                    and new.xlen("jobs") == 20
+                    and new.xpending("jobs", "g")["pending"] == 5
+                ),
+                what="the replica in sync",
+            )
+            new.replicaof("NO", "ONE")
+            proxy.target = ("127.0.0.1", promoted.port)
+            old.replicaof("127.0.0.1", promoted.port)
+
+        listener = relay(None, failover, pool=RedisSettings.resolve(url=proxy.url).pool())
+        run = run_listener(listener)
+        wait_until(lambda: new.xlen("out") >= 20, what="every job answered by the new primary")
+        wait_until(lambda: new.xpending("jobs", "g")["pending"] == 0, what="all acknowledged")
+        run.stop()
+        assert set(listener.seen) == set(range(20))
+        assert new.xlen(dead_letter_key("jobs")) == 0
+        assert "Redis is a read-only replica" in caplog.text
+        assert "Redis is back" in caplog.text
