@@ -18,7 +18,7 @@ from tests.rqse.helpers import wait_until
 from tests.rqse.proxy import Proxy
 
 CHILD = Path(__file__).with_name("weather_child.py")
-DRAIN = 1.5
+DRAIN = 2.0
 
 
 @pytest.fixture
