@@ -156,6 +156,9 @@ class Forecast:
         self.retries = 0
 
     def storm(self, error: BaseException, where: str, delay: float) -> str | None:
+        """A step failed with ``error`` at ``where`` and the next try is in ``delay``
+        seconds: a warning if the weather changed, a debug line if not. Returns the
+        state (None, and nothing logged, when ``error`` is not weather)."""
         state = classify(error)
         if state is None:
             return None
@@ -176,14 +179,15 @@ class Forecast:
         return state
 
     def clear(self) -> None:
+        """A step succeeded: one line if a spell just ended."""
         if self.state is None:
             return
         self._logger.info(
-            "%s: Redis is back (%s for %.1fs, %d retries)",
+            "%s: Redis is back after %.1fs and %d retries (last: Redis %s)",
             self._who,
-            self.state,
             monotonic() - self._since,
             self.retries,
+            self.state,
         )
         self.state = None
         self.retries = 0
