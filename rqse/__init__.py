@@ -10,7 +10,8 @@ Wire format, delivery guarantees and trimming: ``docs/events.md``.
 from rqse.backoff import Backoff
 from rqse.batch import ListenerStats
 from rqse.client import EventClient
-from rqse.connection import RedisSettings, mask_url
+from rqse.connection import RedisSettings, mask_url, resolve_url
+from rqse.durability import server_warnings
 from rqse.errors import (
     ArchiveError,
     ConfigurationError,
@@ -25,6 +26,7 @@ from rqse.keys import RECEIPT_GROUP, dead_letter_key
 from rqse.listener import EventListener
 from rqse.receipts import JsonLinesArchive, ReceiptListener
 from rqse.trim import TrimResult, trim_acknowledged
+from rqse.weather import describe, is_weather
 
 __all__ = [
     "RECEIPT_GROUP",
@@ -44,8 +46,12 @@ __all__ = [
     "RqseError",
     "TrimResult",
     "dead_letter_key",
+    "describe",
+    "is_weather",
     "mask_url",
     "message",
     "receipt_for",
+    "resolve_url",
+    "server_warnings",
     "trim_acknowledged",
 ]

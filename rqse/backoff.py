@@ -16,8 +16,10 @@ class Backoff:
     in lock step. :meth:`reset` after a success starts again from ``initial``.
     """
 
-    initial: float = 0.1
-    maximum: float = 10.0
+    # 50 ms first (a failover or a blip is often over by then), 5 s at most (a listener
+    # notices Redis is back within seconds, and a dead one costs one attempt per 5 s).
+    initial: float = 0.05
+    maximum: float = 5.0
     multiplier: float = 2.0
     jitter: float = 0.2
     random: Callable[[], float] = field(default=random.random, repr=False)

@@ -7,6 +7,17 @@ acknowledge (processed), falsy -> acknowledge (declined), exception -> stays
 pending (failed), or dead letter on the last allowed delivery. Then one
 transaction writes it all (:class:`rqse.outbox.Outbox`).
 
+Redis weather (:mod:`rqse.weather`: out of memory, read-only, unreachable...)
+is not the entry's fault. When ``process()`` fails with it (and a probe finds
+this listener's Redis refusing writes too: the handler may have met another
+server), or the batch's transaction does, the batch stops there: nothing is
+counted as failed, the entries not acknowledged stay pending, and each is noted
+in ``_weathered`` so that its next delivery to this listener (after the
+backoff, by recovery or a claim) does not count toward ``max_deliveries``:
+nothing is dead-lettered because Redis was full. The error then goes up to the
+loop, which backs off. (The note lives in this process: a delivery to another
+consumer, or after a restart, counts.)
+
 This is the hot path: locals instead of attribute lookups, no per-entry
 allocation beyond the decoded event, the id string and the ack list slot.
 """
@@ -22,12 +33,19 @@ from typing import Any
 
 import redis
 
-from rqse.deadletter import MAX_DELIVERIES, PROCESS_ERROR, REJECTED, dead_letter_fields
+from rqse.deadletter import (
+    INVALID_JSON,
+    MAX_DELIVERIES,
+    PROCESS_ERROR,
+    REJECTED,
+    dead_letter_fields,
+)
 from rqse.errors import MalformedEntry
 from rqse.events import decode_fields
 from rqse.keys import dead_letter_key
 from rqse.lease import Lease
 from rqse.outbox import Outbox
+from rqse.weather import classify, is_weather
 
 __all__ = ["BatchHandler", "ListenerStats"]
 
@@ -73,6 +91,8 @@ class BatchHandler:
     _max_entry_bytes: int
     _in_batch: bool
     _current_stream: str | None
+    # (stream, entry id) -> deliveries lost to Redis weather, not yet made up for
+    _weathered: dict[tuple[str, bytes], int]
 
     def process(self, event_id: str, event: dict[str, Any]) -> bool:
         raise NotImplementedError
@@ -122,6 +142,8 @@ class BatchHandler:
         batch: list[tuple[str, dict[str, Any]]] = []
         self._batch_entries: dict[str, tuple[bytes, dict[bytes, bytes], int]] = {}
         self._rejected: set[str] = set()
+        weathered = self._weathered
+        weather: Exception | None = None
         self._in_batch = True
         self._current_stream = stream
         try:
@@ -131,7 +153,12 @@ class BatchHandler:
                 if not fields:  # deleted (XDEL) while pending: nothing left to do
                     acks.append(entry_id)
                     continue
-                deliveries = 1 if counts is None else counts.get(entry_id, 1)
+                if counts is None:
+                    deliveries = 1
+                else:
+                    deliveries = counts.get(entry_id, 1)
+                    if weathered:
+                        deliveries = max(1, deliveries - weathered.pop((stream, entry_id), 0))
                 if deliveries > max_deliveries:
                     self._dead_letter(
                         stream,
@@ -151,6 +178,11 @@ class BatchHandler:
                     self._dead_letter(stream, entry_id, fields, e.reason, str(e), deliveries)
                     acks.append(entry_id)
                     continue
+                except Exception as e:  # a decode_entry override tripping on garbage
+                    error = f"{type(e).__name__} while decoding: {e}"
+                    self._dead_letter(stream, entry_id, fields, INVALID_JSON, error, deliveries)
+                    acks.append(entry_id)
+                    continue
                 if select is not None and event[kind_field] not in select:
                     stats.ignored += 1
                     acks.append(entry_id)
@@ -162,6 +194,9 @@ class BatchHandler:
                 try:
                     handled = process(event_id, event)
                 except Exception as e:
+                    if is_weather(e) and self._our_weather(stream):
+                        weather = e  # Redis refused, not the entry: stop the batch here
+                        break
                     stats.failed += 1
                     if self._failed(stream, entry_id, fields, e, deliveries):
                         acks.append(entry_id)
@@ -171,34 +206,75 @@ class BatchHandler:
                     stats.processed += 1
                 else:
                     stats.declined += 1
-            if batch:
-                self._handle_batch(stream, batch, acks)
+            if batch and weather is None:
+                weather = self._handle_batch(stream, batch, acks)
         finally:
             self._in_batch = False
             self._current_stream = None
         try:
             self._outbox.flush(self._redis, self._group)
+        except Exception as e:
+            if is_weather(e):
+                self._weather_hit(stream, entries, ())  # nothing of the batch was written
+            raise
         finally:
             self._lease.clear()
+        if weather is not None:
+            self._weather_hit(stream, entries, acks)
+            raise weather
+
+    def _our_weather(self, stream: str) -> bool:
+        """Whether this listener's Redis refuses writes now (one probe, on the failure
+        path only): a handler's error may come from another Redis it talks to, which
+        must not spare an entry from being counted and, in the end, dead-lettered.
+
+        The probe is the write establishing does (XGROUP CREATE, answered BUSYGROUP by
+        a healthy server), so it meets the same refusals the batch's writes would.
+        """
+        try:
+            self._redis.xgroup_create(stream, self._group, id="0", mkstream=True)
+        except redis.RedisError as error:
+            # Its own words only: raised while handling the handler's error, it has
+            # that error for context.
+            return classify(error, chain=False) is not None
+        return False
+
+    def _weather_hit(
+        self, stream: str, entries: Sequence[Entry], finished: Sequence[bytes]
+    ) -> None:
+        """Note the entries left pending by weather (not acknowledged): their next
+        delivery here is not counted against them."""
+        done = set(finished)
+        weathered = self._weathered
+        if len(weathered) > 100_000:  # entries that never came back (claimed elsewhere)
+            weathered.clear()
+        for entry_id, _ in entries:
+            if entry_id not in done:
+                key = (stream, entry_id)
+                weathered[key] = weathered.get(key, 0) + 1
 
     def _handle_batch(
         self, stream: str, batch: list[tuple[str, dict[str, Any]]], acks: list[bytes]
-    ) -> None:
+    ) -> Exception | None:
+        """process_batch() on the batch; returns the weather error that stopped it."""
         entries = self._batch_entries
         try:
             acknowledged = self.process_batch(batch) or ()
         except Exception as error:
+            if is_weather(error) and self._our_weather(stream):
+                return error
             self.stats.failed += len(batch)
             for event_id, _ in batch:
                 entry_id, fields, deliveries = entries[event_id]
                 if self._failed(stream, entry_id, fields, error, deliveries):
                     acks.append(entry_id)
-            return
+            return None
         skip = set(acknowledged) - self._rejected
         for event_id, _ in batch:
             if event_id not in skip:
                 acks.append(entries[event_id][0])
         self.stats.processed += len(batch) - len(self._rejected)
+        return None
 
     def _failed(
         self,

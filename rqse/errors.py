@@ -14,7 +14,10 @@ class ConfigurationError(RqseError):
 
 
 class RedisUnavailable(RqseError):
-    """Raised when Redis cannot be reached: refused, reset, timed out or loading."""
+    """Raised when Redis cannot serve a command for now: unreachable (refused, reset,
+    timed out), or refusing it until something passes (out of memory, read-only
+    replica, loading, MISCONF, busy script). :func:`rqse.weather.describe` names which;
+    a listener waits and retries these, never counting them against an entry."""
 
 
 class RedisCommandError(RqseError):

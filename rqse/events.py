@@ -140,6 +140,13 @@ def _load_value(raw: bytes, name: str, entry_id: str | None) -> Any:
         pass
     try:  # json.dumps output orjson refuses: NaN, Infinity, lone surrogates
         return json.loads(raw.decode("utf-8"))
+    except RecursionError:  # deeper than orjson's 1024 levels: garbage, not an event
+        raise MalformedEntry(
+            "invalid-json",
+            f"field {name!r} is nested too deeply ({len(raw)} bytes)",
+            entry_id=entry_id,
+            field=name,
+        ) from None
     except (UnicodeDecodeError, ValueError) as e:
         preview = raw[:60].decode("utf-8", "replace")
         raise MalformedEntry(
@@ -178,7 +185,7 @@ def decode_fields(
                 text = name.decode()
             except UnicodeDecodeError:
                 raise MalformedEntry(
-                    "invalid-json", f"field name {name!r} is not UTF-8", entry_id=entry_id
+                    "invalid-json", f"field name {name[:40]!r} is not UTF-8", entry_id=entry_id
                 ) from None
             event[text] = _load_value(raw, text, entry_id)
     if kind_field is not None and not isinstance(event.get(kind_field), str):
@@ -229,7 +236,7 @@ def raw_stream_items(reply: Any) -> list[tuple[bytes, list[tuple[bytes, dict[byt
     streams = reply.items() if isinstance(reply, dict) else reply
     items = []
     for name, raw_entries in streams:
-        entries = []
+        entries: list[tuple[bytes, dict[bytes, bytes]]] = []
         append = entries.append
         for entry_id, flat in raw_entries:
             pairs = iter(flat or ())

@@ -35,6 +35,7 @@ __all__ = [
     "Template",
     "execute",
     "execute_transaction",
+    "internals_missing",
     "session",
     "transaction",
 ]
@@ -81,7 +82,39 @@ class Template:
     def unpacked(self, *values: bytes) -> list[Argument]:
         """The arguments ``fill(*values)`` packs, as a list."""
         slots = iter(values)
-        return [next(slots) if a is SLOT else a for a in self.arguments]  # type: ignore[misc]
+        return [next(slots) if a is SLOT else a for a in self.arguments]
+
+
+def internals_missing(client: redis.Redis) -> list[str]:
+    """The redis-py internals this module (and the listener's raw read) relies on that
+    the installed redis-py lacks, checked on one of ``client``'s connections (an empty
+    list: all there). Without them the fast path is off, silently but for this list."""
+    missing = []
+    if _NOT_ENOUGH_DATA is None:
+        missing.append("redis._parsers.hiredis.NOT_ENOUGH_DATA")
+    pool = client.connection_pool
+    try:
+        connection = pool.get_connection()
+    except TypeError as error:  # redis-py < 6 wants a command name
+        return [*missing, f"ConnectionPool.get_connection() without arguments ({error})"]
+    try:
+        connection.connect()  # type: ignore[no-untyped-call]
+        for name in ("send_packed_command", "send_command", "read_response", "disconnect"):
+            if not callable(getattr(connection, name, None)):
+                missing.append(f"Connection.{name}()")
+        if not isinstance(getattr(connection, "_sock", None), socket.socket):
+            missing.append("Connection._sock (the connected socket)")
+        parser = getattr(connection, "_parser", None)
+        if not isinstance(getattr(parser, "_reader", None), hiredis.Reader):
+            missing.append("Connection._parser._reader (a hiredis.Reader)")
+        if getattr(connection, "protocol", 2) not in (2, "2", None):
+            if _PUSH is None:
+                missing.append("hiredis.PushNotification (hiredis >= 3.2, for RESP3)")
+            if not callable(getattr(parser, "handle_push_response", None)):
+                missing.append("Connection._parser.handle_push_response()")
+    finally:
+        pool.release(connection)
+    return missing
 
 
 def execute(client: redis.Redis, commands: Sequence[Command]) -> list[Any]:
@@ -119,7 +152,7 @@ def session(client: redis.Redis) -> Iterator[Send]:
         yield send
     except BaseException:
         # The stream of replies may be out of step with the commands: never reuse it.
-        connection.disconnect()
+        connection.disconnect()  # type: ignore[no-untyped-call]
         raise
     finally:
         pool.release(connection)
@@ -128,7 +161,7 @@ def session(client: redis.Redis) -> Iterator[Send]:
 def _round_trip(connection: Any, commands: Sequence[Command], check_health: bool) -> list[Any]:
     if not commands:
         return []
-    pack = hiredis.pack_command
+    pack: Callable[[tuple[Argument, ...]], bytes] = hiredis.pack_command  # type: ignore[assignment]
     connection.send_packed_command(
         [b"".join([c if type(c) is bytes else pack(tuple(c)) for c in commands])],
         check_health=check_health,

@@ -18,9 +18,18 @@ One loop, one thread (``listen()``):
 ``process()`` returning truthy acknowledges (processed), falsy acknowledges as
 declined ("not mine"), raising leaves the entry pending: it is retried after
 ``claim_idle`` and moved to the dead-letter stream once it has been delivered
-``max_deliveries`` times. Redis errors that go away by themselves
-(:func:`rqse.connection.is_transient`) make the loop back off and re-establish;
-no entry is lost because nothing is acknowledged before it was handled.
+``max_deliveries`` times.
+
+Redis weather (:mod:`rqse.weather`: unreachable, out of memory, read-only,
+loading, MISCONF, busy) never ends the loop: it backs off (capped, jittered),
+logs one line when a spell starts or changes and one when Redis is back, and
+re-establishes. No entry is lost, since nothing is acknowledged before it was
+handled, and none is dead-lettered for it (see :mod:`rqse.batch`).
+
+Stopping: ``stop()`` or a first SIGINT/SIGTERM ends the loop after the entry in
+hand; a blocking read is cut short (CLIENT UNBLOCK, or by closing its socket
+when Redis does not answer). A signal also arms ``drain_timeout``: past it the
+process exits as on a second signal, whatever the listener is doing.
 """
 
 from __future__ import annotations
@@ -29,19 +38,21 @@ import contextlib
 import logging
 import os
 import secrets
+import signal
 import socket
 import threading
 import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from time import monotonic
-from typing import Any
+from typing import Any, cast
 
 import redis
 
 from rqse.backoff import Backoff
 from rqse.batch import ListenerStats
 from rqse.client import EventClient, _xadd_options
-from rqse.connection import is_transient, translate_errors
+from rqse.connection import translate_errors
+from rqse.durability import server_warnings
 from rqse.errors import ConfigurationError, RedisCommandError
 from rqse.events import KIND, encode_event, raw_stream_items
 from rqse.fastpipe import Template, execute
@@ -49,6 +60,7 @@ from rqse.lease import Lease
 from rqse.outbox import Outbox
 from rqse.recovery import Recovery
 from rqse.shutdown import SignalHandlers
+from rqse.weather import READONLY, Forecast, classify
 
 __all__ = ["EventListener", "ListenerStats", "default_consumer_name"]
 
@@ -80,8 +92,9 @@ class EventListener(Recovery, EventClient):
     ``max_deliveries``   deliveries before a failing entry is dead-lettered
     ``claim_idle``       seconds before another consumer takes an unacknowledged entry
     ``max_entry_bytes``  larger entries are dead-lettered as ``oversize``
-    ``reconnect``        :class:`rqse.backoff.Backoff` between reconnection attempts
+    ``reconnect``        :class:`rqse.backoff.Backoff` between retries while Redis is away
     ``handle_signals``   install SIGINT/SIGTERM handlers when listening in the main thread
+    ``drain_timeout``    seconds a signalled listener may take to finish; then it exits
     """
 
     def __init__(
@@ -105,6 +118,7 @@ class EventListener(Recovery, EventClient):
         max_entry_bytes: int = 8 * 1024 * 1024,
         reconnect: Backoff | None = None,
         handle_signals: bool = True,
+        drain_timeout: float = 10.0,
         **legacy: Any,
     ) -> None:
         streams = (key,) if isinstance(key, str) else tuple(key)
@@ -124,6 +138,8 @@ class EventListener(Recovery, EventClient):
                 stacklevel=2,
             )
         self._check_options(batch_size, block_ms, max_deliveries, claim_idle, max_entry_bytes)
+        if not drain_timeout > 0:
+            raise ConfigurationError(f"drain_timeout must be positive, got {drain_timeout!r}")
         self._streams = streams
         self._group = group
         self._consumer = consumer or default_consumer_name()
@@ -136,6 +152,11 @@ class EventListener(Recovery, EventClient):
         self._max_entry_bytes = max_entry_bytes
         self._reconnect = reconnect or Backoff()
         self._handle_signals = handle_signals
+        self._drain_timeout = drain_timeout
+        self._drain_timer: threading.Timer | None = None
+        self._forecast = Forecast(f"consumer {self._consumer}", logger)
+        self._weathered: dict[tuple[str, bytes], int] = {}
+        self._checked_server = False
         self.stats = ListenerStats()
         self._outbox = Outbox()
         self._lease = Lease(self._redis, group, self._consumer, interval=claim_idle / 3)
@@ -265,9 +286,9 @@ class EventListener(Recovery, EventClient):
         options = _xadd_options(maxlen, minid, approximate)
         if not self._in_batch:
             with translate_errors("XADD", f"{stream!r} at {self.location}"):
-                self._redis.xadd(stream, fields, **options)
+                self._redis.xadd(stream, cast(Any, fields), **options)
             return
-        self._outbox.add(stream, fields, options)
+        self._outbox.add(stream, cast(Any, fields), options)
 
     def emit_filled(self, xadd: Template, *values: bytes) -> None:
         """:meth:`emit` of an ``XADD <stream> * <fields>`` :class:`rqse.fastpipe.Template`
@@ -287,11 +308,14 @@ class EventListener(Recovery, EventClient):
         return self._stopping.wait(seconds)
 
     def stop(self) -> None:
-        """Ask ``listen()`` to return after the event in hand; thread-safe, idempotent."""
+        """Ask ``listen()`` to return after the event in hand; thread-safe, idempotent.
+
+        Returns at once: a blocking read is cut short from other threads.
+        """
         if self._stopping.is_set():
             return
         self._stopping.set()
-        self._wake()
+        self._start_waking()
 
     # -- the loop ------------------------------------------------------------------
     def listen(self, max_events: int | None = None, idle_timeout: float | None = None) -> int:
@@ -325,6 +349,9 @@ class EventListener(Recovery, EventClient):
             forced = not isinstance(e, Exception)
             raise
         finally:
+            timer, self._drain_timer = self._drain_timer, None
+            if timer is not None:
+                timer.cancel()
             self._lease.stop()
             self._signals.restore()
             self._close_reader()
@@ -349,11 +376,15 @@ class EventListener(Recovery, EventClient):
             try:
                 if not self._established:
                     self._establish()
-                elif monotonic() >= self._next_claim:
-                    self._claim()
                 else:
-                    self._read_new(self._block_time(idle_timeout, last_entry))
-                self._reconnect.reset()
+                    if monotonic() >= self._next_claim:
+                        self._claim()
+                    else:
+                        self._read_new(self._block_time(idle_timeout, last_entry))
+                    # Back only once a step past establishing succeeds: under OOM the
+                    # group can exist and reads pass while every write is refused.
+                    self._reconnect.reset()
+                    self._forecast.clear()
             except Exception as e:
                 self._on_error(e)
                 continue
@@ -384,11 +415,16 @@ class EventListener(Recovery, EventClient):
         self._lease.clear()
         self._established = False
         self._close_reader()
+        state = classify(error)
+        if self._stopping.is_set() and state is not None:
+            # Most likely the read this stop cut short; either way, no retry is due.
+            logger.debug("consumer %s: stopping after %s", self._consumer, error)
+            return
         if isinstance(error, redis.ResponseError) and str(error).startswith(_GONE):
             # Stream or group deleted under us: create them again, no backoff needed.
             logger.warning("consumer %s: %s; re-creating the group", self._consumer, error)
             return
-        if not is_transient(error):
+        if state is None:
             if isinstance(error, redis.RedisError):
                 raise RedisCommandError(
                     f"consumer {self._consumer} of group {self._group} on "
@@ -397,14 +433,12 @@ class EventListener(Recovery, EventClient):
             raise error  # not from Redis: a hook's own exception
         self.stats.reconnects += 1
         delay = self._reconnect.next_delay()
-        logger.warning(
-            "consumer %s: Redis at %s unavailable (%s: %s); retrying in %.2fs",
-            self._consumer,
-            self.location,
-            type(error).__name__,
-            error,
-            delay,
-        )
+        self._forecast.storm(error, self.location, delay)
+        if state == READONLY:
+            # A failover made this server a replica; its name may point at the new
+            # primary by now, which only new connections reach (idle ones are dropped,
+            # those other threads use are theirs to lose).
+            self._pool.disconnect(inuse_connections=False)
         self._stopping.wait(delay)
 
     def _establish(self) -> None:
@@ -420,6 +454,10 @@ class EventListener(Recovery, EventClient):
                     raise
         self._established = True
         logger.info("consumer %s: group %s established", self._consumer, self._group)
+        if not self._checked_server:
+            self._checked_server = True
+            for warning in server_warnings(self._redis):
+                logger.warning("consumer %s: %s (at %s)", self._consumer, warning, self.location)
         self.onEstablished()
         self._recover_own()
 
@@ -450,8 +488,8 @@ class EventListener(Recovery, EventClient):
         self._blocking = block_ms is not None
         try:
             if self._stopping.is_set():
-                self._wake()
-            reply = connection.read_response()  # type: ignore[no-untyped-call]
+                self._start_waking()
+            reply = connection.read_response()
         except BaseException:
             connection.disconnect()  # type: ignore[no-untyped-call]  # reply half read?
             raise
@@ -481,15 +519,58 @@ class EventListener(Recovery, EventClient):
                 return
             pause.wait(0.002)
 
+    def _start_waking(self) -> None:
+        """Cut a blocking read short from other threads: CLIENT UNBLOCK at once, and
+        if the read still blocks after a moment (Redis not answering), its socket
+        is shut down, which ends the read with a connection error."""
+        if not self._blocking:
+            return
+        threading.Thread(target=self._wake, name="rqse-wake", daemon=True).start()
+        grace = min(1.0, self._drain_timeout / 2)
+        cutter = threading.Timer(grace, self._cut_reader, args=(self._reader,))
+        cutter.daemon = True
+        cutter.start()
+
+    def _cut_reader(self, reader: redis.Redis | None) -> None:
+        # Only the read it was started for: listen() may have returned and begun anew.
+        if reader is None or reader is not self._reader or not self._blocking:
+            return
+        sock = getattr(reader.connection, "_sock", None)
+        if sock is None:
+            return
+        logger.debug("consumer %s: Redis did not unblock the read; closing it", self._consumer)
+        with contextlib.suppress(OSError):
+            sock.shutdown(socket.SHUT_RDWR)
+
     def _on_signal(self, signum: int) -> None:
-        """First signal: stop after the event in hand. Second: exit now."""
+        """First signal: stop after the event in hand, within ``drain_timeout``.
+        Second (or the drain timeout passing): exit now."""
         if self._stopping.is_set() and self._signals.received:
             raise SystemExit(128 + signum)
         self._signals.received = signum
         self._stopping.set()
         # Not from the handler itself: it may have interrupted this thread
         # inside the connection pool.
-        threading.Thread(target=self._wake, name="rqse-wake", daemon=True).start()
+        self._start_waking()
+        timer = threading.Timer(self._drain_timeout, self._drain_expired, args=(signum,))
+        timer.daemon = True
+        self._drain_timer = timer
+        timer.start()
+
+    def _drain_expired(self, signum: int) -> None:
+        """The drain timeout passed: signal the main thread again, so its handler
+        raises SystemExit there (interrupting a call blocked on a socket, too)."""
+        if not self._running or self._drain_timer is None:
+            return
+        logger.warning(
+            "consumer %s: not stopped %.1fs after signal %s; exiting now",
+            self._consumer,
+            self._drain_timeout,
+            signum,
+        )
+        main = threading.main_thread().ident
+        if main is not None:
+            signal.pthread_kill(main, signum)
 
     def _close_reader(self) -> None:
         reader, self._reader, self._reader_id = self._reader, None, None

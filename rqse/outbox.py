@@ -63,7 +63,7 @@ class Outbox:
         try:
             commands: list[Any] = []
             for add in self.adds:
-                if type(add) is bytes:
+                if isinstance(add, bytes):
                     commands.append(add)
                     continue
                 stream, fields, options = add

@@ -4,7 +4,7 @@ import pytest
 import redis
 
 from rqse import ConfigurationError, EventClient, RedisSettings, RedisUnavailable, mask_url
-from rqse.connection import is_transient
+from rqse.connection import is_transient, resolve_url
 
 
 def resolve(env=None, **kw):
@@ -90,3 +90,108 @@ def test_settings_are_read_when_a_client_is_built_not_at_import(monkeypatch, red
     client = EventClient("k")
     assert client.location == redis_url
     client.close()
+
+
+@pytest.mark.parametrize(
+    ("url", "masked", "secret"),
+    [
+        ("redis://user:p#ss@host:6379/0", "redis://user:***@host:6379/0", "p#ss"),
+        ("redis://user:pa/ss@host:6379/0", "redis://user:***@host:6379/0", "pa/ss"),
+        ("redis://user:p@ss@host:6379/0", "redis://user:***@host:6379/0", "p@ss"),
+        ("redis://user:100%real@host:6379", "redis://user:***@host:6379", "100%real"),
+        ("redis://:p%40ss@host:6379", "redis://:***@host:6379", "p%40ss"),
+        (
+            "rediss://default:a?b#c/d@e@cache.example:6390/1",
+            "rediss://default:***@cache.example:6390/1",
+            "a?b#c/d@e",
+        ),
+        ("redis://sekrit@host:6379", "redis://***@host:6379", "sekrit"),
+        (
+            "redis://host:6379/0?password=sekrit&db=1",
+            "redis://host:6379/0?password=***&db=1",
+            "sekrit",
+        ),
+        ("unix://:sekrit@/run/redis.sock?db=1", "unix://:***@/run/redis.sock?db=1", "sekrit"),
+    ],
+)
+def test_passwords_with_url_delimiters_are_masked_whole(url, masked, secret):
+    assert mask_url(url) == masked
+    settings = resolve(url=url)
+    assert secret not in repr(settings)
+    assert settings.masked_url == masked
+
+
+@pytest.mark.parametrize("password", ["p#ss", "pa/ss", "p?ss", "1234x", "p@ss:x"])
+def test_a_url_that_cannot_be_parsed_is_reported_without_any_piece_of_its_password(password):
+    url = f"redis://user:{password}@host:6379/0"
+    try:
+        resolve(url=url).pool()
+    except ConfigurationError as error:
+        message = str(error)
+        assert password not in message
+        assert "percent-encoded" in message
+        for piece in filter(None, password.replace("#", " ").replace("/", " ").split()):
+            assert f"'{piece}'" not in message
+        assert error.__cause__ is None and error.__suppress_context__
+    # some of these parse (the password then goes as written): nothing to report
+
+
+def test_the_url_can_come_from_a_file_named_by_flag_or_environment(tmp_path):
+    secret_file = tmp_path / "redis-url"
+    secret_file.write_text("redis://worker:s3cret@cache:6390/2\n")
+    by_flag = resolve(url_file=secret_file, env={"REDIS_URL": "redis://ignored:1"})
+    by_env = resolve(env={"REDIS_URL_FILE": str(secret_file)})
+    assert by_flag.url == by_env.url == "redis://worker:s3cret@cache:6390/2"
+    assert "s3cret" not in by_flag.origin + by_env.origin + repr(by_flag)
+    assert str(secret_file) in by_env.origin
+    assert resolve_url(None, secret_file, env={}).url == by_flag.url
+    assert resolve_url("redis://h:1", None, env={}).url == "redis://h:1"
+    assert resolve_url(None, None, env={"REDIS_HOST": "h"}).url == "redis://h:6379"
+
+
+@pytest.mark.parametrize(
+    ("content", "expected"),
+    [(None, "cannot read the Redis URL"), ("", "is empty"), ("a\nb", "several lines")],
+)
+def test_a_bad_url_file_is_one_line_naming_the_file_never_its_content(tmp_path, content, expected):
+    path = tmp_path / "url"
+    if content is not None:
+        path.write_text(content)
+    with pytest.raises(ConfigurationError, match=expected) as caught:
+        resolve(url_file=path)
+    assert str(path) in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_a_url_and_a_url_file_together_are_refused(tmp_path):
+    with pytest.raises(ConfigurationError, match="not both"):
+        resolve(url="redis://:hunter2@h:1", url_file=tmp_path / "url")
+    with pytest.raises(ConfigurationError, match="set only one"):
+        resolve(env={"REDIS_URL": "redis://:hunter2@h", "REDIS_URL_FILE": str(tmp_path)})
+
+
+def test_a_client_never_shows_a_password_with_delimiters(caplog):
+    caplog.set_level(logging.DEBUG)
+    client = EventClient("k", url="redis://me:p@ss:w@rd@127.0.0.1:1/0")  # parses: '@' is fine
+    with pytest.raises(RedisUnavailable) as caught:
+        client.append({"kind": "x"})
+    shown = str(caught.value) + caplog.text + repr(client) + client.location
+    assert "p@ss" not in shown and "w@rd" not in shown
+    with pytest.raises(ConfigurationError) as refused:  # '/' and '#' cut the URL short
+        EventClient("k", url="redis://me:p#ss/w@rd@127.0.0.1:1/0")
+    assert "p#ss" not in str(refused.value) and "w@rd" not in str(refused.value)
+
+
+def test_cli_flags_for_the_url_and_its_file_are_exclusive_and_feed_resolve_url(tmp_path, capsys):
+    import argparse
+
+    from rqse.connection import redis_arguments
+
+    parser = argparse.ArgumentParser(prog="tool")
+    redis_arguments(parser)
+    path = tmp_path / "url"
+    path.write_text("redis://:s3cret@db:6379/0")
+    args = parser.parse_args(["--redis-url-file", str(path)])
+    assert resolve_url(args.redis_url, args.redis_url_file, env={}).url.endswith("@db:6379/0")
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--redis-url", "redis://h", "--redis-url-file", str(path)])
+    assert "not allowed with argument" in capsys.readouterr().err
