@@ -72,11 +72,14 @@ class Delay:
 
 @dataclass(frozen=True, slots=True)
 class EventWait:
-    """Wait for an event of ``event`` kind whose fields include ``match`` (None: any)."""
+    """Wait for an event of ``event`` kind addressed to the waiting workflow (its
+    ``workflow`` field) or to ``channel`` (its ``channel`` field; None: no channel),
+    whose fields include ``match`` (None: any)."""
 
     event: str
     match: dict[str, Any] | None
     receipt: bool
+    channel: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,6 +126,11 @@ def _event_wait(task: Task) -> EventWait:
         raise WaitParameterError(
             f"{task.name}: parameter 'event' must name an event kind, got {kind!r}"
         )
+    channel = params.get("channel")
+    if channel is not None and (not isinstance(channel, str) or not channel):
+        raise WaitParameterError(
+            f"{task.name}: parameter 'channel' must be a non-empty string, got {channel!r}"
+        )
     receipt = params.get("receipt", True)
     if not isinstance(receipt, bool):
         raise WaitParameterError(f"{task.name}: parameter 'receipt' is {receipt!r}, not a boolean")
@@ -143,4 +151,6 @@ def _event_wait(task: Task) -> EventWait:
         raise WaitParameterError(
             f"{task.name}: parameter 'match' is {match!r}, expected 'input' or an object"
         )
-    return EventWait(render(kind, scope), fields, receipt)
+    return EventWait(
+        render(kind, scope), fields, receipt, None if channel is None else render(channel, scope)
+    )

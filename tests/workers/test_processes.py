@@ -46,7 +46,10 @@ def test_a_wait_event_outlives_its_worker_and_an_event_sent_while_none_runs(
     workflow = submit(redis_client, "wait:event (- {event: ready} -)", {"job": 4})
     wait_until(lambda: redis_client.hlen(KEYS.wait_events("ready")), timeout=15, what="wait")
     kill(first)
-    redis_client.xadd(KEYS.lifecycle, encode_event({"kind": "ready", "output": {"go": True}}))
+    redis_client.xadd(
+        KEYS.lifecycle,
+        encode_event({"kind": "ready", "workflow": workflow, "output": {"go": True}}),
+    )
     processes.start("workers", "wait", "--consumer", "wait-b")
     final = wait_for_end(redis_client, workflow, timeout=15)
     assert final == {"status": "finished", "output": {"go": True}}
