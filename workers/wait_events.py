@@ -151,7 +151,9 @@ def catch_up(
     for task_id, kind, wait in waits:
         cursor = f"{entry_order(wait['since'])[0]}-0"
         while True:
-            entries = connection.xrange(keys.lifecycle, cursor, _text(read), count=1000)
+            entries: list[tuple[bytes, dict[bytes, bytes]]] = connection.xrange(  # type: ignore[assignment]
+                keys.lifecycle, cursor, _text(read), count=1000
+            )  # a bytes client: redis-py's annotation also allows str and None
             batch = [(i.decode(), _decode(f)) for i, f in entries]
             found, _ = end_waits(connection, keys, complete, batch, {kind: [(task_id, wait)]})
             ended += found
