@@ -34,10 +34,12 @@ from typing import Any
 import orjson
 import redis
 
+from flowlang.limits import LimitExceeded
 from lifecycle.keys import WAIT_EVENTS_GROUP, Keys
 from rqse import EventListener
 from rqse.events import decode_lenient
 from workers.scripts import load_script
+from workers.task import encode_output
 
 __all__ = [
     "EventWatcher",
@@ -117,16 +119,23 @@ def end_waits(
             if not matches(wait.get("match"), event):
                 continue
             done.add(task_id)
-            output = orjson.dumps(event["output"]) if "output" in event else b""
+            output, error = b"", ""
+            if "output" in event:
+                # Anyone may write to the lifecycle stream: an output that the engine
+                # would refuse fails this wait, not the watcher's batch.
+                try:
+                    output = encode_output(event["output"])
+                except LimitExceeded as refused:
+                    error = f"event {event_id} ({kind}): {refused}"
             receipt = event_id if wait.get("receipt", True) else ""
-            calls.append((task_id, kind, output, receipt))
+            calls.append((task_id, kind, output, receipt, error))
     if not calls:
         return 0, 0
     pipe = connection.pipeline(transaction=False)
-    for task_id, kind, output, receipt in calls:
+    for task_id, kind, output, receipt, error in calls:
         complete(
             keys=[keys.waits, keys.lifecycle, keys.wait_events(kind)],
-            args=[task_id, output, receipt],
+            args=[task_id, output, receipt, error],
             client=pipe,
         )
     return sum(int(n) for n in pipe.execute()), len(calls)

@@ -164,3 +164,26 @@ def test_a_wait_task_that_cannot_render_fails_alone_and_its_batch_goes_on(
     assert "cannot be the wait's output" in answers["w-out"]["error"]
     assert redis_client.xlen(dead_letter_key(stream)) == 0
     assert redis_client.xpending(stream, TASK_GROUP)["pending"] == 0
+
+
+def test_an_event_whose_output_breaks_the_limits_fails_its_wait_and_no_other(
+    redis_client: redis.Redis, threads: Threads
+) -> None:
+    threads.lifecycle()
+    wait_worker(threads)
+    flow = "wait:event (- event: deep -)"
+    deep, fine = submit(redis_client, flow, {}), submit(redis_client, flow, {})
+    wait_until(lambda: redis_client.hlen(KEYS.wait_events("deep")) == 2, what="the waits")
+    too_deep = b"[" * 300 + b"0" + b"]" * 300  # JSON text: orjson cannot even write it
+    redis_client.xadd(
+        KEYS.lifecycle,
+        {"kind": b'"deep"', "workflow": f'"{deep}"'.encode(), "output": too_deep},
+    )
+    redis_client.xadd(
+        KEYS.lifecycle, encode_event({"kind": "deep", "workflow": fine, "output": {"ok": 1}})
+    )
+    assert wait_for_end(redis_client, fine) == {"status": "finished", "output": {"ok": 1}}
+    final = wait_for_end(redis_client, deep)
+    assert final["status"] == "failed"
+    assert "output nests deeper than 256 levels" in final["error"]
+    assert redis_client.xlen(dead_letter_key(KEYS.lifecycle)) == 0
