@@ -25,6 +25,9 @@ _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 # Due times are integer milliseconds scored in a sorted set (exact up to 2**53 ms):
 # a hundred years is far beyond any real delay and far within that.
 MAX_SECONDS = 100 * 365 * 86400
+# A latch name, an event kind and a channel become parts of Redis key names and
+# are compared on every event: a template that renders to a page of text is a mistake.
+MAX_NAME_CHARS = 1024
 _PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
 
 
@@ -97,6 +100,17 @@ def _scope(task: Task) -> dict[str, Any]:
     return {"input": task.input, "parameters": dict(task.parameters)}
 
 
+def _name(task: Task, parameter: str, template: str) -> str:
+    """The parameter's template rendered, within :data:`MAX_NAME_CHARS`."""
+    text = render(template, _scope(task))
+    if len(text) > MAX_NAME_CHARS:
+        raise WaitParameterError(
+            f"{task.name}: parameter {parameter!r} renders to {len(text):,} characters, "
+            f"more than {MAX_NAME_CHARS:,}"
+        )
+    return text
+
+
 def wait_spec(task: Task) -> WaitSpec:
     """The wait a ``wait:<operation>`` task asks for."""
     operation = task.operation
@@ -113,7 +127,7 @@ def wait_spec(task: Task) -> WaitSpec:
             raise WaitParameterError(
                 f"{task.name}: parameter 'name' must be a non-empty string, got {name!r}"
             )
-        return Latch(operation, render(name, _scope(task)))
+        return Latch(operation, _name(task, "name", name))
     raise WaitParameterError(
         f"unknown built-in task {task.name!r} (expected wait:{', wait:'.join(OPERATIONS)})"
     )
@@ -152,5 +166,8 @@ def _event_wait(task: Task) -> EventWait:
             f"{task.name}: parameter 'match' is {match!r}, expected 'input' or an object"
         )
     return EventWait(
-        render(kind, scope), fields, receipt, None if channel is None else render(channel, scope)
+        _name(task, "event", kind),
+        fields,
+        receipt,
+        None if channel is None else _name(task, "channel", channel),
     )
