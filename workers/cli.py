@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from pathlib import Path
 from typing import Any
 
 import redis
@@ -26,7 +27,7 @@ examples:
   python -m workers run examples.upper:Upper --concurrency 8   # your TaskListener, 8 threads
   python -m workers run examples.seed_worker:CountWorker --kind count
   python -m workers wait                       # the built-in wait: kind (delay, event, latches)
-  python -m workers resource --base-dir flows/ # URI sources and sinks
+  python -m workers resource --base-dir flows/ --allow-network 10.0.0.0/8   # URI sources, sinks
   python -m workers noop                       # end every task at once (benchmarks, tests)
   python -m workers simulate --delay-max 2 --failures 10
 
@@ -72,7 +73,16 @@ def _parser() -> argparse.ArgumentParser:
     wait.add_argument("--no-events", action="store_true", help="leave wait:event to others")
 
     resource = commands.add_parser("resource", parents=[common], help="URI sources and sinks")
-    resource.add_argument("--base-dir", default=".", help="where relative paths resolve")
+    resource.add_argument(
+        "--base-dir", type=Path, help="the directory file: URIs are confined to (default: cwd)"
+    )
+    resource.add_argument(
+        "--allow-network",
+        dest="allow_networks",
+        action="append",
+        metavar="CIDR",
+        help="a network http(s): URIs may reach, e.g. 10.0.0.0/8 (repeatable)",
+    )
     resource.add_argument("--concurrency", type=int, default=4, help="instances (threads)")
     return parser
 
@@ -133,7 +143,7 @@ def _command(args: argparse.Namespace, keys: Keys, pool: redis.ConnectionPool) -
         from workers.resources import ResourceWorker
 
         cls: Any = ResourceWorker
-        extra = {"base_dir": args.base_dir, "claim_idle": args.claim_idle}
+        extra = {"claim_idle": args.claim_idle, **resource_options(args)}
         kind = None
     else:
         cls = load_listener_class(args.target)
@@ -152,6 +162,18 @@ def _command(args: argparse.Namespace, keys: Keys, pool: redis.ConnectionPool) -
     ]
     settle_process()
     return Runner(listeners, drain_timeout=getattr(args, "drain_timeout", 30.0)).run()
+
+
+def resource_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The ResourceWorker keywords the command line gives: ``base_dir`` (a Path) and
+    ``allow_networks`` (CIDR texts), each only when given, so the worker's own
+    defaults hold otherwise."""
+    options: dict[str, Any] = {}
+    if args.base_dir is not None:
+        options["base_dir"] = args.base_dir
+    if args.allow_networks:
+        options["allow_networks"] = list(args.allow_networks)
+    return options
 
 
 def _consumer(name: str | None, n: int, count: int) -> str | None:

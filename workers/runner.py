@@ -39,14 +39,22 @@ log = logging.getLogger(__name__)
 
 
 def load_listener_class(spec: str) -> type[EventListener]:
-    """The class named by ``package.module:ClassName``; raises WorkerLoadError."""
+    """The class named by ``package.module:ClassName``; raises WorkerLoadError in one
+    line (``FILE:LINE:COL: SyntaxError: ...`` for a module that does not compile)."""
     module_name, colon, class_name = spec.partition(":")
     if not colon or not module_name or not class_name:
         raise WorkerLoadError(f"{spec!r}: expected package.module:ClassName")
     try:
         module = importlib.import_module(module_name)
+    except SyntaxError as error:  # the author's mistake: point at it, as a compiler would
+        where = f"{error.filename}:{error.lineno}:{error.offset}"
+        raise WorkerLoadError(f"{where}: {type(error).__name__}: {error.msg}") from None
     except ImportError as error:
-        raise WorkerLoadError(f"{spec!r}: cannot import {module_name!r}: {error}") from error
+        raise WorkerLoadError(f"{spec!r}: cannot import {module_name!r}: {error}") from None
+    except Exception as error:  # code run at import failed: one line, not a traceback
+        raise WorkerLoadError(
+            f"{spec!r}: importing {module_name!r} raised {type(error).__name__}: {error}"
+        ) from None
     found: Any = module
     for part in class_name.split("."):
         found = getattr(found, part, None)

@@ -12,10 +12,15 @@ Subclass :class:`TaskListener`, set ``kind`` and override :meth:`TaskListener.ru
 
 The return value becomes a SUCCESS ``end-task`` with that output; an exception
 becomes a FAILURE with ``"<ExceptionType>: <message>"`` as its error (the
-lifecycle applies ``$retries``). The end-task is written in the same
-transaction as the acknowledgement of the start-task, so a worker killed in
-between runs the task again on redelivery: ``run`` must tolerate repeats
-(``task.id`` is the idempotency key of the attempt).
+lifecycle applies ``$retries``), logged at INFO in one line (the traceback at
+DEBUG: a failing task is the task's business, not the worker's). An output
+beyond :class:`flowlang.limits.Limits` (``value_bytes``, ``depth``) or not JSON
+fails the task with that reason instead of reaching Redis. Every answer echoes
+the start-task's attempt ``token``, without which the lifecycle refuses it.
+
+The end-task is written in the same transaction as the acknowledgement of the
+start-task, so a worker killed in between runs the task again on redelivery:
+``run`` must tolerate repeats (``task.id`` is the idempotency key of the attempt).
 """
 
 from __future__ import annotations
@@ -27,20 +32,52 @@ from dataclasses import dataclass, field
 from time import monotonic
 from typing import Any, ClassVar
 
+import orjson
 import redis
 
+from flowlang.limits import DEFAULT_LIMITS, LimitExceeded, Limits, depth_within
 from lifecycle.events import START_TASK, end_task
 from lifecycle.keys import TASK_GROUP, Keys
 from rqse import EventListener
-from rqse.errors import EventEncodingError
+from rqse.events import encode_event
 from workers.errors import BadTask
 from workers.scripts import load_script
 
-__all__ = ["HandBack", "Task", "TaskListener"]
+__all__ = ["HandBack", "Task", "TaskListener", "encode_output", "error_text"]
 
 log = logging.getLogger(__name__)
 
 _ENDED = frozenset({"finished", "failed", "terminated", "missing", "replaced"})
+# An error text is the task's, sent as is, but a task's exception can carry
+# anything (a whole response body): past this it is cut, so no answer is huge.
+ERROR_CHARS = 4096
+
+
+def error_text(error: BaseException) -> str:
+    """``"<ExceptionType>: <message>"``, cut to :data:`ERROR_CHARS` characters."""
+    text = f"{type(error).__name__}: {error}"
+    if len(text) > ERROR_CHARS:
+        text = f"{text[:ERROR_CHARS]}... ({len(text):,} characters, cut)"
+    return text
+
+
+def encode_output(output: Any, limits: Limits = DEFAULT_LIMITS) -> bytes:
+    """``output`` as the JSON bytes an end-task carries; :class:`LimitExceeded` when it is
+    not JSON or breaks ``limits`` (size, depth).
+
+    :func:`flowlang.limits.encode_value`'s checks and messages, but with the wire
+    format's encoding, which writes ``{1: x}`` as ``{"1": x}`` as ``json.dumps`` does."""
+    if not depth_within(output, limits.depth):
+        raise LimitExceeded(f"output nests deeper than {limits.depth} levels")
+    try:
+        encoded = orjson.dumps(output, option=orjson.OPT_NON_STR_KEYS)
+    except (TypeError, OverflowError, orjson.JSONEncodeError) as error:
+        raise LimitExceeded(f"output is not JSON: {error}") from None
+    if len(encoded) > limits.value_bytes:
+        raise LimitExceeded(
+            f"output is {len(encoded):,} bytes, more than the limit of {limits.value_bytes:,}"
+        )
+    return encoded
 
 
 class HandBack(Exception):  # noqa: N818 - a signal to the listener, not an error
@@ -151,6 +188,8 @@ class TaskListener(EventListener):
 
     kind: ClassVar[str | None] = None
     cancel_check_interval: ClassVar[float] = 1.0
+    #: What an output may be: larger or deeper fails the task (set on a subclass or instance).
+    limits: Limits = DEFAULT_LIMITS
 
     def __init__(self, kind: str | None = None, keys: Keys | None = None, **options: Any):
         kind = kind or type(self).kind
@@ -198,13 +237,24 @@ class TaskListener(EventListener):
         except redis.ConnectionError:
             raise  # Redis went away, not the task: leave it pending, retried later
         except Exception as error:
-            log.info("task %s: %s failed: %s", task.id, task.name, error, exc_info=True)
-            message = f"{type(error).__name__}: {error}"
-            self.emit(end_task(event, error=message, worker=self.consumer), self.keys.lifecycle)
+            # Expected: tasks fail. One line at INFO; the traceback only for debugging.
+            log.info("task %s: %s failed: %s", task.id, task.name, error_text(error))
+            log.debug("task %s: traceback", task.id, exc_info=True)
+            self.fail(event, error_text(error))
             return True
-        try:  # emit() encodes before it queues anything
-            self.emit(end_task(event, output, worker=self.consumer), self.keys.lifecycle)
-        except EventEncodingError as error:  # e.g. a set, or an int beyond 64 bits
-            message = f"output is not JSON: {error}"
-            self.emit(end_task(event, error=message, worker=self.consumer), self.keys.lifecycle)
+        try:  # the encoding is the size check, and these bytes are what is sent
+            encoded = encode_output({} if output is None else output, self.limits)
+        except LimitExceeded as error:
+            log.info("task %s: %s failed: %s", task.id, task.name, error)
+            self.fail(event, str(error))
+            return True
+        answer = end_task(event, worker=self.consumer)
+        del answer["output"]
+        fields = encode_event(answer)
+        fields["output"] = encoded
+        self.emit_fields(fields, self.keys.lifecycle)
         return True
+
+    def fail(self, event: Mapping[str, Any], error: str) -> None:
+        """Answer the start-task ``event`` with a FAILURE carrying ``error``."""
+        self.emit(end_task(dict(event), error=error, worker=self.consumer), self.keys.lifecycle)

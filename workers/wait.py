@@ -24,14 +24,16 @@ from typing import Any
 import orjson
 import redis
 
+from flowlang.limits import LimitExceeded
 from lifecycle.events import end_task
 from lifecycle.keys import TASK_GROUP, WAIT_KIND, Keys
 from rqse import EventListener
+from rqse.errors import EventEncodingError
 from rqse.events import encode_event
 from rqse.listener import default_consumer_name
-from workers.errors import BadTask, TemplateError, WaitParameterError
+from workers.errors import BadTask, WaitParameterError, WorkerError
 from workers.scripts import load_script
-from workers.task import Task
+from workers.task import Task, encode_output, error_text
 from workers.wait_events import EventWatcher, catch_up, entry_order
 from workers.waitspec import Delay, EventWait, Latch, wait_spec
 
@@ -43,16 +45,27 @@ log = logging.getLogger(__name__)
 _OUTCOME = ("status", "output", "error")
 
 
-def wait_record(event: dict[str, Any], worker: str) -> bytes:
-    """The record a registered wait keeps: the end-task fields, encoded, minus the outcome."""
+def wait_record(event: dict[str, Any], worker: str, output: bytes | None = None) -> bytes:
+    """The record a registered wait keeps: the end-task fields, encoded (the attempt's
+    ``token`` among them, so the answer fired later is accepted), minus the outcome;
+    and the output on success (``output``, default: the task's input, encoded)."""
     answer = end_task(event, worker=worker)
     fields = encode_event({k: v for k, v in answer.items() if k not in _OUTCOME})
     flat: list[str] = []
     for name, value in fields.items():
         flat += (name, value.decode())
-    output = event.get("input")
-    output = {} if output is None else output
-    return orjson.dumps({"fields": flat, "output": orjson.dumps(output).decode()})
+    if output is None:
+        output = _encode_input(event.get("input"))
+    return orjson.dumps({"fields": flat, "output": output.decode()})
+
+
+def _encode_input(value: Any) -> bytes:
+    """The task's input as the output of a wait that succeeds; WaitParameterError when
+    it cannot be sent on (an integer beyond 64 bits, a value past the limits)."""
+    try:
+        return encode_output({} if value is None else value)
+    except LimitExceeded as error:
+        raise WaitParameterError(f"the input cannot be the wait's output: {error}") from None
 
 
 class WaitTaskListener(EventListener):
@@ -75,17 +88,27 @@ class WaitTaskListener(EventListener):
         for event_id, event in batch:
             try:
                 task = Task.from_event(event_id, event)
-            except BadTask as error:
-                self.reject(event_id, str(error))  # cannot be answered: no workflow
+                keys, args = self._registration(task, event)
+            except (BadTask, EventEncodingError) as error:
+                # Not even a FAILURE can be sent (no workflow, fields that are not JSON):
+                # this entry alone goes to the dead letters, the rest of the batch on.
+                self.reject(event_id, str(error))
                 continue
-            keys, args = self._registration(task, event)
             self._register(keys=keys, args=[self.group, event_id, *args], client=pipe)
             taken.append(event_id)
             is_event = args[0] == "event"
             kind = keys[3][len(self.keys.wait_events("")) :] if is_event else ""
             event_waits.append((task.id, kind, orjson.loads(args[3])) if is_event else None)
         registered = []
-        for outcome, wait in zip(pipe.execute(), event_waits, strict=True):
+        done = []
+        # One script failing (a Redis error) must not fail the others of the pipeline.
+        replies = pipe.execute(raise_on_error=False)
+        for event_id, outcome, wait in zip(taken, replies, event_waits, strict=True):
+            if isinstance(outcome, Exception):
+                log.warning("wait task %s: %s", event_id, outcome)
+                self.reject(event_id, f"wait_register.lua: {outcome}")
+                continue
+            done.append(event_id)
             self.outcomes[int(outcome)] += 1
             if wait is not None and int(outcome) == 2:  # now waiting
                 registered.append(wait)
@@ -93,31 +116,53 @@ class WaitTaskListener(EventListener):
             # An event written between the start-task and this registration may have
             # passed the watcher already: look back for it.
             catch_up(self.connection, self.keys, self._complete, registered)
-        return taken  # wait_register.lua acknowledged each of them
+        return done  # wait_register.lua acknowledged each of them
 
     def _registration(self, task: Task, event: dict[str, Any]) -> tuple[list[str], list[Any]]:
-        """KEYS and the ARGV after group and entry id for wait_register.lua."""
+        """KEYS and the ARGV after group and entry id for wait_register.lua.
+
+        Whatever is wrong with the task's parameters or input (a bad duration, a
+        template that does not render, an integer that JSON cannot carry) becomes
+        its FAILURE here, so one bad task never takes its batch down with it."""
         k = self.keys
-        record = wait_record(event, self.consumer)
         base = [k.tasks(WAIT_KIND), k.lifecycle, k.waits]
         try:
             spec = wait_spec(task)
-        except (WaitParameterError, TemplateError) as error:
-            log.info("task %s: %s", task.id, error)
-            return [*base, k.waits, k.waits], ["fail", task.id, record, str(error)]
+            record = wait_record(event, self.consumer)
+            if isinstance(spec, EventWait):
+                wait = _encode_wait(task, spec)
+        except Exception as error:  # noqa: BLE001 - any of them is this task's failure
+            message = str(error) if isinstance(error, WorkerError) else error_text(error)
+            log.info("task %s: %s", task.id, message)
+            failed = wait_record(event, self.consumer, output=b"{}")
+            return [*base, k.waits, k.waits], ["fail", task.id, failed, message]
         if isinstance(spec, Delay):
             # Due from the start-task's id (Redis time when the lifecycle started it),
             # so that a re-registration after a crash keeps the same due time.
             due = entry_order(task.event_id)[0] + round(spec.seconds * 1000)
             return [*base, k.wait_delays, k.waits], ["delay", task.id, record, due]
         if isinstance(spec, EventWait):
-            wait = orjson.dumps(
-                {"match": spec.match, "since": task.event_id, "receipt": spec.receipt}
-            )
             return [*base, k.wait_events(spec.event), k.waits], ["event", task.id, record, wait]
         assert isinstance(spec, Latch)
         latch = [k.latch(spec.name), k.latch_waiters(spec.name)]
         return [*base, *latch], [spec.operation, task.id, record, spec.name]
+
+
+def _encode_wait(task: Task, spec: EventWait) -> bytes:
+    """What ``{flow}:wait:event:<kind>`` holds for one wait: who it is for (``workflow``,
+    ``channel``), what the event must carry (``match``), from when (``since``)."""
+    try:
+        return orjson.dumps(
+            {
+                "workflow": task.workflow,
+                "channel": spec.channel,
+                "match": spec.match,
+                "since": task.event_id,
+                "receipt": spec.receipt,
+            }
+        )
+    except TypeError as error:  # e.g. an integer beyond 64 bits in the match
+        raise WaitParameterError(f"{task.name}: parameter 'match' is not JSON: {error}") from None
 
 
 class DelayPump:

@@ -6,6 +6,15 @@ stream. For each batch it fetches, in one round trip, the waits registered
 for the kinds in the batch (``{flow}:wait:event:<kind>``), and ends each wait
 whose ``match`` fields the event carries, with ``wait_complete.lua``.
 
+Who may end a wait: an event reaches a wait only when it is addressed to it —
+its ``workflow`` field is the waiting workflow's id, or the wait names a
+``channel`` (a parameter of the ``wait:event`` node) and the event's
+``channel`` field is that name. An event with neither never ends a wait;
+``match`` then narrows among the events addressed to the wait. So workflow B
+cannot read what is sent to workflow A (its outputs, its end-tasks), whatever
+B's ``match`` says; a channel is a name both sides agree on, and any
+workflow whose flow names it receives what is sent to it.
+
 Only events written after the wait's start-task count: a wait records the
 start-task's entry id (``since``) and events with smaller ids are skipped,
 so a new group reading old history, or a watcher catching up after an
@@ -25,12 +34,22 @@ from typing import Any
 import orjson
 import redis
 
+from flowlang.limits import LimitExceeded
 from lifecycle.keys import WAIT_EVENTS_GROUP, Keys
 from rqse import EventListener
 from rqse.events import decode_lenient
 from workers.scripts import load_script
+from workers.task import encode_output
 
-__all__ = ["EventWatcher", "catch_up", "end_waits", "entry_order", "json_equal", "matches"]
+__all__ = [
+    "EventWatcher",
+    "addressed_to",
+    "catch_up",
+    "end_waits",
+    "entry_order",
+    "json_equal",
+    "matches",
+]
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +80,18 @@ def json_equal(a: Any, b: Any) -> bool:
     return type(a) is type(b) and a == b
 
 
+def addressed_to(event: dict[str, Any], task_id: str, wait: dict[str, Any]) -> bool:
+    """Whether ``event`` is for this wait: it names the waiting workflow, or the wait's
+    channel. (Waits registered before ``workflow`` was recorded: the task id's.)"""
+    workflow = wait.get("workflow")
+    if workflow is None:
+        workflow = task_id.rsplit("/", 2)[0]
+    if event.get("workflow") == workflow and type(workflow) is str:
+        return True
+    channel = wait.get("channel")
+    return channel is not None and event.get("channel") == channel and type(channel) is str
+
+
 def counts_for(event_id: str, wait: dict[str, Any]) -> bool:
     """An event counts for a wait from the millisecond its start-task was written on.
     Ids of two streams share the clock, not the sequence: compare milliseconds only."""
@@ -83,19 +114,28 @@ def end_waits(
         for task_id, wait in registered.get(kind, ()):
             if task_id in done or not counts_for(event_id, wait):
                 continue
+            if not addressed_to(event, task_id, wait):
+                continue
             if not matches(wait.get("match"), event):
                 continue
             done.add(task_id)
-            output = orjson.dumps(event["output"]) if "output" in event else b""
+            output, error = b"", ""
+            if "output" in event:
+                # Anyone may write to the lifecycle stream: an output that the engine
+                # would refuse fails this wait, not the watcher's batch.
+                try:
+                    output = encode_output(event["output"])
+                except LimitExceeded as refused:
+                    error = f"event {event_id} ({kind}): {refused}"
             receipt = event_id if wait.get("receipt", True) else ""
-            calls.append((task_id, kind, output, receipt))
+            calls.append((task_id, kind, output, receipt, error))
     if not calls:
         return 0, 0
     pipe = connection.pipeline(transaction=False)
-    for task_id, kind, output, receipt in calls:
+    for task_id, kind, output, receipt, error in calls:
         complete(
             keys=[keys.waits, keys.lifecycle, keys.wait_events(kind)],
-            args=[task_id, output, receipt],
+            args=[task_id, output, receipt, error],
             client=pipe,
         )
     return sum(int(n) for n in pipe.execute()), len(calls)
@@ -120,7 +160,9 @@ def catch_up(
     for task_id, kind, wait in waits:
         cursor = f"{entry_order(wait['since'])[0]}-0"
         while True:
-            entries = connection.xrange(keys.lifecycle, cursor, _text(read), count=1000)
+            entries: list[tuple[bytes, dict[bytes, bytes]]] = connection.xrange(  # type: ignore[assignment]
+                keys.lifecycle, cursor, _text(read), count=1000
+            )  # a bytes client: redis-py's annotation also allows str and None
             batch = [(i.decode(), _decode(f)) for i, f in entries]
             found, _ = end_waits(connection, keys, complete, batch, {kind: [(task_id, wait)]})
             ended += found

@@ -25,6 +25,9 @@ _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 # Due times are integer milliseconds scored in a sorted set (exact up to 2**53 ms):
 # a hundred years is far beyond any real delay and far within that.
 MAX_SECONDS = 100 * 365 * 86400
+# A latch name, an event kind and a channel become parts of Redis key names and
+# are compared on every event: a template that renders to a page of text is a mistake.
+MAX_NAME_CHARS = 1024
 _PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
 
 
@@ -72,11 +75,14 @@ class Delay:
 
 @dataclass(frozen=True, slots=True)
 class EventWait:
-    """Wait for an event of ``event`` kind whose fields include ``match`` (None: any)."""
+    """Wait for an event of ``event`` kind addressed to the waiting workflow (its
+    ``workflow`` field) or to ``channel`` (its ``channel`` field; None: no channel),
+    whose fields include ``match`` (None: any)."""
 
     event: str
     match: dict[str, Any] | None
     receipt: bool
+    channel: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,6 +98,17 @@ WaitSpec = Delay | EventWait | Latch
 
 def _scope(task: Task) -> dict[str, Any]:
     return {"input": task.input, "parameters": dict(task.parameters)}
+
+
+def _name(task: Task, parameter: str, template: str) -> str:
+    """The parameter's template rendered, within :data:`MAX_NAME_CHARS`."""
+    text = render(template, _scope(task))
+    if len(text) > MAX_NAME_CHARS:
+        raise WaitParameterError(
+            f"{task.name}: parameter {parameter!r} renders to {len(text):,} characters, "
+            f"more than {MAX_NAME_CHARS:,}"
+        )
+    return text
 
 
 def wait_spec(task: Task) -> WaitSpec:
@@ -110,7 +127,7 @@ def wait_spec(task: Task) -> WaitSpec:
             raise WaitParameterError(
                 f"{task.name}: parameter 'name' must be a non-empty string, got {name!r}"
             )
-        return Latch(operation, render(name, _scope(task)))
+        return Latch(operation, _name(task, "name", name))
     raise WaitParameterError(
         f"unknown built-in task {task.name!r} (expected wait:{', wait:'.join(OPERATIONS)})"
     )
@@ -122,6 +139,11 @@ def _event_wait(task: Task) -> EventWait:
     if not isinstance(kind, str) or not kind:
         raise WaitParameterError(
             f"{task.name}: parameter 'event' must name an event kind, got {kind!r}"
+        )
+    channel = params.get("channel")
+    if channel is not None and (not isinstance(channel, str) or not channel):
+        raise WaitParameterError(
+            f"{task.name}: parameter 'channel' must be a non-empty string, got {channel!r}"
         )
     receipt = params.get("receipt", True)
     if not isinstance(receipt, bool):
@@ -143,4 +165,9 @@ def _event_wait(task: Task) -> EventWait:
         raise WaitParameterError(
             f"{task.name}: parameter 'match' is {match!r}, expected 'input' or an object"
         )
-    return EventWait(render(kind, scope), fields, receipt)
+    return EventWait(
+        _name(task, "event", kind),
+        fields,
+        receipt,
+        None if channel is None else _name(task, "channel", channel),
+    )

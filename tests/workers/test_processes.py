@@ -5,7 +5,9 @@ from __future__ import annotations
 import signal
 import subprocess
 import time
+from pathlib import Path
 
+import pytest
 import redis
 
 from rqse.events import encode_event
@@ -44,7 +46,10 @@ def test_a_wait_event_outlives_its_worker_and_an_event_sent_while_none_runs(
     workflow = submit(redis_client, "wait:event (- {event: ready} -)", {"job": 4})
     wait_until(lambda: redis_client.hlen(KEYS.wait_events("ready")), timeout=15, what="wait")
     kill(first)
-    redis_client.xadd(KEYS.lifecycle, encode_event({"kind": "ready", "output": {"go": True}}))
+    redis_client.xadd(
+        KEYS.lifecycle,
+        encode_event({"kind": "ready", "workflow": workflow, "output": {"go": True}}),
+    )
     processes.start("workers", "wait", "--consumer", "wait-b")
     final = wait_for_end(redis_client, workflow, timeout=15)
     assert final == {"status": "finished", "output": {"go": True}}
@@ -75,3 +80,30 @@ def test_workers_run_refuses_a_class_that_is_no_listener_in_one_line(
     assert message.startswith("error: 'collections:OrderedDict' is <class")
     assert "expected a subclass of rqse.EventListener" in message
     assert len(message.splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    ("source", "target", "expected"),
+    [
+        ("class Broken(:\n    pass\n", "broken_mod:Broken", "broken_mod.py:1:14: SyntaxError: "),
+        ("import no_such_dependency_here\n", "broken_mod:X", "cannot import 'broken_mod'"),
+        ("raise RuntimeError('no config')\n", "broken_mod:X", "raised RuntimeError: no config"),
+        ("X = 1\n", "broken_mod:Missing", "module 'broken_mod' has no 'Missing'"),
+    ],
+)
+def test_workers_run_names_a_module_that_cannot_load_in_one_line_and_exits_2(
+    processes: Processes,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    source: str,
+    target: str,
+    expected: str,
+) -> None:
+    (tmp_path / "broken_mod.py").write_text(source)
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    proc = processes.start("workers", "run", target, stderr=True)
+    assert proc.wait(timeout=15) == 2
+    assert proc.stderr is not None
+    message = proc.stderr.read().decode().strip()
+    assert expected in message, message
+    assert len(message.splitlines()) == 1 and "Traceback" not in message

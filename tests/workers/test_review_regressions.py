@@ -53,7 +53,9 @@ def test_an_event_the_watcher_read_before_the_wait_was_registered_still_ends_it(
         KEYS.tasks("wait"),
         start_task("wf1", "wait:event", {"event": "approved", "match": "input"}, {"order": 7}),
     )
-    redis_client.xadd(KEYS.lifecycle, encode_event({"kind": "approved", "order": 7}))
+    redis_client.xadd(
+        KEYS.lifecycle, encode_event({"kind": "approved", "workflow": "wf1", "order": 7})
+    )
     watcher.listen(idle_timeout=0.3)  # reads the event: no wait registered yet
     tasks.listen(idle_timeout=0.3)  # registers, then looks back
     (end,) = end_tasks(redis_client)

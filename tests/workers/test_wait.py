@@ -60,19 +60,23 @@ def test_a_wait_event_ends_only_on_a_later_event_whose_fields_match_the_input(
 ) -> None:
     threads.lifecycle()
     worker = wait_worker(threads)
-    early = redis_client.xadd(
-        KEYS.lifecycle, encode_event({"kind": "approved", "order": 7, "output": {"early": 1}})
-    )
-    flow = "wait:event (- {event: approved, match: input} -)"
+    early = {"kind": "approved", "channel": "orders", "order": 7, "output": {"early": 1}}
+    early_id = redis_client.xadd(KEYS.lifecycle, encode_event(early))
+    flow = "wait:event (- {event: approved, channel: orders, match: input} -)"
     workflow = submit(redis_client, flow, {"order": 7})
     wait_until(lambda: redis_client.hlen(KEYS.wait_events("approved")), what="registration")
     for order in (8, 7):
-        event = {"kind": "approved", "order": order, "output": {"by": f"order {order}"}}
+        event = {
+            "kind": "approved",
+            "channel": "orders",
+            "order": order,
+            "output": {"by": f"order {order}"},
+        }
         redis_client.xadd(KEYS.lifecycle, encode_event(event))
     final = wait_for_end(redis_client, workflow)
     assert final == {"status": "finished", "output": {"by": "order 7"}}
     receipts = [e for _, e in events(redis_client, KEYS.lifecycle, "receipt")]
-    assert len(receipts) == 1 and receipts[0]["for"] != early.decode()
+    assert len(receipts) == 1 and receipts[0]["for"] != early_id.decode()
     assert receipts[0]["target"].startswith(workflow)
     assert worker.watcher is not None and worker.watcher.ended == 1
     assert not redis_client.exists(KEYS.wait_events("approved"), KEYS.waits)
@@ -86,8 +90,9 @@ def test_a_wait_event_with_a_match_mapping_outputs_its_input_without_a_receipt(
     flow = "wait:event (- {event: go, match: {batch: '{input[b]}'}, receipt: false} -)"
     workflow = submit(redis_client, flow, {"b": 3, "keep": "me"})
     wait_until(lambda: redis_client.hlen(KEYS.wait_events("go")), what="registration")
-    redis_client.xadd(KEYS.lifecycle, encode_event({"kind": "go", "batch": "3"}))  # '3' is not 3
-    redis_client.xadd(KEYS.lifecycle, encode_event({"kind": "go", "batch": 3}))
+    to_it = {"kind": "go", "workflow": workflow}
+    redis_client.xadd(KEYS.lifecycle, encode_event({**to_it, "batch": "3"}))  # '3' is not 3
+    redis_client.xadd(KEYS.lifecycle, encode_event({**to_it, "batch": 3}))
     assert wait_for_end(redis_client, workflow)["output"] == {"b": 3, "keep": "me"}
     assert events(redis_client, KEYS.lifecycle, "receipt") == []
 

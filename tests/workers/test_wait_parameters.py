@@ -67,3 +67,25 @@ def test_bad_wait_parameters_are_reported_with_the_task_name(
     with pytest.raises(WaitParameterError) as caught:
         wait_spec(task(name, parameters, [1]))
     assert message in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("name", "parameters"),
+    [
+        ("wait:acquire", {"name": "latch-{input[s]}"}),
+        ("wait:event", {"event": "{input[s]}"}),
+        ("wait:event", {"event": "go", "channel": "c-{input[s]}"}),
+    ],
+)
+def test_a_name_that_renders_past_the_limit_is_a_parameter_error(
+    name: str, parameters: dict[str, Any]
+) -> None:
+    with pytest.raises(WaitParameterError, match=r"renders to 5,00\d characters, more than 1,024"):
+        wait_spec(task(name, parameters, {"s": "x" * 5000}))
+
+
+def test_a_channel_is_a_rendered_name() -> None:
+    spec = wait_spec(task("wait:event", {"event": "go", "channel": "orders-{input[r]}"}, {"r": 7}))
+    assert spec == EventWait("go", None, True, "orders-7")
+    with pytest.raises(WaitParameterError, match="'channel' must be a non-empty string"):
+        wait_spec(task("wait:event", {"event": "go", "channel": 5}))

@@ -6,6 +6,7 @@
 -- ARGV[1]  the task instance id
 -- ARGV[2]  the output's JSON text ('' = the record's: the task input)
 -- ARGV[3]  the id of the event that ended it, for a receipt ('' = no receipt)
+-- ARGV[4]  an error: end the task with FAILURE and this text instead ('' = SUCCESS)
 --
 -- The HDEL of the record decides: only the first caller finds it. Returns 1
 -- when this call ended the task, 0 when it had already ended.
@@ -15,14 +16,20 @@ local raw = redis.call('HGET', KEYS[1], ARGV[1])
 if not raw then return 0 end
 redis.call('HDEL', KEYS[1], ARGV[1])
 local record = cjson.decode(raw)
-local output = ARGV[2]
-if output == '' then output = record['output'] end
 local args = {'XADD', KEYS[2], '*'}
 for _, value in ipairs(record['fields']) do args[#args + 1] = value end
 args[#args + 1] = 'status'
-args[#args + 1] = '"SUCCESS"'
-args[#args + 1] = 'output'
-args[#args + 1] = output
+if (ARGV[4] or '') ~= '' then
+  args[#args + 1] = '"FAILURE"'
+  args[#args + 1] = 'error'
+  args[#args + 1] = cjson.encode(ARGV[4])
+else
+  local output = ARGV[2]
+  if output == '' then output = record['output'] end
+  args[#args + 1] = '"SUCCESS"'
+  args[#args + 1] = 'output'
+  args[#args + 1] = output
+end
 redis.call(unpack(args))
 if ARGV[3] ~= '' then
   redis.call('XADD', KEYS[2], '*', 'kind', '"receipt"', 'apiVersion', '"v1"',
