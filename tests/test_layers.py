@@ -14,8 +14,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import pytest
-
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("flowlang", "rqse", "lifecycle", "workers", "flowstream")
 KIND_SCANNED = (*PACKAGES, "bench", "examples")
@@ -199,10 +197,5 @@ def test_the_engine_and_the_composition_spell_event_kinds_only_in_lifecycle_even
     assert [f for f in kind_literals() if f.startswith(mine)] == []
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="workers/wait.py, bench/ and examples/ still spell event kinds (their owners "
-    "are to use lifecycle.events' constants)",
-)
 def test_event_kinds_are_spelled_only_in_lifecycle_events() -> None:
     assert kind_literals() == []

@@ -25,7 +25,7 @@ import orjson
 import redis
 
 from flowlang.limits import LimitExceeded
-from lifecycle.events import end_task
+from lifecycle.events import START_TASK, end_task
 from lifecycle.keys import TASK_GROUP, WAIT_KIND, Keys
 from rqse import EventListener
 from rqse.errors import EventEncodingError
@@ -76,7 +76,7 @@ class WaitTaskListener(EventListener):
         self.keys = keys or Keys()
         options.setdefault("batch_size", 200)
         options.setdefault("claim_idle", 10.0)
-        super().__init__(self.keys.tasks(WAIT_KIND), TASK_GROUP, ["start-task"], **options)
+        super().__init__(self.keys.tasks(WAIT_KIND), TASK_GROUP, [START_TASK], **options)
         self._register = load_script(self.connection, "wait_register")
         self._complete = load_script(self.connection, "wait_complete")
         self.outcomes = {0: 0, 1: 0, 2: 0, 3: 0}  # taken already / ended / waiting / failed
