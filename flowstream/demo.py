@@ -62,7 +62,11 @@ def state_dir() -> Path:
 
 
 def _redis_configured(args: argparse.Namespace) -> bool:
-    return bool(args.redis_url or os.environ.get("REDIS_URL") or os.environ.get("REDIS_HOST"))
+    return bool(
+        args.redis_url
+        or args.redis_url_file
+        or any(os.environ.get(name) for name in ("REDIS_URL", "REDIS_URL_FILE", "REDIS_HOST"))
+    )
 
 
 def demo(args: argparse.Namespace, context: Context) -> int:

@@ -32,6 +32,7 @@ from lifecycle.keys import Keys
 from lifecycle.store import GraphCache
 from lifecycle.transition import Transition
 from rqse import fastpipe, lua
+from rqse.weather import is_weather
 
 __all__ = ["Advancer", "BatchResult", "Commit", "Pending"]
 
@@ -51,14 +52,11 @@ def _is_noscript(reply: Any) -> bool:
     return isinstance(reply, redis.exceptions.NoScriptError)
 
 
-# Replies that mean Redis cannot take writes now, whatever the workflow.
-_WEATHER = ("OOM", "READONLY", "LOADING", "BUSY", "MASTERDOWN", "MISCONF", "NOREPLICAS",
-            "TRYAGAIN", "CLUSTERDOWN", "NOSCRIPT", "NOPERM")  # fmt: skip
-
-
 def _workflow_error(reply: Any) -> bool:
-    """A script error caused by one workflow, not by the state of Redis."""
-    return isinstance(reply, redis.ResponseError) and not str(reply).startswith(_WEATHER)
+    """A script error caused by one workflow, not by the state of Redis (weather)."""
+    return isinstance(reply, redis.ResponseError) and not (
+        is_weather(reply) or isinstance(reply, redis.exceptions.NoScriptError)
+    )
 
 
 def _raise_errors(replies: list[Any]) -> list[Any]:

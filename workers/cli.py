@@ -11,7 +11,7 @@ from typing import Any
 import redis
 
 from lifecycle.keys import Keys
-from rqse.connection import RedisSettings
+from rqse.connection import redis_arguments, resolve_url
 from rqse.errors import RqseError
 from rqse.process import settle_process
 from workers.errors import WorkerError
@@ -34,7 +34,8 @@ examples:
 noop/simulate without --kinds serve every kind known when they start except built-in ones (wait).
 exit codes: 0 stopped cleanly, 1 a worker died or did not drain in time, 2 error (bad arguments,
 class not loadable, Redis unreachable).
-Redis: --redis-url, else REDIS_URL, else REDIS_HOST/REDIS_PORT/REDIS_USERNAME/REDIS_PASSWORD.
+Redis: --redis-url or --redis-url-file, else REDIS_URL or REDIS_URL_FILE, else
+REDIS_HOST/REDIS_PORT/REDIS_USERNAME/REDIS_PASSWORD.
 """
 
 
@@ -46,7 +47,7 @@ def _parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--redis-url", help="redis://, rediss:// or unix:// URL")
+    redis_arguments(common)
     common.add_argument("--prefix", default="{flow}", help="key prefix (hash tag), default {flow}")
     common.add_argument("--consumer", help="stable consumer name")
     common.add_argument("--claim-idle", type=float, default=30.0, help="seconds before claiming")
@@ -95,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     keys = Keys(args.prefix)
     try:
-        settings = RedisSettings.resolve(url=args.redis_url)
+        settings = resolve_url(args.redis_url, args.redis_url_file)
         pool = settings.pool()
         redis.Redis(connection_pool=pool).ping()
         return _command(args, keys, pool)

@@ -26,7 +26,7 @@ from flowlang.graph import Graph
 from flowlang.limits import DEFAULT_LIMITS, loads_value
 from lifecycle.errors import LifecycleError
 from lifecycle.keys import Keys
-from rqse.connection import RedisSettings
+from rqse.connection import RedisSettings, redis_arguments, resolve_url
 from rqse.errors import RedisCommandError, RedisUnavailable, RqseError
 
 __all__ = [
@@ -59,7 +59,8 @@ EXIT_ERROR = EXIT_USAGE  # the name the commands and their tests have always use
 EXIT_CODES_HELP = """\
 exit codes: 0 ok (workflow finished), 1 workflow failed, terminated or never started
 (replay: a difference), 2 error (bad flow or input, unknown workflow, Redis unreachable)
-Redis: --redis-url, else REDIS_URL, else REDIS_HOST/REDIS_PORT/REDIS_USERNAME/REDIS_PASSWORD.
+Redis: --redis-url or --redis-url-file, else REDIS_URL or REDIS_URL_FILE, else
+REDIS_HOST/REDIS_PORT/REDIS_USERNAME/REDIS_PASSWORD.
 """
 
 
@@ -81,7 +82,7 @@ class Context:
     @property
     def settings(self) -> RedisSettings:
         if self._settings is None:
-            self._settings = RedisSettings.resolve(url=self.args.redis_url)
+            self._settings = resolve_url(self.args.redis_url, self.args.redis_url_file)
         return self._settings
 
     @property
@@ -116,9 +117,7 @@ Registrar = Callable[[Any, argparse.ArgumentParser], None]
 def common_options() -> argparse.ArgumentParser:
     """The options every command takes (a parent parser): Redis, key prefix, verbosity."""
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument(
-        "--redis-url", help="redis://, rediss:// or unix:// URL (default: REDIS_URL, ...)"
-    )
+    redis_arguments(common)
     common.add_argument("--prefix", default="{flow}", help="key prefix (hash tag), default {flow}")
     common.add_argument("-v", "--verbose", action="store_true", help="log debug messages")
     return common

@@ -107,7 +107,9 @@ def test_an_unexpected_error_is_one_line_not_a_traceback(capsys: Any) -> None:
     def broken(args: argparse.Namespace, context: Any) -> int:
         raise RuntimeError("boom\nsecond line")
 
-    args = argparse.Namespace(func=broken, command="x", prefix="{flow}", redis_url=None)
+    args = argparse.Namespace(
+        func=broken, command="x", prefix="{flow}", redis_url=None, redis_url_file=None
+    )
     assert dispatch(args) == EXIT_ERROR
     err = capsys.readouterr().err
     assert err == "error: internal error, please report it: RuntimeError: boom second line\n"
@@ -139,3 +141,16 @@ def test_python_m_lifecycle_worker_serves_wait_tasks(
         assert client.xlen(Keys().tasks("wait")) == 1
     finally:
         client.close()
+
+
+def test_the_redis_url_can_come_from_a_file_and_never_shows_its_password(
+    redis_url: str, tmp_path: Path, capsys: Any
+) -> None:
+    secret = tmp_path / "redis-url"
+    secret.write_text(redis_url + "\n")
+    code, _ = run(capsys, "list", "--redis-url-file", str(secret))
+    assert code == EXIT_OK
+    wrong = tmp_path / "wrong-url"
+    wrong.write_text("redis://user:s3cr#t/pw@127.0.0.1:1/0\n")
+    code, err = run(capsys, "list", "--redis-url-file", str(wrong))
+    assert code == EXIT_ERROR and "s3cr" not in err and "***" in err
