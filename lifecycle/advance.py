@@ -271,7 +271,9 @@ class Advancer:
         for n, reply in enumerate(replies):
             if not isinstance(reply, BaseException):
                 continue
-            if n >= len(owners) or not _workflow_error(reply):
+            if n >= len(owners) or not isinstance(reply, redis.ResponseError):
+                raise reply
+            if not _workflow_error(reply):
                 raise reply  # Redis trouble, or the acknowledgement itself
             # EXEC does not roll back: the workflow's other writes stand, so it is failed
             # on top of them (recomputed from what is stored, and committed again).

@@ -99,7 +99,7 @@ def _restore(
             if graph_text is not None:
                 pipe.set(keys.graph(str(item.graph)), graph_text, nx=True)
             pipe.delete(key)
-            pipe.hset(key, mapping=item.fields)
+            pipe.hset(key, mapping=item.fields)  # type: ignore[arg-type]  # values: bytes, str, int
             created = item.fields.get(rec.CREATED)
             if created is not None:
                 pipe.zadd(keys.workflows, {item.workflow: int(created)})

@@ -136,7 +136,7 @@ def replay_workflow(item: WorkflowReplay, graphs: ArchiveGraphs, keys: Keys) -> 
     matched: set[str] = set()
     version = 0
     for stream, entry_id, event in item.inputs:
-        kind = event.get("kind")
+        kind = str(event.get("kind"))
         try:
             parsed = ev.parse_input(entry_id, kind, event)
         except BadEvent as error:

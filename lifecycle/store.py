@@ -66,7 +66,7 @@ def _json(value: bytes | None) -> Any:
 
 
 def load_workflow(client: redis.Redis, keys: Keys, workflow_id: str) -> WorkflowRecord:
-    raw: dict[bytes, bytes] = client.hgetall(keys.workflow(workflow_id))
+    raw: dict[bytes, bytes] = client.hgetall(keys.workflow(workflow_id))  # type: ignore[assignment]
     if not raw:
         raise UnknownWorkflow(f"no workflow {workflow_id!r}")
     starts, ends = {}, {}
