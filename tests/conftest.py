@@ -9,13 +9,30 @@ answers. Private servers are stopped when the session ends.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 import redis
 
 from rqse.server import RedisServer, ServerNotFound, find_server_binary
 from tests.processes import Processes
+
+
+def wait_until(
+    condition: Callable[[], Any], timeout: float = 10.0, what: str = "", interval: float = 0.01
+) -> Any:
+    """Poll ``condition`` until it returns something truthy (returned); fail the test
+    after ``timeout`` seconds, naming ``what`` was awaited."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout}s waiting for {what or condition}")
+        time.sleep(interval)
 
 
 def _container_url() -> tuple[str, object]:

@@ -5,6 +5,14 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import orjson
+import redis
+
+from lifecycle.keys import Keys
 
 
 class Processes:
@@ -45,3 +53,29 @@ class Processes:
                 proc.wait()
             if proc.stderr is not None:
                 proc.stderr.close()
+
+
+def wait_until_all_ended(
+    client: redis.Redis,
+    ids: list[str],
+    timeout: float,
+    during: Callable[[], None] | None = None,
+    keys: Keys | None = None,
+) -> dict[str, Any]:
+    """Each workflow's stored state once all of ``ids`` are finished or failed; calls
+    ``during`` between polls (to inject faults)."""
+    workflow_key = (keys or Keys()).workflow
+    deadline = time.monotonic() + timeout
+    while True:
+        pipe = client.pipeline(transaction=False)
+        for workflow in ids:
+            pipe.hget(workflow_key(workflow), "s")
+        states = {w: orjson.loads(s) if s else {} for w, s in zip(ids, pipe.execute(), strict=True)}
+        if all(s.get("status") in ("finished", "failed") for s in states.values()):
+            return states
+        if time.monotonic() > deadline:
+            stuck = [w for w, s in states.items() if s.get("status") not in ("finished", "failed")]
+            raise AssertionError(f"{len(stuck)} workflows did not end, e.g. {stuck[:3]}")
+        if during is not None:
+            during()
+        time.sleep(0.2)

@@ -20,6 +20,7 @@ from flowlang.compiler import compile_text
 from lifecycle.audit import audit_archive
 from lifecycle.keys import RECEIPTS_GROUP
 from lifecycle.submit import start_workflows
+from tests.conftest import wait_until
 from tests.lifecycle.audit_helpers import (
     FLOW,
     KEYS,
@@ -27,8 +28,7 @@ from tests.lifecycle.audit_helpers import (
     engine_streams,
     flow_input,
 )
-from tests.lifecycle.test_processes import wait_until_all_ended
-from tests.processes import Processes
+from tests.processes import Processes, wait_until_all_ended
 
 WORKFLOWS = int(os.environ.get("AUDIT_WORKFLOWS", "1000"))
 
@@ -46,14 +46,6 @@ def archive_caught_up(client: redis.Redis) -> bool:
         ):
             return False
     return True
-
-
-def wait_for(condition, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.1)
 
 
 def test_every_event_is_archived_once_and_replay_reproduces_every_workflow_despite_sigkills(
@@ -115,7 +107,7 @@ def test_every_event_is_archived_once_and_replay_reproduces_every_workflow_despi
 
     states = wait_until_all_ended(redis_client, ids, timeout=120, during=chaos)
     assert kills == {"lifecycle": 1, "receipts": 2}, "the run ended before the kills"
-    wait_for(lambda: archive_caught_up(redis_client), 60, "the archive to catch up")
+    wait_until(lambda: archive_caught_up(redis_client), 60, "the archive to catch up")
     recorder[0].terminate()
     assert recorder[0].wait(timeout=10) == 0
 

@@ -19,7 +19,7 @@ from flowlang.compiler import compile_text
 from flowlang.runner import run
 from lifecycle.keys import Keys
 from lifecycle.submit import start_workflow
-from tests.processes import Processes
+from tests.processes import Processes, wait_until_all_ended
 
 FLOW = "A :x → * { B → C } → :y D; :x → E → :y; D → F|G"
 WORKFLOWS = 1000
@@ -33,23 +33,6 @@ def submit_all(client: redis.Redis) -> tuple[list[str], object]:
         f"w{i}": run(graph, lambda c: c.input, [i, i + 1, i + 2]).output for i in range(WORKFLOWS)
     }
     return ids, expected
-
-
-def wait_until_all_ended(client: redis.Redis, ids: list[str], timeout: float, during=None) -> dict:
-    deadline = time.monotonic() + timeout
-    while True:
-        pipe = client.pipeline(transaction=False)
-        for workflow in ids:
-            pipe.hget(KEYS.workflow(workflow), "s")
-        states = {w: orjson.loads(s) if s else {} for w, s in zip(ids, pipe.execute(), strict=True)}
-        if all(s.get("status") in ("finished", "failed") for s in states.values()):
-            return states
-        if time.monotonic() > deadline:
-            stuck = [w for w, s in states.items() if s.get("status") not in ("finished", "failed")]
-            raise AssertionError(f"{len(stuck)} workflows did not end, e.g. {stuck[:3]}")
-        if during is not None:
-            during()
-        time.sleep(0.2)
 
 
 def check_exactly_once(client: redis.Redis, states: dict, expected: dict) -> None:

@@ -12,7 +12,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -29,6 +29,7 @@ from lifecycle.keys import LIFECYCLE_GROUP, RECEIPTS_GROUP
 from lifecycle.receipts import ReceiptsWorker
 from lifecycle.segments import SegmentSink
 from lifecycle.verify import check_chain
+from tests.conftest import wait_until
 from tests.lifecycle.audit_helpers import KEYS, assert_exactly_once
 
 
@@ -48,14 +49,6 @@ def small_disk(tmp_path: Path) -> Iterator[Path]:
         yield where
     finally:
         subprocess.run(["umount", "-l", str(where)], check=False)
-
-
-def _wait_for(condition: Callable[[], bool], what: str, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.02)
 
 
 def _remount(where: Path, options: str) -> None:
@@ -136,22 +129,22 @@ def test_a_full_then_read_only_disk_is_retried_and_nothing_unarchived_is_acked_o
     thread = threading.Thread(target=worker.run)
     thread.start()
     try:
-        _wait_for(lambda: _archived(archive) == ids, "the first entry archived")
+        wait_until(lambda: _archived(archive) == ids, 20.0, "the first entry archived")
         for _ in range(60):  # 120 KB: more than the disk holds
             ids.append(redis_client.xadd(stream, {"kind": b'"probe"', "n": payload}).decode())
         redis_client.xgroup_setid(stream, LIFECYCLE_GROUP, "$")
         full = f"archive disk full at {archive}/segment-000000000000.jsonl; retrying"
-        _wait_for(lambda: messages.count(full) > 0, "the disk full message")
-        _wait_for(lambda: worker.stats.refused_flushes >= 5, "more refused flushes")
+        wait_until(lambda: messages.count(full) > 0, 20.0, "the disk full message")
+        wait_until(lambda: worker.stats.refused_flushes >= 5, 20.0, "more refused flushes")
         assert messages.count(full) == 1  # said once, however many retries
         # Nothing past the archive is acknowledged, and nothing unarchived trimmed away.
         _assert_nothing_unarchived_acked_or_trimmed(redis_client, archive, ids)
         _remount(small_disk, "ro")
         read_only = f"archive read-only at {archive}/segment-000000000000.jsonl; retrying"
-        _wait_for(lambda: messages.count(read_only) > 0, "the read-only message")
+        wait_until(lambda: messages.count(read_only) > 0, 20.0, "the read-only message")
         _assert_nothing_unarchived_acked_or_trimmed(redis_client, archive, ids)
         _remount(small_disk, "rw,size=4m")
-        _wait_for(lambda: _archived(archive) == ids, "every entry archived")
+        wait_until(lambda: _archived(archive) == ids, 20.0, "every entry archived")
         assert messages.count("archive writable again") >= 1
         assert thread.is_alive()
     finally:
@@ -181,7 +174,7 @@ def test_stopped_while_the_disk_is_full_the_worker_returns_within_its_drain_time
     )
     thread = threading.Thread(target=worker.run)
     thread.start()
-    _wait_for(lambda: worker.stats.refused_flushes > 0, "a refused flush")
+    wait_until(lambda: worker.stats.refused_flushes > 0, 20.0, "a refused flush")
     stopped = time.monotonic()
     worker.stop()
     thread.join(timeout=10)

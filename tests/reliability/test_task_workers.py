@@ -11,9 +11,10 @@ from contextlib import contextmanager
 import redis
 
 from rqse.keys import dead_letter_key
+from tests.conftest import wait_until
 from tests.processes import Processes
 from tests.workers import conftest as workers_fixtures
-from tests.workers.helpers import KEYS, Threads, events, submit, wait_until
+from tests.workers.helpers import KEYS, Threads, events, submit
 from tests.workers.sample import SLEEPER_RUNS
 
 threads = workers_fixtures.threads  # the fixture, shared rather than a conftest here

@@ -4,7 +4,7 @@ from typing import Any
 
 from rqse import EventClient, EventListener, message
 from rqse.keys import dead_letter_key
-from tests.rqse.helpers import wait_until
+from tests.conftest import wait_until
 
 
 class Batcher(EventListener):

@@ -1,7 +1,7 @@
 import pytest
 
 from rqse import EventClient, EventListener, dead_letter_key, message
-from tests.rqse.helpers import wait_until
+from tests.conftest import wait_until
 
 
 class Worker(EventListener):

@@ -10,7 +10,7 @@ import redis
 from rqse import EventListener
 from rqse.durability import server_warnings, warnings_for
 from rqse.server import RedisServer
-from tests.rqse.helpers import wait_until
+from tests.conftest import wait_until
 
 
 @pytest.fixture

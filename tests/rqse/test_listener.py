@@ -5,7 +5,7 @@ from collections import Counter
 import pytest
 
 from rqse import ConfigurationError, EventClient, EventListener, RedisCommandError, message
-from tests.rqse.helpers import wait_until
+from tests.conftest import wait_until
 
 
 class Recorder(EventListener):

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from rqse import EventClient, EventListener, message
-from tests.rqse.helpers import wait_until
+from tests.conftest import wait_until
 
 CHILD = Path(__file__).with_name("child_listener.py")
 

@@ -6,7 +6,7 @@ import logging
 
 from rqse import Backoff, EventClient, EventListener, message
 from rqse.server import RedisServer
-from tests.rqse.helpers import wait_until
+from tests.conftest import wait_until
 
 
 def test_a_listener_survives_redis_restarting_under_it_and_loses_no_event(

@@ -1,5 +1,5 @@
 from rqse import EventClient, message
-from tests.rqse.helpers import wait_until
+from tests.conftest import wait_until
 from tests.rqse.seed_sleep_listener import SleepListener
 
 

@@ -14,7 +14,7 @@ import redis
 
 from rqse import EventClient, message
 from rqse.server import RedisServer
-from tests.rqse.helpers import wait_until
+from tests.conftest import wait_until
 from tests.rqse.proxy import Proxy
 
 CHILD = Path(__file__).with_name("weather_child.py")

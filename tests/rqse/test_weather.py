@@ -22,7 +22,7 @@ from rqse import Backoff, EventClient, EventListener, dead_letter_key, message
 from rqse.connection import RedisSettings
 from rqse.server import RedisServer, free_port
 from rqse.weather import classify, describe
-from tests.rqse.helpers import wait_until
+from tests.conftest import wait_until
 from tests.rqse.proxy import Proxy
 
 

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import threading
-import time
-from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -14,20 +12,9 @@ from flowlang.compiler import compile_text
 from lifecycle.keys import Keys
 from lifecycle.submit import start_workflow
 from lifecycle.worker import LifecycleWorker
+from tests.conftest import wait_until
 
 KEYS = Keys()
-
-
-def wait_until(condition: Callable[[], Any], timeout: float = 10.0, what: str = "it") -> Any:
-    """Poll ``condition`` until truthy (returned) or fail after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.02)
 
 
 def state(client: redis.Redis, workflow: str) -> dict[str, Any]:

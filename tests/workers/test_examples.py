@@ -10,7 +10,8 @@ import redis
 from examples.seed_worker import StockListener
 from flowlang.compiler import compile_text
 from lifecycle.submit import start_workflow
-from tests.workers.helpers import KEYS, Threads, events, state, wait_for_end, wait_until
+from tests.conftest import wait_until
+from tests.workers.helpers import KEYS, Threads, events, state, wait_for_end
 from workers.runner import build_listener, load_listener_class
 from workers.wait import WaitWorker
 

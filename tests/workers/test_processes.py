@@ -11,8 +11,9 @@ import pytest
 import redis
 
 from rqse.events import encode_event
+from tests.conftest import wait_until
 from tests.processes import Processes
-from tests.workers.helpers import KEYS, Threads, entry_ms, events, submit, wait_for_end, wait_until
+from tests.workers.helpers import KEYS, Threads, entry_ms, events, submit, wait_for_end
 
 
 def kill(proc: subprocess.Popen[bytes]) -> None:

@@ -11,7 +11,8 @@ import redis
 
 from flowlang.limits import DEFAULT_LIMITS, Limits
 from rqse.keys import dead_letter_key
-from tests.workers.helpers import KEYS, Threads, events, submit, wait_for_end, wait_until
+from tests.conftest import wait_until
+from tests.workers.helpers import KEYS, Threads, events, submit, wait_for_end
 from workers import Task, TaskListener
 
 

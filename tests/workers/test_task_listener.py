@@ -10,8 +10,9 @@ import redis
 
 from lifecycle.submit import terminate_workflow
 from lifecycle.worker import LifecycleWorker
+from tests.conftest import wait_until
 from tests.rqse.seed_sleep_listener import SleepListener
-from tests.workers.helpers import KEYS, Threads, events, submit, wait_for_end, wait_until
+from tests.workers.helpers import KEYS, Threads, events, submit, wait_for_end
 from workers import Task, TaskListener
 
 

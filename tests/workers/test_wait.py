@@ -10,6 +10,7 @@ import redis
 
 from lifecycle.keys import TASK_GROUP
 from rqse.events import encode_event
+from tests.conftest import wait_until
 from tests.workers.helpers import (
     KEYS,
     Threads,
@@ -18,7 +19,6 @@ from tests.workers.helpers import (
     state,
     submit,
     wait_for_end,
-    wait_until,
 )
 from workers import Task, TaskListener
 from workers.wait import WaitTaskListener, WaitWorker

@@ -10,7 +10,8 @@ import redis
 from lifecycle.keys import TASK_GROUP
 from rqse.events import encode_event
 from rqse.keys import dead_letter_key
-from tests.workers.helpers import KEYS, Threads, events, state, submit, wait_for_end, wait_until
+from tests.conftest import wait_until
+from tests.workers.helpers import KEYS, Threads, events, state, submit, wait_for_end
 from workers.wait import WaitTaskListener, WaitWorker
 from workers.wait_events import addressed_to
 
