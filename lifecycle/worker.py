@@ -15,7 +15,7 @@ from typing import Any
 
 from lifecycle.advance import Advancer
 from lifecycle.keys import Keys
-from lifecycle.timers import TimerPump
+from lifecycle.timers import timer_pump
 from rqse import EventListener
 
 __all__ = ["LifecycleWorker"]
@@ -43,7 +43,7 @@ class LifecycleWorker(EventListener):
         # ignored, and share their batch's fate: left pending when it fails.
         super().__init__(self.keys.lifecycle, self.keys.lifecycle_group, None, **options)
         self.advancer = Advancer(self.connection, self.keys, untokened_answers=untokened_answers)
-        self.timers = TimerPump(self.connection, self.keys) if timers else None
+        self.timers = timer_pump(self.connection, self.keys) if timers else None
 
     def onStart(self) -> None:  # noqa: N802 - rqse hook name
         if self.timers is not None:

@@ -5,7 +5,7 @@
 * :class:`WaitTaskListener` reads ``{flow}:tasks:wait`` (group ``workers``) and
   takes each start-task with ``wait_register.lua``: the acknowledgement and the
   registration (or the immediate end-task) are one atomic step;
-* :class:`DelayPump` polls ``{flow}:wait:delays`` and ends due delays with
+* :func:`delay_pump` polls ``{flow}:wait:delays`` and ends due delays with
   ``fire_delays.lua``, each once however many pumps run;
 * :class:`~workers.wait_events.EventWatcher` reads ``{flow}:lifecycle``
   (group ``wait``) and ends matching event waits.
@@ -31,13 +31,14 @@ from rqse import EventListener
 from rqse.errors import EventEncodingError
 from rqse.events import encode_event
 from rqse.listener import default_consumer_name
+from rqse.pump import Pump
 from workers.errors import BadTask, WaitParameterError, WorkerError
 from workers.scripts import load_script
 from workers.task import Task, encode_output, error_text
 from workers.wait_events import EventWatcher, catch_up, entry_order
 from workers.waitspec import Delay, EventWait, Latch, wait_spec
 
-__all__ = ["DelayPump", "WaitTaskListener", "WaitWorker"]
+__all__ = ["WaitTaskListener", "WaitWorker", "delay_pump"]
 
 log = logging.getLogger(__name__)
 
@@ -165,51 +166,16 @@ def _encode_wait(task: Task, spec: EventWait) -> bytes:
         raise WaitParameterError(f"{task.name}: parameter 'match' is not JSON: {error}") from None
 
 
-class DelayPump:
-    """Ends due delays every ``interval`` seconds, in a daemon thread (or on demand)."""
-
-    def __init__(
-        self, client: redis.Redis, keys: Keys, interval: float = 0.1, batch: int = 500
-    ) -> None:
-        self.client = client
-        self.keys = keys
-        self.interval = interval
-        self.batch = batch
-        self._script = load_script(client, "fire_delays")
-        self._stopping = threading.Event()
-        self._thread: threading.Thread | None = None
-        self.ended = 0
-
-    def fire_due(self, now_ms: int | None = None) -> int:
-        """End every delay due at ``now_ms`` (default: Redis's clock); return how many."""
-        ended = 0
-        while True:
-            count, _next_due = self._script(
-                keys=[self.keys.wait_delays, self.keys.waits, self.keys.lifecycle],
-                args=["" if now_ms is None else now_ms, self.batch],
-            )
-            ended += int(count)
-            if int(count) < self.batch:
-                self.ended += ended
-                return ended
-
-    def start(self) -> None:
-        self._stopping.clear()
-        self._thread = threading.Thread(target=self._run, name="wait-delays", daemon=True)
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stopping.set()
-        if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join(timeout=5)
-
-    def _run(self) -> None:
-        while not self._stopping.wait(self.interval):
-            try:
-                self.fire_due()
-            except redis.RedisError as error:  # Redis away: retry; nothing is lost meanwhile
-                log.warning("wait:delay: %s; retrying", error)
-                self._stopping.wait(1.0)
+def delay_pump(client: redis.Redis, keys: Keys, interval: float = 0.1, batch: int = 500) -> Pump:
+    """The pump that ends due ``wait:delay`` tasks (``fire_delays.lua``), each once."""
+    script = load_script(client, "fire_delays")
+    return Pump(
+        script,
+        [keys.wait_delays, keys.waits, keys.lifecycle],
+        name="wait-delays",
+        interval=interval,
+        batch=batch,
+    )
 
 
 class WaitWorker:
@@ -247,7 +213,7 @@ class WaitWorker:
         options["pool"] = self.tasks.pool  # one pool for all three
         options["url"] = None
         self.watcher = EventWatcher(self.keys, handle_signals=False, **options) if events else None
-        self.delays = DelayPump(self.tasks.connection, self.keys, interval=poll_interval)
+        self.delays = delay_pump(self.tasks.connection, self.keys, interval=poll_interval)
         self._thread: threading.Thread | None = None
 
     @property

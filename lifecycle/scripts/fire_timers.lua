@@ -3,12 +3,21 @@
 -- KEYS[1]  the timers sorted set ({flow}:timers); members are JSON
 --          {"kind": "retry-task"|"timeout-task", "workflow", "key", "attempt"}
 -- KEYS[2]  the lifecycle stream ({flow}:lifecycle)
--- ARGV[1]  now (ms); ARGV[2] the most timers to fire in this call
+-- ARGV[1]  now in ms ('' = Redis TIME, the clock every worker shares)
+-- ARGV[2]  the most timers to fire in this call
 --
 -- Appends one event per due timer and removes it, atomically: however many
 -- lifecycle workers call this, a timer fires once. Returns the number fired.
 
-local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'LIMIT', 0, tonumber(ARGV[2]))
+if redis.replicate_commands then redis.replicate_commands() end  -- TIME before writes
+
+local now = tonumber(ARGV[1])
+if not now then
+  local time = redis.call('TIME')
+  now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+end
+
+local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, tonumber(ARGV[2]))
 for _, member in ipairs(due) do
   local timer = cjson.decode(member)
   redis.call('XADD', KEYS[2], '*',

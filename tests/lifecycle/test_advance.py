@@ -243,12 +243,12 @@ def test_when_the_watched_transaction_loses_nothing_that_changed_nothing_is_ackn
 def test_a_task_that_outlives_its_timeout_is_failed_by_a_durable_timer(
     harness: Harness, redis_client
 ) -> None:
-    from lifecycle.timers import TimerPump
+    from lifecycle.timers import timer_pump
 
     keys = Keys()
     workflow = harness.submit(compile_text("slow:A (- {$timeout: 5, $retries: 1} -)"))
     harness.advance()
-    timers = TimerPump(redis_client, keys)
+    timers = timer_pump(redis_client, keys)
     ((member, due),) = redis_client.zrange(keys.timers, 0, -1, withscores=True)
     assert timers.fire_due(int(due) - 1) == 0  # not yet
     assert timers.fire_due(int(due)) == 1
@@ -270,7 +270,7 @@ def test_an_end_before_the_timeout_cancels_the_timer(harness: Harness, redis_cli
 
 
 def test_a_retry_after_backoff_waits_on_a_durable_timer(harness: Harness, redis_client) -> None:
-    from lifecycle.timers import TimerPump
+    from lifecycle.timers import timer_pump
 
     keys = Keys()
     calls: list[int] = []
@@ -285,7 +285,7 @@ def test_a_retry_after_backoff_waits_on_a_durable_timer(harness: Harness, redis_
     harness.pump(fails_once)
     assert calls == [1]  # attempt 2 waits for its timer
     ((_, due),) = redis_client.zrange(keys.timers, 0, -1, withscores=True)
-    TimerPump(redis_client, keys).fire_due(int(due))
+    timer_pump(redis_client, keys).fire_due(int(due))
     harness.pump(fails_once)
     assert calls == [1, 2]
     assert load_workflow(redis_client, keys, workflow).output == {"ok": 2}

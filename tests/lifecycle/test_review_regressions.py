@@ -61,7 +61,7 @@ def test_a_terminate_applied_before_its_start_wins(redis_client) -> None:
 
 
 def test_a_delayed_retry_due_after_the_workflow_failed_starts_nothing(harness: Harness) -> None:
-    from lifecycle.timers import TimerPump
+    from lifecycle.timers import timer_pump
 
     def task(call: TaskCall) -> Any:
         raise RuntimeError(f"{call.name} broke")
@@ -69,7 +69,7 @@ def test_a_delayed_retry_due_after_the_workflow_failed_starts_nothing(harness: H
     harness.submit(compile_text("A (- {$retries: 1, $backoff: 60} -) | B"), workflow_id="wf")
     harness.pump(task)
     assert load_workflow(harness.client, KEYS, "wf").status == "failed"
-    TimerPump(harness.client, KEYS).fire_due(2**62)
+    timer_pump(harness.client, KEYS).fire_due(2**62)
     harness.pump(task)
     starts = [decode(f)["name"] for _, f in harness.client.xrange(KEYS.tasks("default"))]
     assert sorted(starts) == ["A", "B"]
