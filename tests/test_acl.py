@@ -81,6 +81,7 @@ class Deployment:
         self.password = secrets.token_hex(16)
         self.admin_password = secrets.token_hex(16)
         self.procs: list[tuple[str, subprocess.Popen[bytes]]] = []
+        self.extra: list[str] = []  # the add-on lines, granted during the scenario
         self.env = dict(os.environ, PYTHONPATH=str(ROOT))
 
     def url(self, user: str) -> str:
@@ -146,8 +147,8 @@ def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]
     (work / "resources").mkdir()
     (work / "resources" / "in.json").write_text('{"x": 1}', encoding="utf-8")
     server = RedisServer().start()
+    deployment = Deployment(server, work)
     try:
-        deployment = Deployment(server, work)
         bootstrap = redis.Redis.from_url(server.url)
         bootstrap.execute_command(
             "ACL", "SETUSER", "admin", "on", f">{deployment.admin_password}", "~*", "&*", "+@all"
@@ -168,9 +169,10 @@ def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]
         )  # fmt: skip
         deployment.start("wait", "workers", "wait")
         deployment.start("resource", "workers", "resource", "--base-dir", str(work / "resources"))
-        deployment.extra = extra  # type: ignore[attr-defined]
+        deployment.extra = extra
         yield deployment
     finally:
+        deployment.stop()  # a no-op for processes already stopped by the scenario
         server.stop()
 
 
@@ -220,7 +222,7 @@ def test_every_component_runs_workflows_end_to_end_under_its_documented_acl_user
     assert '"seen"' in stored and '"x"' in stored
 
     # The documented extra grants: `lifecycle run`, and Task.cancelled() for kind k.
-    for line in deployment.extra:  # type: ignore[attr-defined]
+    for line in deployment.extra:
         for _, args in user_commands(line, deployment.password):
             admin.execute_command(*args)
     retried = deployment.lifecycle("submit", "run", str(tmp_path / "retried.flow"), "--wait")
