@@ -9,7 +9,7 @@ Measures, on one process:
 (c) latency: one event at a time, from just before XADD to the start of
     ``process()`` in a listener blocked in XREADGROUP, on an otherwise idle system.
 
-Targets (issue 3): (b) at least half of (a); (c) p50 under 2 ms.
+Targets: (b) at least half of (a); (c) p50 under 2 ms.
 
 Examples::
 
