@@ -96,10 +96,6 @@ def test_no_doc_mentions_sessions_or_issue_numbers() -> None:
     assert not offenders, "history in the docs:\n" + "\n".join(offenders)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="lifecycle/cli.py:211 says '(issue 6)'; its owner is changing that file",
-)
 def test_no_code_comment_mentions_sessions_or_issue_numbers() -> None:
     offenders = [
         f"{relative(path)}:{number}: {line.strip()}"

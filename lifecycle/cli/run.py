@@ -46,11 +46,12 @@ def _run(args: argparse.Namespace, context: Context) -> int:
     graph = compile_file(args.file)
     value = read_input(args.input)
     client, keys = context.client, context.keys
+    if not args.wait:  # a submitter need not read the lifecycle stream (docs/security.md)
+        print(start_workflow(client, graph, value, args.id, keys), flush=True)
+        return EXIT_OK
     since = Since.now(client, keys)
     workflow_id = start_workflow(client, graph, value, args.id, keys)
     print(workflow_id, flush=True)
-    if not args.wait:
-        return EXIT_OK
     ending = wait_for_end(
         client, keys, workflow_id, graph, since, args.timeout, Console(stderr=True)
     )
