@@ -13,10 +13,10 @@ from rqse.client import EventClient
 from rqse.connection import RedisSettings, mask_url, resolve_url
 from rqse.durability import server_warnings
 from rqse.errors import (
-    ArchiveError,
     ConfigurationError,
     EventEncodingError,
     MalformedEntry,
+    ReceiptNotArchived,
     RedisCommandError,
     RedisUnavailable,
     RqseError,
@@ -30,7 +30,7 @@ from rqse.weather import describe, is_weather
 
 __all__ = [
     "RECEIPT_GROUP",
-    "ArchiveError",
+    "ReceiptNotArchived",
     "Backoff",
     "ConfigurationError",
     "EventClient",

@@ -51,5 +51,5 @@ class MalformedEntry(RqseError):
         self.field = field
 
 
-class ArchiveError(RqseError):
+class ReceiptNotArchived(RqseError):
     """Raised when a receipt logger reports that it did not archive a receipt."""

@@ -23,7 +23,7 @@ from typing import IO, Any
 
 import orjson
 
-from rqse.errors import ArchiveError, ConfigurationError
+from rqse.errors import ConfigurationError, ReceiptNotArchived
 from rqse.events import FOR, RECEIPT, decode_lenient
 from rqse.keys import RECEIPT_GROUP
 from rqse.listener import EventListener
@@ -114,7 +114,7 @@ class ReceiptListener(EventListener):
             if rows:
                 target = decode_lenient(rows[0][1])
         if self._archive(event_id, event, target_id, target) is False:
-            raise ArchiveError(f"receipt {event_id} for {target_id}: the archive refused it")
+            raise ReceiptNotArchived(f"receipt {event_id} for {target_id}: the archive refused it")
         if target_id is not None and target is not None:
             self._outbox.delete(stream, target_id, event_id)
         else:
