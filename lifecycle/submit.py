@@ -63,14 +63,16 @@ def start_workflow(
     input: Any = None,
     workflow_id: str | None = None,
     keys: Keys | None = None,
+    limits: Limits = DEFAULT_LIMITS,
 ) -> str:
     """Store ``graph`` (once per content hash) and ask the lifecycle to start it.
 
-    Starting the same ``workflow_id`` twice starts it once.
+    Starting the same ``workflow_id`` twice starts it once. An input past ``limits``
+    raises :class:`flowlang.limits.LimitExceeded` and nothing is stored.
     """
     keys = keys or Keys()
     workflow_id = workflow_id or new_workflow_id(graph)
-    return start_workflows(client, graph, [input], [workflow_id], keys)[0]
+    return start_workflows(client, graph, [input], [workflow_id], keys, limits=limits)[0]
 
 
 def start_workflows(
