@@ -75,11 +75,13 @@ def depth_within(value: Any, limit: int) -> bool:
 def encode_value(value: Any, limits: Limits = DEFAULT_LIMITS, what: str = "value") -> bytes:
     """``value`` as JSON bytes, or :class:`LimitExceeded` naming ``what`` and the limit.
 
-    The encoding is the size check, so a caller that stores the value sends these bytes."""
+    The encoding is the size check, so a caller that stores the value sends these bytes.
+    Keys that are not strings are written as strings (``{1: x}`` as ``{"1": x}``), as
+    every JSON encoder of the wire format does."""
     if not depth_within(value, limits.depth):
         raise LimitExceeded(f"{what} nests deeper than {limits.depth} levels")
     try:
-        encoded = orjson.dumps(value)
+        encoded = orjson.dumps(value, option=orjson.OPT_NON_STR_KEYS)
     except (TypeError, OverflowError, orjson.JSONEncodeError) as error:
         raise LimitExceeded(f"{what} is not JSON: {error}") from None
     if len(encoded) > limits.value_bytes:

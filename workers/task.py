@@ -32,10 +32,9 @@ from dataclasses import dataclass, field
 from time import monotonic
 from typing import Any, ClassVar
 
-import orjson
 import redis
 
-from flowlang.limits import DEFAULT_LIMITS, LimitExceeded, Limits, depth_within
+from flowlang.limits import DEFAULT_LIMITS, LimitExceeded, Limits, encode_value
 from lifecycle.events import START_TASK, end_task
 from lifecycle.keys import TASK_GROUP, Keys
 from rqse import EventListener
@@ -63,21 +62,8 @@ def error_text(error: BaseException) -> str:
 
 def encode_output(output: Any, limits: Limits = DEFAULT_LIMITS) -> bytes:
     """``output`` as the JSON bytes an end-task carries; :class:`LimitExceeded` when it is
-    not JSON or breaks ``limits`` (size, depth).
-
-    :func:`flowlang.limits.encode_value`'s checks and messages, but with the wire
-    format's encoding, which writes ``{1: x}`` as ``{"1": x}`` as ``json.dumps`` does."""
-    if not depth_within(output, limits.depth):
-        raise LimitExceeded(f"output nests deeper than {limits.depth} levels")
-    try:
-        encoded = orjson.dumps(output, option=orjson.OPT_NON_STR_KEYS)
-    except (TypeError, OverflowError, orjson.JSONEncodeError) as error:
-        raise LimitExceeded(f"output is not JSON: {error}") from None
-    if len(encoded) > limits.value_bytes:
-        raise LimitExceeded(
-            f"output is {len(encoded):,} bytes, more than the limit of {limits.value_bytes:,}"
-        )
-    return encoded
+    not JSON or breaks ``limits`` (size, depth)."""
+    return encode_value(output, limits, "output")
 
 
 class HandBack(Exception):  # noqa: N818 - a signal to the listener, not an error
