@@ -159,3 +159,16 @@ def test_the_lifecycle_worker_dead_letters_a_forged_answer_with_the_reason(
         worker.stop()
         thread.join(10)
         pool.disconnect()
+
+
+def test_a_run_started_before_tokens_existed_still_takes_its_answers(
+    harness: Harness, redis_client: redis.Redis
+) -> None:
+    workflow = harness.submit(FLOW, {}, "old-run")
+    harness.advance()
+    redis_client.hdel(KEYS.workflow(workflow), "t")  # as stored by an engine without tokens
+    bare = {k: v for k, v in ev.end_task(_first_start(redis_client), {}).items() if k != "token"}
+    _answer(redis_client, bare)
+    result = _apply(redis_client)
+    assert result.rejected == [] and result.committed == 1
+    assert _started_names(redis_client) == ["A", "B"]
