@@ -16,19 +16,24 @@ from typing import Any
 from flowlang import ast
 from flowlang.errors import FlowDeclarationError, FlowError, FlowLabelError, FlowStructureError
 from flowlang.graph import Graph, Node, NodeKind
+from flowlang.limits import DEFAULT_LIMITS, Limits
+from flowlang.loops import check_loops
 from flowlang.parser import parse
 
 __all__ = ["compile_flow", "compile_text", "merge_params"]
 
 
-def compile_text(text: str, file: str | None = None) -> Graph:
-    """Parse and compile flow text; every error is a :class:`FlowError` naming ``file``."""
-    return compile_flow(parse(text, file), file)
+def compile_text(text: str, file: str | None = None, limits: Limits = DEFAULT_LIMITS) -> Graph:
+    """Parse and compile flow text; every error is a :class:`FlowError` naming ``file``
+    (:class:`~flowlang.limits.LimitExceeded` for a text past ``limits.flow_bytes``)."""
+    return compile_flow(parse(text, file, limits), file)
 
 
 def compile_flow(flow: ast.Flow, file: str | None = None) -> Graph:
     try:
-        return _Compiler(flow).build()
+        graph = _Compiler(flow).build()
+        check_loops(graph)
+        return graph
     except FlowError as error:
         raise error.located(file) from None
     except RecursionError:
