@@ -159,7 +159,8 @@ def _read_stdin() -> bytes:
         raise OSError(0, "no standard input")
     buffer = getattr(sys.stdin, "buffer", None)
     if buffer is not None:
-        return buffer.read(_READ_AT_MOST)
+        data: bytes = buffer.read(_READ_AT_MOST)
+        return data
     return sys.stdin.read(_READ_AT_MOST).encode("utf-8")
 
 

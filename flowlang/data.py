@@ -21,7 +21,7 @@ from functools import lru_cache
 from time import perf_counter
 from typing import Any
 
-import re2
+import re2  # type: ignore[import-untyped]
 from jsonpath_ng import DatumInContext, JSONPath
 from jsonpath_ng.ext import parse as jsonpath_parse
 from jsonpath_ng.ext.arithmetic import Operation
@@ -96,7 +96,7 @@ def compile_guard(expression: str) -> Any:
         if isinstance(node, Descendants):
             descents += 1
         elif isinstance(node, Expression) and node.op == "=~":
-            node.regex = _re2(node.value, expression)
+            node.regex = _re2(node.value, expression)  # type: ignore[attr-defined]
             node.__class__ = _Re2Match
             continue
         elif isinstance(node, Sub):
@@ -160,7 +160,7 @@ def _counted(cls: type) -> type:
     ``__slots__`` keep the layout, so a parsed node's class can be switched in place."""
     found = _COUNTED.get(cls)
     if found is None:
-        original = cls.find
+        original = cls.find  # type: ignore[attr-defined]
 
         def find(self: Any, datum: Any) -> Any:
             _tick()
@@ -174,6 +174,7 @@ class _Re2Match(Expression):
     """``target =~ "regex"`` matched with RE2 (what jsonpath-ng does with ``re.search``)."""
 
     __slots__ = ()
+    regex: Any  # set by compile_guard before the class is switched
 
     def find(self, datum: Any) -> list[Any]:
         _tick()
