@@ -312,8 +312,7 @@ class Machine:
                     spec = self.nodes[node]
                     raise RunawayLoop(
                         f"runaway loop at {spec.describe()} ({instance_key(node, path)}): "
-                        f"more than {limit:,} visits of nodes on a cycle in one step "
-                        "without starting a task",
+                        f"more than {limit:,} visits of nodes on a cycle in one step",
                         spec.line,
                         spec.column,
                     )
