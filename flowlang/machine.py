@@ -180,6 +180,7 @@ class Machine:
             self.inner.append(inner)
             self.threshold.append(threshold)
         self.on_cycle = nodes_on_cycles(self.successors)
+        self._inside_of: dict[int, frozenset[int]] = {}  # subflow start -> nodes inside it
         self.cyclic = downstream(self.on_cycle, self.successors)
         # Per node: its successors when every one is a plain task (one predecessor, no
         # guard, merge or iteration, not on or after a cycle), else None. Ending such a
@@ -442,12 +443,15 @@ class Machine:
             )
         collector = spec.pair if spec.kind is NodeKind.SUBFLOW_START else node
         assert collector is not None
+        collector_key = instance_key(collector, path)
+        if node in self.cyclic and collector_key in state.fanin:
+            self._supersede(state, node, path, len(state.fanin.pop(collector_key)[1]))
         if spec.kind is not NodeKind.SUBFLOW_START and self.limits.task_starts is not None:
             self._count_starts(state, node, len(value))
         if not value:
             self._ended(state, collector, path, [], queue, trace)
             return
-        state.fanin[instance_key(collector, path)] = [len(value), [None] * len(value)]
+        state.fanin[collector_key] = [len(value), [None] * len(value)]
         for index, item in enumerate(value):
             item_path = (*path, index)
             if spec.kind is NodeKind.SUBFLOW_START:
@@ -457,6 +461,36 @@ class Machine:
                 attempt = self._first_attempt(state, node, item_key)
                 state.running[item_key] = attempt
                 actions.append(self._task_action(node, item_path, item_key, attempt, item))
+
+    def _supersede(self, state: State, node: int, path: Path, items: int) -> None:
+        """Drop what is left of an iteration whose step a cycle invoked again before it
+        ended: as for a task invoked again, the new invocation replaces the old one, whose
+        late ends then find no running attempt. (Attempt numbers are kept, so the new
+        items' task instance ids differ from the old ones'.)"""
+        if self.nodes[node].kind is not NodeKind.SUBFLOW_START:
+            for index in range(items):
+                state.running.pop(instance_key(node, (*path, index)), None)
+            return
+        inside, depth = self._inside(node), len(path)
+        for table in (state.running, state.waiting, state.fanin):
+            for key in list(table):
+                inner, inner_path = parse_key(key)
+                if inner in inside and len(inner_path) > depth and inner_path[:depth] == path:
+                    del table[key]
+
+    def _inside(self, start: int) -> frozenset[int]:
+        """The nodes inside subflow ``start``, at any depth."""
+        found = self._inside_of.get(start)
+        if found is None:
+            inside: set[int] = set()
+            for spec in self.nodes:
+                parent = spec.parent
+                while parent is not None and parent != start:
+                    parent = self.nodes[parent].parent
+                if parent == start:
+                    inside.add(spec.id)
+            found = self._inside_of[start] = frozenset(inside)
+        return found
 
     def _collect(
         self,
