@@ -136,18 +136,24 @@ def guard_matches(expression: str, value: Any, budget_ms: int | None = None) -> 
 
 # -- bounded evaluation ------------------------------------------------------------
 
-# The budget of the evaluation running in this thread (lifecycle workers may run
-# guards in several threads); ``deadline`` None: no budget.
-_clock = threading.local()
+
+class _Clock(threading.local):
+    """The budget of the evaluation running in this thread (lifecycle workers may run
+    guards in several threads): a deadline (None: no budget) and the steps counted."""
+
+    deadline: float | None = None
+    steps: int = 0
+
+
+_clock = _Clock()
 _CHECK_EVERY = 64  # steps between readings of the clock
 
 
 def _tick() -> None:
-    deadline = getattr(_clock, "deadline", None)
-    if deadline is None:
+    if _clock.deadline is None:
         return
     _clock.steps += 1
-    if _clock.steps % _CHECK_EVERY == 0 and perf_counter() > deadline:
+    if _clock.steps % _CHECK_EVERY == 0 and perf_counter() > _clock.deadline:
         raise GuardBudgetExceeded("guard evaluation ran past its time budget")
 
 
@@ -155,15 +161,21 @@ _COUNTED: dict[type, type] = {}
 
 
 def _counted(cls: type) -> type:
-    """``cls`` whose ``find`` counts a step first: every part of a JSONPath's work goes
-    through ``find`` calls, so counting them bounds the whole evaluation. Empty
-    ``__slots__`` keep the layout, so a parsed node's class can be switched in place."""
+    """``cls`` whose ``find`` counts a step first. Any work past linear in the input goes
+    through ``find`` calls (a descent calls its right side per value under it, a filter
+    its expressions per candidate), so counting every node's bounds the whole evaluation.
+    Empty ``__slots__`` keep the layout, so a parsed node's class can be switched in
+    place."""
     found = _COUNTED.get(cls)
     if found is None:
         original = cls.find  # type: ignore[attr-defined]
 
         def find(self: Any, datum: Any) -> Any:
-            _tick()
+            clock = _clock
+            if clock.deadline is not None:
+                clock.steps += 1
+                if clock.steps % _CHECK_EVERY == 0 and perf_counter() > clock.deadline:
+                    raise GuardBudgetExceeded("guard evaluation ran past its time budget")
             return original(self, datum)
 
         found = _COUNTED[cls] = type(cls.__name__, (cls,), {"__slots__": (), "find": find})
