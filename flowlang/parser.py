@@ -113,7 +113,8 @@ def _expected(names: set[str]) -> str:
 
 def _syntax_error(error: UnexpectedInput, text: str) -> FlowSyntaxError:
     if isinstance(error, UnexpectedCharacters):
-        char = text[error.pos_in_stream] if error.pos_in_stream < len(text) else ""
+        at = error.pos_in_stream if error.pos_in_stream is not None else len(text)
+        char = text[at] if at < len(text) else ""
         hint = ""
         if char == "(":
             hint = " (parameter literals are (- yaml -), ({json}), ([json]) or ())"
