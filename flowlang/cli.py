@@ -18,6 +18,7 @@ import orjson
 from flowlang.compiler import compile_text
 from flowlang.errors import FlowError
 from flowlang.graph import Graph
+from flowlang.limits import DEFAULT_LIMITS
 from flowlang.render import to_dot, to_mermaid
 
 __all__ = ["EXIT_INTERNAL", "EXIT_INVALID", "EXIT_OK", "EXIT_UNREADABLE", "main"]
@@ -28,6 +29,8 @@ EXIT_UNREADABLE = 2  # a file is missing, unreadable or not UTF-8; also a usage 
 EXIT_INTERNAL = 3  # a bug in flowlang: please report the printed line
 
 STDIN = "-"
+# A file past the flow size limit is refused without reading it all (BOM and one byte more).
+_READ_AT_MOST = DEFAULT_LIMITS.flow_bytes + len(codecs.BOM_UTF8) + 1
 STDIN_NAME = "<stdin>"
 
 _FORMATS: dict[str, Callable[[Graph], str]] = {
@@ -138,6 +141,11 @@ def _read(file: str, name: str) -> str:
         reason = error.strerror or type(error).__name__
         raise _Failure(f"{name}: cannot read: {reason}", EXIT_UNREADABLE) from None
     bom = len(codecs.BOM_UTF8) if data.startswith(codecs.BOM_UTF8) else 0  # not part of the flow
+    if len(data) - bom > DEFAULT_LIMITS.flow_bytes:
+        line = (
+            f"{name}: the flow text is more than the limit of {DEFAULT_LIMITS.flow_bytes:,} bytes"
+        )
+        raise _Failure(line, EXIT_INVALID)
     try:
         return data[bom:].decode("utf-8")
     except UnicodeDecodeError as error:
@@ -150,12 +158,15 @@ def _read_stdin() -> bytes:
     if sys.stdin is None:
         raise OSError(0, "no standard input")
     buffer = getattr(sys.stdin, "buffer", None)
-    return buffer.read() if buffer is not None else sys.stdin.read().encode("utf-8")
+    if buffer is not None:
+        data: bytes = buffer.read(_READ_AT_MOST)
+        return data
+    return sys.stdin.read(_READ_AT_MOST).encode("utf-8")
 
 
 def _read_bytes(path: str) -> bytes:
     with open(path, "rb") as handle:
-        return handle.read()
+        return handle.read(_READ_AT_MOST)
 
 
 def _too_deep(name: str) -> str:

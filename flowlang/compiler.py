@@ -14,21 +14,33 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from flowlang import ast
-from flowlang.errors import FlowDeclarationError, FlowError, FlowLabelError, FlowStructureError
+from flowlang.errors import (
+    FlowDeclarationError,
+    FlowError,
+    FlowLabelError,
+    FlowPolicyError,
+    FlowStructureError,
+)
 from flowlang.graph import Graph, Node, NodeKind
+from flowlang.limits import DEFAULT_LIMITS, Limits
+from flowlang.loops import check_loops
 from flowlang.parser import parse
+from flowlang.policy import split_params
 
 __all__ = ["compile_flow", "compile_text", "merge_params"]
 
 
-def compile_text(text: str, file: str | None = None) -> Graph:
-    """Parse and compile flow text; every error is a :class:`FlowError` naming ``file``."""
-    return compile_flow(parse(text, file), file)
+def compile_text(text: str, file: str | None = None, limits: Limits = DEFAULT_LIMITS) -> Graph:
+    """Parse and compile flow text; every error is a :class:`FlowError` naming ``file``
+    (:class:`~flowlang.limits.LimitExceeded` for a text past ``limits.flow_bytes``)."""
+    return compile_flow(parse(text, file, limits), file)
 
 
 def compile_flow(flow: ast.Flow, file: str | None = None) -> Graph:
     try:
-        return _Compiler(flow).build()
+        graph = _Compiler(flow).build()
+        check_loops(graph)
+        return graph
     except FlowError as error:
         raise error.located(file) from None
     except RecursionError:
@@ -57,6 +69,17 @@ def merge_params(default: Any, invocation: Any, where: ast.Pos, declared_at: ast
         where.line,
         where.column,
     )
+
+
+def _check_policy(literal: ast.Literal | None) -> None:
+    """The `$` parameters of a task's, source's or sink's literal (flowlang.policy),
+    an error placed at the literal."""
+    if literal is None:
+        return
+    try:
+        split_params(literal.value)
+    except FlowPolicyError as error:
+        raise FlowPolicyError(error.message, literal.pos.line, literal.pos.column) from None
 
 
 def _json_type(value: Any) -> str:
@@ -96,6 +119,8 @@ class _Compiler:
         self.expanding: list[str] = []  # @task bodies being inlined, to catch recursion
 
     def build(self) -> Graph:
+        for task in self.flow.tasks.values():
+            _check_policy(task.params)
         start = self._node(NodeKind.START, ast.Pos(1, 1), parent=None)
         self._scope(self.flow.statements, start, NodeKind.END, parent=None, end_parent=None)
         declaration = self.flow.flow
@@ -216,6 +241,7 @@ class _Compiler:
                 junction.merge_consumers = junction.merge_consumers or target.merge
         else:
             resource = target.resource
+            _check_policy(resource.params)
             sink = self._node(
                 NodeKind.SINK,
                 resource.pos,
@@ -230,6 +256,7 @@ class _Compiler:
     def _source(self, source: ast.LiteralSource | ast.UriResource, parent: int | None) -> int:
         if isinstance(source, ast.LiteralSource):
             return self._node(NodeKind.SOURCE, source.pos, parent, params=source.value)
+        _check_policy(source.params)
         return self._node(
             NodeKind.SOURCE,
             source.pos,
@@ -307,6 +334,7 @@ class _Compiler:
         declaration = self.flow.tasks.get(task.name)
         if declaration is not None and declaration.body is not None:
             return self._inline(declaration, task, step, parent)
+        _check_policy(task.params)
         name, params, doc = self._resolve(task, declaration)
         node = self._node(
             NodeKind.TASK,

@@ -49,6 +49,16 @@ class FlowStructureError(FlowError):
     """Raised when a flow has no statement, or a subflow is empty."""
 
 
+class FlowPolicyError(FlowError):
+    """Raised for an unknown reserved ``$`` parameter (``$retrys``) or a bad
+    ``$retries``/``$backoff``/``$timeout`` value in a task's parameters."""
+
+
+class FlowCycleError(FlowError):
+    """Raised when a cycle can go round without starting a task (a workflow would loop
+    forever); its position is a node on the cycle."""
+
+
 class FlowRuntimeError(FlowError):
     """Raised when data breaks a rule at run time (merging a non-object, iterating a non-list).
 

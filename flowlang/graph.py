@@ -16,7 +16,7 @@ from typing import Any
 
 import orjson
 
-__all__ = ["Graph", "Node", "NodeKind"]
+__all__ = ["Graph", "Node", "NodeKind", "downstream", "nodes_on_cycles"]
 
 
 class NodeKind(StrEnum):
@@ -57,6 +57,23 @@ class Node:
         if self.name is None or ":" not in self.name:
             return None
         return self.name.split(":", 1)[0]
+
+    def describe(self) -> str:
+        """The node as the flow text shows it, for messages: a task's name, ``<uri>``, a
+        literal's JSON (cut at 40 characters), ``{``/``}`` for a subflow, ``:start``/``:end``."""
+        kind = self.kind
+        if kind is NodeKind.TASK:
+            return self.name or "task"
+        if kind in (NodeKind.SOURCE, NodeKind.SINK):
+            if self.name is not None:
+                return f"<{self.name}>"
+            text = orjson.dumps(self.params if self.params is not None else {}).decode()
+            return f"<{text if len(text) <= 40 else text[:37] + '...'}>"
+        if kind is NodeKind.SUBFLOW_START:
+            return f"{self.name} {{" if self.name else "{"
+        if kind is NodeKind.SUBFLOW_END:
+            return "}"
+        return ":start" if kind is NodeKind.START else ":end"
 
     def to_dict(self) -> dict[str, Any]:
         data: dict[str, Any] = {
@@ -192,3 +209,58 @@ class Graph:
             ],
             "edges": [list(e) for e in self.edges],
         }
+
+
+def nodes_on_cycles(successors: list[list[int]]) -> frozenset[int]:
+    """Nodes that can reach themselves (Tarjan's strongly connected components, iterative)."""
+    index: dict[int, int] = {}
+    low: dict[int, int] = {}
+    on_stack: set[int] = set()
+    stack: list[int] = []
+    cyclic: set[int] = set()
+    counter = 0
+    for root in range(len(successors)):
+        if root in index:
+            continue
+        work = [(root, 0)]
+        while work:
+            node, child = work.pop()
+            if child == 0:
+                index[node] = low[node] = counter
+                counter += 1
+                stack.append(node)
+                on_stack.add(node)
+            if child < len(successors[node]):
+                work.append((node, child + 1))
+                nxt = successors[node][child]
+                if nxt not in index:
+                    work.append((nxt, 0))
+                elif nxt in on_stack:
+                    low[node] = min(low[node], index[nxt])
+                continue
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1 or node in successors[node]:
+                    cyclic.update(component)
+            if work:
+                parent = work[-1][0]
+                low[parent] = min(low[parent], low[node])
+    return frozenset(cyclic)
+
+
+def downstream(nodes: frozenset[int], successors: list[list[int]]) -> frozenset[int]:
+    """``nodes`` and every node reachable from them."""
+    seen = set(nodes)
+    frontier = list(nodes)
+    while frontier:
+        for nxt in successors[frontier.pop()]:
+            if nxt not in seen:
+                seen.add(nxt)
+                frontier.append(nxt)
+    return frozenset(seen)

@@ -19,8 +19,10 @@ from flowlang.errors import FlowError
 
 __all__ = [
     "DEFAULT_LIMITS",
+    "GuardTimeout",
     "LimitExceeded",
     "Limits",
+    "RunawayLoop",
     "check_value",
     "depth_within",
     "encode_value",
@@ -39,8 +41,11 @@ class Limits:
     items: int = 100_000  # items one iteration (`*`) fans out to
     flow_bytes: int = 1 * MIB  # one .flow text
     guard_ms: int = 100  # time budget of one guard evaluation
-    visits: int = 100_000  # node visits of one workflow in one advance (runaway loops)
+    visits: int = 100_000  # visits of nodes on a cycle in one advance of a workflow
     yaml_aliases: int = 100  # alias uses in one YAML document (alias bombs)
+    # Task instances one workflow may start over its life (retries not counted); None: no limit.
+    # A deployment setting: the flow language has no declaration for it.
+    task_starts: int | None = None
 
 
 DEFAULT_LIMITS = Limits()
@@ -48,6 +53,16 @@ DEFAULT_LIMITS = Limits()
 
 class LimitExceeded(FlowError):
     """Raised when a value, a flow text or a workflow's run breaks one of :class:`Limits`."""
+
+
+class RunawayLoop(LimitExceeded):
+    """Raised when one advance of a workflow visits nodes on a cycle more than
+    :attr:`Limits.visits` times: a loop that starts no task. Its position is the node's."""
+
+
+class GuardTimeout(LimitExceeded):
+    """Raised when a guard takes longer than :attr:`Limits.guard_ms` on one input.
+    Its position is the guard's step."""
 
 
 def depth_within(value: Any, limit: int) -> bool:

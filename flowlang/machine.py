@@ -17,8 +17,9 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from flowlang.data import DataError, gather, guard_matches, merge
-from flowlang.graph import Graph, NodeKind
+from flowlang.data import DataError, GuardBudgetExceeded, gather, guard_matches, merge
+from flowlang.graph import Graph, NodeKind, downstream, nodes_on_cycles
+from flowlang.limits import DEFAULT_LIMITS, GuardTimeout, LimitExceeded, Limits, RunawayLoop
 
 __all__ = [
     "FAILED",
@@ -95,6 +96,7 @@ class State:
     ``[first attempt of the current invocation, last attempt used]`` per key, so that
     each new invocation of the same instance gets a new attempt number (and so a new
     task instance id) while retries still count from that invocation's first attempt.
+    ``started``: task instances started so far, kept only under a ``task_starts`` limit.
     """
 
     status: str = RUNNING
@@ -104,6 +106,7 @@ class State:
     attempts: dict[str, list[int]] = field(default_factory=dict)
     output: Any = None
     error: str | None = None
+    started: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         data: dict[str, Any] = {"status": self.status}
@@ -119,6 +122,8 @@ class State:
             data["output"] = self.output
         if self.error is not None:
             data["error"] = self.error
+        if self.started:
+            data["started"] = self.started
         return data
 
     @classmethod
@@ -131,6 +136,7 @@ class State:
             attempts=data.get("attempts", {}),
             output=data.get("output"),
             error=data.get("error"),
+            started=data.get("started", 0),
         )
 
 
@@ -146,10 +152,17 @@ class Machine:
     ``trace``, when a list is passed to a transition, receives ``(event, key)``
     tuples — ``"start"``, ``"skip"``, ``"end"`` — for every node instance, in
     order: what the runner's traces and the engine's history are made of.
+
+    ``limits`` bound the work of one transition: visits of nodes on a cycle
+    (:class:`RunawayLoop`), items of one iteration and task instances started by one
+    workflow (:class:`LimitExceeded`), the time of one guard (:class:`GuardTimeout`).
+    A transition that breaks one raises it (a :class:`FlowError` placed at the node)
+    and leaves the state half changed: the caller fails the workflow.
     """
 
-    def __init__(self, graph: Graph) -> None:
+    def __init__(self, graph: Graph, limits: Limits = DEFAULT_LIMITS) -> None:
         self.graph = graph
+        self.limits = limits
         self.nodes = graph.nodes
         self.successors = [graph.successors(n.id) for n in graph.nodes]
         self.threshold: list[int] = []
@@ -166,7 +179,9 @@ class Machine:
                 inner, threshold = frozenset(), max(1, len(preds))
             self.inner.append(inner)
             self.threshold.append(threshold)
-        self.cyclic = _downstream(_nodes_on_cycles(self.successors), self.successors)
+        self.on_cycle = nodes_on_cycles(self.successors)
+        self._inside_of: dict[int, frozenset[int]] = {}  # subflow start -> nodes inside it
+        self.cyclic = downstream(self.on_cycle, self.successors)
         # Per node: its successors when every one is a plain task (one predecessor, no
         # guard, merge or iteration, not on or after a cycle), else None. Ending such a
         # node only starts them with its output: task_ended() then skips the arrival
@@ -197,6 +212,8 @@ class Machine:
         plain = self.plain_next[node]
         if plain is not None and trace is None:
             # What the arrival queue would do for plain successors, in the same order.
+            if self.limits.task_starts is not None:
+                self._count_starts(state, plain[0], len(plain))
             started: list[Action] = []
             for successor in plain:
                 successor_key = instance_key(successor, path)
@@ -270,6 +287,8 @@ class Machine:
             if first is not None:
                 node, path, _, value = first
                 self._start(state, node, path, [value], queue, actions, trace)
+            if self.on_cycle:
+                self._drain_counting(state, queue, actions, trace)
             while queue:
                 node, path, pred, value = queue.popleft()
                 self._arrive(state, node, path, pred, value, queue, actions, trace)
@@ -279,6 +298,26 @@ class Machine:
             state.status = FINISHED
             actions.append(Finished(state.output))
         return actions
+
+    def _drain_counting(
+        self, state: State, queue: deque[Arrival], actions: list[Action], trace: Trace
+    ) -> None:
+        """The arrival loop of a graph with cycles: a loop that starts no task would
+        deliver arrivals forever, so visits of nodes on a cycle are counted."""
+        on_cycle, limit, visits = self.on_cycle, self.limits.visits, 0
+        while queue:
+            node, path, pred, value = queue.popleft()
+            if node in on_cycle:
+                visits += 1
+                if visits > limit:
+                    spec = self.nodes[node]
+                    raise RunawayLoop(
+                        f"runaway loop at {spec.describe()} ({instance_key(node, path)}): "
+                        f"more than {limit:,} visits of nodes on a cycle in one step",
+                        spec.line,
+                        spec.column,
+                    )
+            self._arrive(state, node, path, pred, value, queue, actions, trace)
 
     def _arrive(
         self,
@@ -330,7 +369,16 @@ class Machine:
         try:
             if spec.merge:
                 value = merge(value)
-            skip = spec.guard is not None and not guard_matches(spec.guard, value)
+            skip = spec.guard is not None and not guard_matches(
+                spec.guard, value, self.limits.guard_ms
+            )
+        except GuardBudgetExceeded:
+            raise GuardTimeout(
+                f"{spec.describe()} ({key}): guard `{spec.guard}` took more than "
+                f"{self.limits.guard_ms} ms on its input",
+                spec.line,
+                spec.column,
+            ) from None
         except DataError as error:
             raise _Failure(self._where(node, key, str(error)), key) from None
         if skip:
@@ -351,6 +399,8 @@ class Machine:
             if spec.iterate:
                 self._fan_out(state, node, path, value, queue, actions, trace)
             else:
+                if self.limits.task_starts is not None:
+                    self._count_starts(state, node, 1)
                 attempt = self._first_attempt(state, node, key)
                 state.running[key] = attempt
                 actions.append(self._task_action(node, path, key, attempt, value))
@@ -384,12 +434,24 @@ class Machine:
                 self._where(node, key, f"cannot iterate over {_kind_of(value)}: * needs a list"),
                 key,
             )
+        if len(value) > self.limits.items:
+            raise LimitExceeded(
+                f"{spec.describe()} ({key}): * over {len(value):,} items, more than the limit "
+                f"of {self.limits.items:,}",
+                spec.line,
+                spec.column,
+            )
         collector = spec.pair if spec.kind is NodeKind.SUBFLOW_START else node
         assert collector is not None
+        collector_key = instance_key(collector, path)
+        if node in self.cyclic and collector_key in state.fanin:
+            self._supersede(state, node, path, len(state.fanin.pop(collector_key)[1]))
+        if spec.kind is not NodeKind.SUBFLOW_START and self.limits.task_starts is not None:
+            self._count_starts(state, node, len(value))
         if not value:
             self._ended(state, collector, path, [], queue, trace)
             return
-        state.fanin[instance_key(collector, path)] = [len(value), [None] * len(value)]
+        state.fanin[collector_key] = [len(value), [None] * len(value)]
         for index, item in enumerate(value):
             item_path = (*path, index)
             if spec.kind is NodeKind.SUBFLOW_START:
@@ -399,6 +461,36 @@ class Machine:
                 attempt = self._first_attempt(state, node, item_key)
                 state.running[item_key] = attempt
                 actions.append(self._task_action(node, item_path, item_key, attempt, item))
+
+    def _supersede(self, state: State, node: int, path: Path, items: int) -> None:
+        """Drop what is left of an iteration whose step a cycle invoked again before it
+        ended: as for a task invoked again, the new invocation replaces the old one, whose
+        late ends then find no running attempt. (Attempt numbers are kept, so the new
+        items' task instance ids differ from the old ones'.)"""
+        if self.nodes[node].kind is not NodeKind.SUBFLOW_START:
+            for index in range(items):
+                state.running.pop(instance_key(node, (*path, index)), None)
+            return
+        inside, depth = self._inside(node), len(path)
+        for table in (state.running, state.waiting, state.fanin):
+            for key in list(table):
+                inner, inner_path = parse_key(key)
+                if inner in inside and len(inner_path) > depth and inner_path[:depth] == path:
+                    del table[key]
+
+    def _inside(self, start: int) -> frozenset[int]:
+        """The nodes inside subflow ``start``, at any depth."""
+        found = self._inside_of.get(start)
+        if found is None:
+            inside: set[int] = set()
+            for spec in self.nodes:
+                parent = spec.parent
+                while parent is not None and parent != start:
+                    parent = self.nodes[parent].parent
+                if parent == start:
+                    inside.add(spec.id)
+            found = self._inside_of[start] = frozenset(inside)
+        return found
 
     def _collect(
         self,
@@ -441,6 +533,19 @@ class Machine:
         name = spec.name or str(spec.kind)
         return f"{spec.line}:{spec.column}: {name} ({key}): {message}"
 
+    def _count_starts(self, state: State, node: int, count: int) -> None:
+        limit = self.limits.task_starts
+        assert limit is not None
+        state.started += count
+        if state.started > limit:
+            spec = self.nodes[node]
+            raise LimitExceeded(
+                f"{spec.describe()}: the workflow has started {state.started:,} task "
+                f"instances, more than the limit of {limit:,}",
+                spec.line,
+                spec.column,
+            )
+
     def _first_attempt(self, state: State, node: int, key: str) -> int:
         """The attempt number of a new invocation: 1, or on a cycle one past the last used."""
         if node not in self.cyclic:
@@ -456,61 +561,6 @@ class Machine:
         state.status, state.error = FAILED, failure.reason
         state.running.clear()
         return [Failed(failure.reason, failure.key)]
-
-
-def _nodes_on_cycles(successors: list[list[int]]) -> frozenset[int]:
-    """Nodes that can reach themselves (Tarjan's strongly connected components, iterative)."""
-    index: dict[int, int] = {}
-    low: dict[int, int] = {}
-    on_stack: set[int] = set()
-    stack: list[int] = []
-    cyclic: set[int] = set()
-    counter = 0
-    for root in range(len(successors)):
-        if root in index:
-            continue
-        work = [(root, 0)]
-        while work:
-            node, child = work.pop()
-            if child == 0:
-                index[node] = low[node] = counter
-                counter += 1
-                stack.append(node)
-                on_stack.add(node)
-            if child < len(successors[node]):
-                work.append((node, child + 1))
-                nxt = successors[node][child]
-                if nxt not in index:
-                    work.append((nxt, 0))
-                elif nxt in on_stack:
-                    low[node] = min(low[node], index[nxt])
-                continue
-            if low[node] == index[node]:
-                component = []
-                while True:
-                    member = stack.pop()
-                    on_stack.discard(member)
-                    component.append(member)
-                    if member == node:
-                        break
-                if len(component) > 1 or node in successors[node]:
-                    cyclic.update(component)
-            if work:
-                parent = work[-1][0]
-                low[parent] = min(low[parent], low[node])
-    return frozenset(cyclic)
-
-
-def _downstream(nodes: frozenset[int], successors: list[list[int]]) -> frozenset[int]:
-    """``nodes`` and every node reachable from them."""
-    seen = set(nodes)
-    frontier = list(nodes)
-    while frontier:
-        for nxt in successors[frontier.pop()]:
-            if nxt not in seen:
-                seen.add(nxt)
-                frontier.append(nxt)
-    return frozenset(seen)
 
 
 def _kind_of(value: Any) -> str:

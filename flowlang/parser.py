@@ -17,6 +17,7 @@ from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput
 from flowlang import ast
 from flowlang.data import DataError, compile_guard
 from flowlang.errors import FlowDeclarationError, FlowError, FlowStructureError, FlowSyntaxError
+from flowlang.limits import DEFAULT_LIMITS, LimitExceeded, Limits
 from flowlang.literals import parse_literal
 
 __all__ = ["parse"]
@@ -60,8 +61,15 @@ def _parser() -> Lark:
     )
 
 
-def parse(text: str, file: str | None = None) -> ast.Flow:
-    """Parse flow text. Raises :class:`FlowError` (with ``file`` attached) on any error."""
+def parse(text: str, file: str | None = None, limits: Limits = DEFAULT_LIMITS) -> ast.Flow:
+    """Parse flow text. Raises :class:`FlowError` (with ``file`` attached) on any error,
+    :class:`LimitExceeded` for a text of more than ``limits.flow_bytes`` bytes (UTF-8)."""
+    if len(text) * 4 > limits.flow_bytes:  # else even 4 bytes a character fit
+        size = len(text.encode("utf-8", "surrogatepass"))
+        if size > limits.flow_bytes:
+            raise LimitExceeded(
+                f"the flow text is {size:,} bytes, more than the limit of {limits.flow_bytes:,}"
+            ).located(file)
     try:
         tree = _parser().parse(text)
         return _ToAst().transform(tree)
@@ -105,7 +113,8 @@ def _expected(names: set[str]) -> str:
 
 def _syntax_error(error: UnexpectedInput, text: str) -> FlowSyntaxError:
     if isinstance(error, UnexpectedCharacters):
-        char = text[error.pos_in_stream] if error.pos_in_stream < len(text) else ""
+        at = error.pos_in_stream if error.pos_in_stream is not None else len(text)
+        char = text[at] if at < len(text) else ""
         hint = ""
         if char == "(":
             hint = " (parameter literals are (- yaml -), ({json}), ([json]) or ())"

@@ -151,11 +151,11 @@ def _layout(graph: Graph) -> Iterator[tuple[int, str, Node]]:
         if n.id in starts and n.pair in by_id and by_id[n.pair].kind is NodeKind.SUBFLOW_END
     }
     children: dict[int | None, list[Node]] = {}
-    for node in graph.nodes:
-        if node.id in paired_ends:
+    for member in graph.nodes:
+        if member.id in paired_ends:
             continue  # drawn inside its start's cluster
-        scope = node.parent if node.parent in starts and node.parent != node.id else None
-        children.setdefault(scope, []).append(node)
+        scope = member.parent if member.parent in starts and member.parent != member.id else None
+        children.setdefault(scope, []).append(member)
 
     drawn: set[int] = set()
     stack: list[tuple[Node | None, Iterator[Node]]] = [(None, iter(children.get(None, [])))]

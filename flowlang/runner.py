@@ -13,7 +13,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from flowlang.errors import FlowError
 from flowlang.graph import Graph
+from flowlang.limits import DEFAULT_LIMITS, Limits
 from flowlang.machine import FAILED, Failed, Finished, Machine, StartTask, State
 
 __all__ = ["RunResult", "TaskCall", "run"]
@@ -54,6 +56,7 @@ def run(
     *,
     retries: int = 0,
     max_tasks: int = 100_000,
+    limits: Limits = DEFAULT_LIMITS,
 ) -> RunResult:
     """Run ``graph`` to its end.
 
@@ -61,10 +64,12 @@ def run(
     sources, ``kind="source"``, and sinks, ``kind="sink"``), or a mapping from
     task name to ``fn(input, params)``. An exception fails the task; it is
     retried up to ``retries`` times, then fails the workflow. ``max_tasks``
-    bounds flows that loop forever.
+    bounds flows that loop forever. A transition that breaks ``limits`` fails the
+    workflow with the error (``str()`` of the :class:`FlowError`, with its position),
+    as the engine does.
     """
     call_task = _as_function(tasks)
-    machine = Machine(graph)
+    machine = Machine(graph, limits)
     state = State()
     result = RunResult(status="running", output=None, error=None)
     pending: deque[StartTask] = deque()
@@ -78,21 +83,26 @@ def run(
             elif isinstance(action, Failed):
                 result.status, result.error = FAILED, action.reason
 
-    absorb(machine.start(state, input, result.trace))
-    while pending and state.status == "running" and len(result.calls) < max_tasks:
-        task = pending.popleft()
-        params = task.params if task.params is not None else {}  # as the engine sends them
-        call = TaskCall(task.name, task.input, params, task.key, task.attempt, task.kind)
-        result.calls.append(call)
-        try:
-            output = call_task(call)
-        except Exception as error:  # a task implementation's failure, whatever it is
-            retry = machine.invocation_attempt(state, task.key, task.attempt) <= retries
-            absorb(
-                machine.task_failed(state, task.key, task.attempt, str(error), retry, task.input)
-            )
-            continue
-        absorb(machine.task_ended(state, task.key, task.attempt, output, result.trace))
+    try:
+        absorb(machine.start(state, input, result.trace))
+        while pending and state.status == "running" and len(result.calls) < max_tasks:
+            task = pending.popleft()
+            params = task.params if task.params is not None else {}  # as the engine sends them
+            call = TaskCall(task.name, task.input, params, task.key, task.attempt, task.kind)
+            result.calls.append(call)
+            try:
+                output = call_task(call)
+            except Exception as error:  # a task implementation's failure, whatever it is
+                retry = machine.invocation_attempt(state, task.key, task.attempt) <= retries
+                absorb(
+                    machine.task_failed(
+                        state, task.key, task.attempt, str(error), retry, task.input
+                    )
+                )
+                continue
+            absorb(machine.task_ended(state, task.key, task.attempt, output, result.trace))
+    except FlowError as error:  # a limit broken by a transition
+        result.status, result.error = FAILED, str(error)
     return result
 
 

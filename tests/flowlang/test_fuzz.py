@@ -1,19 +1,25 @@
-"""Property tests of the compiler and the drawings.
+"""Property tests of the compiler, the drawings and runs.
 
 Any text compiles to a graph or raises a positioned :class:`FlowError`,
 nothing else; generated valid flows always compile to a well-formed graph
-whose JSON round-trips; drawings of any graph stay syntactically whole.
+whose JSON round-trips; drawings of any graph stay syntactically whole; every
+run of a generated flow (cycles, guards, iterations, subflows, literals) on
+random task outputs ends, finished or failed with a reason, within the limits.
 
 Examples per property come from ``FLOWLANG_FUZZ_EXAMPLES`` (default 200, the
 CI size); the full run is ``FLOWLANG_FUZZ_EXAMPLES=20000 pytest
-tests/flowlang/test_fuzz.py``. The deadline is off: parse time varies with size.
+tests/flowlang/test_fuzz.py``. The runs take theirs from ``FLOWSTREAM_FUZZ_N``
+(default 100; ``FLOWSTREAM_FUZZ_N=5000`` for the full run). The deadline is off:
+parse time varies with size.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import random
 import re
+import time
 from collections import Counter
 from typing import Any
 
@@ -23,9 +29,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from flowlang.compiler import compile_text
-from flowlang.errors import FlowError
+from flowlang.errors import FlowCycleError, FlowError
 from flowlang.graph import Graph, Node, NodeKind
+from flowlang.limits import Limits
+from flowlang.machine import parse_key
 from flowlang.render import to_dot, to_mermaid
+from flowlang.runner import TaskCall, run
 from tests.flowlang.test_cli import assert_valid_dot, assert_valid_mermaid
 
 EXAMPLES = int(os.environ.get("FLOWLANG_FUZZ_EXAMPLES", "200"))
@@ -36,8 +45,10 @@ settings.register_profile(
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
 FUZZ = settings.get_profile("flowlang-fuzz")
+RUN_EXAMPLES = int(os.environ.get("FLOWSTREAM_FUZZ_N", "100"))
+RUN_FUZZ = settings(FUZZ, max_examples=RUN_EXAMPLES)
 # The full run takes minutes per property: stretch pytest-timeout's 300 s with it.
-pytestmark = pytest.mark.timeout(300 + EXAMPLES // 10)
+pytestmark = pytest.mark.timeout(300 + max(EXAMPLES, RUN_EXAMPLES) // 10)
 
 FILE = "fuzz.flow"
 
@@ -130,7 +141,10 @@ PARAMS: list[tuple[str, Any]] = [
     (" ([1, {}])", [1, {}]),
     (" ()", {}),
 ]
-GUARDS = [None, None, None, "$.a", "$[?(@.s=0)]", "$.items[0]"]
+GUARDS = [
+    *[None, None, None, "$.a", "$[?(@.s=0)]", "$.items[0]"],
+    *['$[?(@.s =~ "^(a+)+$")]', "$..a..a", "$[?(@.n * 2 = 4)]"],  # work a guard must bound
+]
 SOURCES: list[tuple[str, str | None, Any]] = [
     ("<data.json>", "data.json", None),
     ("<http://h/p?q=1>(- method: GET -)", "http://h/p?q=1", {"method": "GET"}),
@@ -424,3 +438,118 @@ def nested_graphs(draw: st.DrawFn) -> Graph:
 def test_drawings_of_any_names_guards_and_parameters_stay_well_formed(graph: Graph) -> None:
     assert_valid_mermaid(to_mermaid(graph), graph)
     assert_valid_dot(to_dot(graph), graph)
+
+
+# -- (e) runs of generated flows end, within the limits ------------------------------------
+
+RUN_LIMITS = Limits(visits=2_000, items=20, guard_ms=100)
+MAX_TASKS = 150
+RETURNS = [
+    {},
+    {"a": 1, "s": 0, "n": 2},
+    {"s": "a" * 27 + "b"},  # the catastrophic regex's input
+    {"items": [{"s": 0}]},
+    {"a": {"a": {"a": {"a": {}}}}},
+    None,
+    "text",
+    7,
+]
+
+
+@st.composite
+def looping_flows(draw: st.DrawFn) -> str:
+    """A valid flow, then statements that loop back to the start: through tasks (which
+    compile), or through literals and guards only (refused at compile time)."""
+    text = draw(valid_flows()).text.rstrip().rstrip(";")  # each statement below adds its ;
+    for _ in range(draw(st.integers(0, 2))):
+        loop = draw(chain(1, False))
+        if draw(st.integers(0, 3)) < 3:  # mostly a task every lap surely starts
+            loop.insert(0, Part(draw(st.sampled_from(["A", "B2", "T-9"]))))
+        head = draw(st.sampled_from(["", '<{"a": 1}> → ', "<[1, 2]> → ", "<data.json> → "]))
+        body = join(draw, loop)
+        text += f";\n{head}{body.text} → :start"
+    if draw(st.integers(0, 9)) == 9:
+        text += ';\n<{"s": 0}> → :start'  # a cycle through a literal alone
+    return text
+
+
+def random_task(seed: int, fails: float) -> Any:
+    """Task implementations drawing their outputs from a seeded generator: objects, lists
+    (for iterations), the regex's worst input, deep objects, non-objects, failures."""
+    rng = random.Random(seed)
+
+    def task(call: TaskCall) -> Any:
+        if rng.random() < fails:
+            raise RuntimeError(f"{call.name} failed")
+        if rng.random() < 0.5:
+            items = RETURNS[:5] if rng.random() < 0.7 else RETURNS  # mostly objects
+            return [rng.choice(items) for _ in range(rng.randint(0, 25))]
+        return rng.choice(RETURNS[:5] if rng.random() < 0.8 else RETURNS)
+
+    return task
+
+
+def assert_run_ends_within_the_limits(
+    graph: Graph, seed: int, fails: float, starts: int | None
+) -> None:
+    limits = Limits(
+        visits=RUN_LIMITS.visits,
+        items=RUN_LIMITS.items,
+        guard_ms=RUN_LIMITS.guard_ms,
+        task_starts=starts,
+    )
+    started = time.perf_counter()
+    result = run(
+        graph, random_task(seed, fails), {"in": seed}, retries=1, max_tasks=MAX_TASKS, limits=limits
+    )
+    assert time.perf_counter() - started < 30
+    assert result.status in ("finished", "failed", "running")
+    if result.status == "running":  # only the runner's own cap stops a run unfinished
+        assert len(result.calls) == MAX_TASKS
+    if result.status == "failed":
+        assert result.error, "a failed run says why"
+    else:
+        assert result.error is None
+    assert len(result.calls) <= MAX_TASKS
+    if starts is not None:  # each start may be retried once
+        assert len(result.calls) <= 2 * starts
+    for call in result.calls:
+        _, path = parse_key(call.key)
+        assert all(index < limits.items for index in path), call.key
+
+
+@RUN_FUZZ
+@given(
+    looping_flows(),
+    st.integers(0, 2**32),
+    st.sampled_from([0.0, 0.0, 0.1, 0.5]),
+    st.sampled_from([None, None, 30]),
+)
+def test_every_run_of_a_generated_flow_ends_finished_or_failed_within_the_limits(
+    text: str, seed: int, fails: float, starts: int | None
+) -> None:
+    try:
+        graph = compile_text(text, FILE)
+    except FlowCycleError as error:  # a loop of literals and guards only: refused
+        assert "is on a cycle that can go round without starting a task" in str(error)
+        return
+    assert_run_ends_within_the_limits(graph, seed, fails, starts)
+
+
+@RUN_FUZZ
+@given(valid_flows(), st.integers(0, 2**32))
+def test_a_stored_graph_with_a_literal_loop_fails_in_its_first_step(flow: Part, seed: int) -> None:
+    """Graphs stored by other means skip the compiler's check: the machine's cap ends them."""
+    graph = compile_text(flow.text, FILE)
+    end = graph.nodes.pop()
+    loop = Node(len(graph.nodes), NodeKind.SOURCE, params={"a": 1}, line=9, column=1)
+    end.id = loop.id + 1
+    graph.nodes += [loop, end]
+    edges = [(a, end.id if b == loop.id else b) for a, b in graph.edges]
+    graph = Graph(nodes=graph.nodes, edges=[*edges, (0, loop.id), (loop.id, 0)])
+    result = run(graph, random_task(seed, 0.0), max_tasks=MAX_TASKS, limits=RUN_LIMITS)
+    # The loop spins in the first step, so the workflow fails before any task runs: by the
+    # cap, or by a data error another branch of that step meets first.
+    assert (result.status, result.calls) == ("failed", [])
+    assert result.error is not None
+    assert 'runaway loop at <{"a":1}>' in result.error or "runaway" not in result.error

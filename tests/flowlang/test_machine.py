@@ -16,7 +16,7 @@ from hypothesis import given
 
 from flowlang.compiler import compile_text
 from flowlang.graph import Graph
-from flowlang.machine import Machine, StartTask, State
+from flowlang.machine import Machine, StartTask, State, parse_key
 from tests.flowlang.test_fuzz import FILE, FUZZ, valid_flows
 
 
@@ -71,3 +71,40 @@ def test_joins_guards_iterations_and_cycles_are_not_plain() -> None:
 @given(valid_flows())
 def test_the_shortcut_and_the_arrival_queue_agree_on_any_flow(flow: Any) -> None:
     _drive_side_by_side(compile_text(flow.text, FILE))
+
+
+def _by_key(actions: list[Any]) -> dict[str, StartTask]:
+    return {a.key: a for a in actions if isinstance(a, StartTask)}
+
+
+def test_an_iteration_invoked_again_by_a_cycle_replaces_the_open_one() -> None:
+    # C loops back before B's three items end; A's next output has one item only.
+    machine = Machine(compile_text("A :a → * B → :start; :a → C → :start"))
+    state = State()
+    [a] = machine.start(state)
+    first = _by_key(machine.task_ended(state, a.key, a.attempt, [1, 2, 3]))
+    assert sorted(first) == ["2.0", "2.1", "2.2", "3"]
+    [a] = machine.task_ended(state, "3", first["3"].attempt, {})
+    again = _by_key(machine.task_ended(state, a.key, a.attempt, [9]))
+    assert sorted(again) == ["2.0", "3"] and again["2.0"].attempt != first["2.0"].attempt
+    for key in ("2.0", "2.1", "2.2"):  # the replaced items' ends change nothing
+        before = state.to_dict()
+        assert machine.task_ended(state, key, first[key].attempt, {"old": key}) == []
+        assert state.to_dict() == before
+    [a] = machine.task_ended(state, "2.0", again["2.0"].attempt, {"new": 9})
+    assert a.name == "A" and a.input == [{"new": 9}]
+
+
+def test_an_iterated_subflow_invoked_again_drops_its_open_items() -> None:
+    machine = Machine(compile_text("A :a → * { B → D } → :start; :a → C → :start"))
+    names = {n.id: n.name for n in machine.nodes}
+    state = State()
+    [a] = machine.start(state)
+    first = _by_key(machine.task_ended(state, a.key, a.attempt, [1, 2]))
+    assert sorted(names[parse_key(k)[0]] for k in first) == ["B", "B", "C"]
+    c = next(t for t in first.values() if t.name == "C")
+    [a] = machine.task_ended(state, c.key, c.attempt, {})
+    again = _by_key(machine.task_ended(state, a.key, a.attempt, [5]))
+    old_b = [t for t in first.values() if t.name == "B"]
+    assert all(t.key not in state.running or state.running[t.key] != t.attempt for t in old_b)
+    assert [t.input for t in again.values() if t.name == "B"] == [5]
