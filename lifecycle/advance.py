@@ -116,7 +116,7 @@ class Advancer:
         self.client = client
         self.keys = keys or Keys()
         self.clock = clock
-        self.graphs = _LoadedGraphs(GraphCache(client, self.keys))
+        self.graphs = _LoadedGraphs(GraphCache(client, self.keys, limits))
         self.transition = Transition(
             self.graphs, self.keys, limits, untokened_answers=untokened_answers
         )

@@ -29,6 +29,7 @@ import orjson
 import redis
 
 from flowlang.graph import Graph
+from flowlang.limits import DEFAULT_LIMITS, Limits
 from flowlang.machine import Machine, State
 from lifecycle import events as ev
 from lifecycle import records as rec
@@ -60,7 +61,8 @@ _START_FIELDS = ("name", "index", "key", "attempt", "token", "role", "input", "p
 class ArchiveGraphs:
     """Compiled graphs from the archive's graph records, checked against their hash."""
 
-    def __init__(self) -> None:
+    def __init__(self, limits: Limits = DEFAULT_LIMITS) -> None:
+        self.limits = limits
         self.texts: dict[str, str] = {}
         self._machines: dict[str, Machine] = {}
 
@@ -76,7 +78,9 @@ class ArchiveGraphs:
         if found is None:
             if digest not in self.texts:
                 raise FlowNotStored(f"compiled flow {digest} is not in the archive")
-            found = self._machines[digest] = Machine(Graph.from_json(self.texts[digest]))
+            found = self._machines[digest] = Machine(
+                Graph.from_json(self.texts[digest]), self.limits
+            )
         return found
 
 

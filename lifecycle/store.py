@@ -9,6 +9,7 @@ import orjson
 import redis
 
 from flowlang.graph import Graph
+from flowlang.limits import DEFAULT_LIMITS, Limits
 from flowlang.machine import Machine, State
 from lifecycle.errors import FlowNotStored, UnknownWorkflow
 from lifecycle.keys import Keys
@@ -22,9 +23,10 @@ class GraphCache:
     A content hash names immutable data, so entries never go stale.
     """
 
-    def __init__(self, client: redis.Redis, keys: Keys) -> None:
+    def __init__(self, client: redis.Redis, keys: Keys, limits: Limits = DEFAULT_LIMITS) -> None:
         self.client = client
         self.keys = keys
+        self.limits = limits
         self._machines: dict[str, Machine] = {}
 
     def machine(self, digest: str) -> Machine:
@@ -33,7 +35,7 @@ class GraphCache:
             data = self.client.get(self.keys.graph(digest))
             if data is None:
                 raise FlowNotStored(f"compiled flow {digest} is not stored in Redis")
-            found = self._machines[digest] = Machine(Graph.from_json(data))
+            found = self._machines[digest] = Machine(Graph.from_json(data), self.limits)
         return found
 
 

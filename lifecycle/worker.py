@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from flowlang.limits import DEFAULT_LIMITS, Limits
 from lifecycle.advance import Advancer
 from lifecycle.keys import Keys
 from lifecycle.timers import timer_pump
@@ -32,6 +33,7 @@ class LifecycleWorker(EventListener):
         *,
         timers: bool = True,
         untokened_answers: bool = False,
+        limits: Limits = DEFAULT_LIMITS,
         **options: Any,
     ) -> None:
         self.keys = keys or Keys()
@@ -42,7 +44,9 @@ class LifecycleWorker(EventListener):
         # spending a round trip per batch on them. So they count as processed, not
         # ignored, and share their batch's fate: left pending when it fails.
         super().__init__(self.keys.lifecycle, self.keys.lifecycle_group, None, **options)
-        self.advancer = Advancer(self.connection, self.keys, untokened_answers=untokened_answers)
+        self.advancer = Advancer(
+            self.connection, self.keys, limits=limits, untokened_answers=untokened_answers
+        )
         self.timers = timer_pump(self.connection, self.keys) if timers else None
 
     def onStart(self) -> None:  # noqa: N802 - rqse hook name

@@ -12,9 +12,11 @@ from __future__ import annotations
 import argparse
 import logging
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any, Protocol
 
-from lifecycle.cli.support import EXIT_OK, Context, Registrar
+from flowlang.limits import DEFAULT_LIMITS, Limits
+from lifecycle.cli.support import EXIT_OK, CliError, Context, Registrar
 from lifecycle.keys import Keys
 
 __all__ = ["Companion", "Running", "worker_command"]
@@ -64,6 +66,7 @@ def worker_command(companions: Sequence[Companion] = ()) -> Registrar:
             help="take end-tasks that carry no attempt token (task workers written for the "
             "predecessor system); a wrong token is refused all the same",
         )
+        limits_arguments(worker)
         for companion in companions:
             companion.add_arguments(worker)
 
@@ -75,6 +78,37 @@ def worker_command(companions: Sequence[Companion] = ()) -> Registrar:
     return add
 
 
+_LIMIT_FLAGS = (  # flag, Limits field, what it bounds
+    ("--max-value-bytes", "value_bytes", "bytes of one value: an input, a task output"),
+    ("--max-depth", "depth", "nesting of arrays and objects in one value"),
+    ("--max-items", "items", "items one iteration (*) fans out to"),
+    ("--max-visits", "visits", "visits of nodes on a cycle in one advance"),
+    ("--guard-ms", "guard_ms", "milliseconds one guard may take"),
+    ("--max-task-starts", "task_starts", "tasks one workflow may start (default: no limit)"),
+)
+
+
+def limits_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags that change the lifecycle's limits (flowlang.limits.Limits)."""
+    for flag, name, what in _LIMIT_FLAGS:
+        default = getattr(DEFAULT_LIMITS, name)
+        shown = f" (default {default:,})" if default is not None else ""
+        parser.add_argument(flag, type=int, metavar="N", dest=f"limit_{name}", help=what + shown)
+
+
+def limits_from(args: argparse.Namespace) -> Limits:
+    """The limits the flags ask for; a value below 1 is a usage error."""
+    changes = {}
+    for flag, name, _ in _LIMIT_FLAGS:
+        value = getattr(args, f"limit_{name}", None)
+        if value is None:
+            continue
+        if value < 1:
+            raise CliError(f"{flag} must be at least 1, got {value}")
+        changes[name] = value
+    return replace(DEFAULT_LIMITS, **changes)
+
+
 def _worker(args: argparse.Namespace, context: Context, companions: Sequence[Companion]) -> int:
     from lifecycle.worker import LifecycleWorker
     from rqse.process import settle_process
@@ -84,6 +118,7 @@ def _worker(args: argparse.Namespace, context: Context, companions: Sequence[Com
         keys,
         timers=not args.no_timers,
         untokened_answers=args.accept_untokened_answers,
+        limits=limits_from(args),
         consumer=args.consumer,
         pool=client.connection_pool,
         claim_idle=args.claim_idle,

@@ -164,3 +164,27 @@ def test_a_write_redis_refuses_in_the_script_fails_that_workflow_alone(
     record = load_workflow(redis_client, KEYS, victim)
     assert record.status == "failed" and "WRONGTYPE" in (record.error or "")
     _assert_bystanders_started(redis_client, bystanders)
+
+
+def test_an_iteration_past_the_item_limit_fails_its_workflow_alone(
+    harness: Harness, redis_client: redis.Redis
+) -> None:
+    victim = harness.submit(compile_text("* B"), list(range(5)), "wide")
+    bystanders = _bystanders(harness)
+    result = Advancer(redis_client, KEYS, limits=Limits(items=3)).apply(_read_batch(redis_client))
+    record = load_workflow(redis_client, KEYS, victim)
+    assert record.status == "failed" and "more than the limit of 3" in (record.error or "")
+    assert record.starts == {}
+    assert len(result.rejected) == 1
+    _assert_bystanders_started(redis_client, bystanders)
+
+
+def test_the_worker_command_takes_its_limits_from_flags() -> None:
+    from lifecycle.cli import build_parser
+    from lifecycle.cli.worker import limits_from
+
+    args = build_parser().parse_args(["worker", "--max-items", "7", "--guard-ms", "20"])
+    limits = limits_from(args)
+    assert (limits.items, limits.guard_ms, limits.depth) == (7, 20, Limits().depth)
+    with pytest.raises(Exception, match="--max-items must be at least 1"):
+        limits_from(build_parser().parse_args(["worker", "--max-items", "0"]))
