@@ -17,7 +17,7 @@ from hypothesis import given
 from flowlang.compiler import compile_text
 from flowlang.graph import Graph
 from flowlang.machine import Machine, StartTask, State, parse_key
-from tests.flowlang.test_fuzz import FILE, FUZZ, valid_flows
+from tests.flowlang.generators import FILE, FUZZ, valid_flows
 
 
 def _output(task: StartTask, step: int) -> Any:
