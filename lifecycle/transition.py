@@ -37,6 +37,7 @@ __all__ = ["GraphSource", "Transition"]
 log = logging.getLogger(__name__)
 
 _dumps = orjson.dumps
+_ENCODER_DEPTH = 254  # orjson.dumps raises on values nested deeper than this
 
 
 class GraphSource(Protocol):  # lifecycle.store.GraphCache live; the archive's graphs in replay
@@ -81,6 +82,7 @@ class Transition:
         self.keys = keys or Keys()
         self.limits = limits
         self.untokened_answers = untokened_answers
+        self._walk_depth = limits.depth < _ENCODER_DEPTH
         self._shared = shared_keys(self.keys)
         self._tasks: dict[str, list[_TaskFacts | None]] = {}  # graph hash -> per node
 
@@ -246,15 +248,22 @@ class Transition:
             commit.cancels.append(ev.timer_member(ev.TIMEOUT_TASK, item.workflow, key, attempt))
         if kind == ev.END_TASK and event.success:
             output = event.output
+            try:
+                # The record's encoding doubles as the depth check: orjson refuses values
+                # nested deeper than it can write (about the default limit), so the walk
+                # runs only where a lower limit is configured.
+                record = _dumps([now, True, output, None, event.worker])
+            except orjson.JSONEncodeError as error:
+                raise LifecycleError(f"task {key}: output cannot be stored: {error}") from None
             if (
-                (type(output) is dict or type(output) is list)
-                and output
+                self._walk_depth
+                and (type(output) is dict or type(output) is list)
                 and not depth_within(output, self.limits.depth)
             ):
                 raise LifecycleError(
                     f"task {key}: output nests deeper than {self.limits.depth} levels"
                 )
-            commit.set(rec.end_field(key), _dumps([now, True, output, None, event.worker]))
+            commit.set(rec.end_field(key), record)
             return machine.task_ended(state, key, attempt, output)
         if kind == ev.END_TASK:
             reason, worker = event.error or "failed", event.worker

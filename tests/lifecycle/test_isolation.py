@@ -188,3 +188,18 @@ def test_the_worker_command_takes_its_limits_from_flags() -> None:
     assert (limits.items, limits.guard_ms, limits.depth) == (7, 20, Limits().depth)
     with pytest.raises(Exception, match="--max-items must be at least 1"):
         limits_from(build_parser().parse_args(["worker", "--max-items", "0"]))
+
+
+def test_an_output_too_deep_to_store_fails_its_workflow_under_the_default_limits(
+    harness: Harness, redis_client: redis.Redis
+) -> None:
+    victim = harness.submit(FLOW, {}, "deeper")
+    harness.advance()
+    start = decode(redis_client.xrange(KEYS.tasks("default"))[0][1])
+    deep: Any = 1
+    for _ in range(300):
+        deep = [deep]
+    _xadd(redis_client, ev.end_task(start, deep))
+    Advancer(redis_client, KEYS).apply(_read_batch(redis_client))
+    record = load_workflow(redis_client, KEYS, victim)
+    assert record.status == "failed" and "output cannot be stored" in (record.error or "")
