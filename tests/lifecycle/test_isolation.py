@@ -196,10 +196,9 @@ def test_an_output_too_deep_to_store_fails_its_workflow_under_the_default_limits
     victim = harness.submit(FLOW, {}, "deeper")
     harness.advance()
     start = decode(redis_client.xrange(KEYS.tasks("default"))[0][1])
-    deep: Any = 1
-    for _ in range(300):
-        deep = [deep]
-    _xadd(redis_client, ev.end_task(start, deep))
+    fields = {k: orjson.dumps(v) for k, v in ev.end_task(start, {}).items()}
+    fields["output"] = b"[" * 300 + b"1" + b"]" * 300  # JSON that orjson cannot write back
+    redis_client.xadd(KEYS.lifecycle, fields)  # type: ignore[arg-type]
     Advancer(redis_client, KEYS).apply(_read_batch(redis_client))
     record = load_workflow(redis_client, KEYS, victim)
     assert record.status == "failed" and "output cannot be stored" in (record.error or "")
