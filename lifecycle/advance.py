@@ -257,24 +257,27 @@ class Advancer:
             )
             return []
         commands: list[tuple[Any, ...]] = []
-        owners: list[int] = []  # the commit each command belongs to
-        for n, commit in enumerate(commits):
+        sizes = []  # commands per commit: which commit a failed command belongs to
+        for commit in commits:
             own = commit.commands()
             commands += own
-            owners += [n] * len(own)
+            sizes.append(len(own))
         acks = [event_id for commit in commits for event_id in commit.acks]
         commands.append((*xack, *acks, *extra_acks))
         replies = fastpipe.transaction(send, commands, raise_errors=False)
         if replies is None:
             return [False] * len(commits)
         outcome: list[bool | redis.ResponseError] = [True] * len(commits)
+        if not any(isinstance(reply, BaseException) for reply in replies):
+            return outcome
+        owners = [n for n, size in enumerate(sizes) for _ in range(size)]
         for n, reply in enumerate(replies):
             if not isinstance(reply, BaseException):
                 continue
             if n >= len(owners) or not isinstance(reply, redis.ResponseError):
-                raise reply
+                raise reply  # the acknowledgement itself
             if not _workflow_error(reply):
-                raise reply  # Redis trouble, or the acknowledgement itself
+                raise reply  # Redis trouble: the batch is retried
             # EXEC does not roll back: the workflow's other writes stand, so it is failed
             # on top of them (recomputed from what is stored, and committed again).
             outcome[owners[n]] = reply

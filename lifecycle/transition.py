@@ -220,18 +220,20 @@ class Transition:
         key = event.key
         running = state.running.get(key)
         attempt = event.attempt if event.attempt is not None else running
-        answered = (
-            kind == ev.END_TASK and attempt is not None and self._answers(item, event, attempt)
-        )
+        end_task = kind == ev.END_TASK
         if state.status != rec.RUNNING or attempt is None or running != attempt:
-            if kind != ev.END_TASK or (state.status != rec.RUNNING and answered):
+            if not end_task or (
+                state.status != rec.RUNNING
+                and attempt is not None
+                and self._answers(item, event, attempt)
+            ):
                 # A timer that fired after its attempt ended (the engine's own race), or a
                 # genuine answer from a task still running when its workflow ended.
                 result.duplicates.append(event_id)
             else:  # a second answer, or one for an attempt long gone
                 result.rejected.append((event_id, _stale(event_id, item, state, key, attempt)))
             return None
-        if kind == ev.END_TASK and not answered:
+        if end_task and not self._answers(item, event, attempt):
             what = "carries no token" if event.token is None else "has a wrong token"
             result.rejected.append(
                 (
@@ -246,7 +248,7 @@ class Transition:
             return [machine.task_action(key, attempt, item.inputs.get(key))]
         if policy.timeout:
             commit.cancels.append(ev.timer_member(ev.TIMEOUT_TASK, item.workflow, key, attempt))
-        if kind == ev.END_TASK and event.success:
+        if end_task and event.success:
             output = event.output
             try:
                 # The record's encoding doubles as the depth check: orjson refuses values
@@ -265,7 +267,7 @@ class Transition:
                 )
             commit.set(rec.end_field(key), record)
             return machine.task_ended(state, key, attempt, output)
-        if kind == ev.END_TASK:
+        if end_task:
             reason, worker = event.error or "failed", event.worker
         else:
             reason, worker = f"timed out after {policy.timeout}s", None
@@ -292,6 +294,7 @@ class Transition:
         workflow = item.workflow
         workflow_json = None
         salt = item.salt or ""
+        token, instance_id, start_prefix = ev.task_token, ev.task_instance_id, rec.START_PREFIX
         for action in actions:
             if isinstance(action, StartTask):
                 task = self._task(item, machine, action.node)
@@ -299,7 +302,7 @@ class Transition:
                 workflow_json = workflow_json or _dumps(workflow)
                 input_json = _dumps(action.input)
                 # n:<key> = [attempt, started ms, input], spliced: the input is encoded once
-                commit.set(rec.start_field(key), b"[%d,%d,%b]" % (attempt, now, input_json))
+                commit.set(start_prefix + key, b"[%d,%d,%b]" % (attempt, now, input_json))
                 commit.append_filled(
                     task.stream,
                     task.start_task,
@@ -307,8 +310,8 @@ class Transition:
                         workflow_json,
                         _dumps(key),
                         b"%d" % attempt,
-                        _dumps(ev.task_instance_id(workflow, key, attempt)),
-                        _dumps(ev.task_token(salt, workflow, key, attempt)),
+                        _dumps(instance_id(workflow, key, attempt)),
+                        _dumps(token(salt, workflow, key, attempt)),
                         input_json,
                     ),
                 )
