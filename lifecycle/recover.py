@@ -118,12 +118,15 @@ def _restore(
 
 
 def _running_start_tasks(item: WorkflowReplay) -> list[tuple[str, dict[str, Any]]]:
-    """The archived start-task of each attempt the replayed state has running."""
+    """The start-task of each attempt the replayed state has running: as archived, or as
+    replay computed it where the archive stops before it was sent."""
     assert item.state is not None
     wanted = {(key, attempt) for key, attempt in item.state.running.items()}
     found = []
-    for stream, _, event in item.emitted:
+    emitted = [(stream, event) for stream, _, event in item.emitted] + item.unarchived
+    for stream, event in emitted:
         instance = (event.get("key"), event.get("attempt"))
         if event.get("kind") == ev.START_TASK and instance in wanted:
+            wanted.discard(instance)  # once: recover's own resends are archived too
             found.append((stream, event))
     return found

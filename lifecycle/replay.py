@@ -97,6 +97,9 @@ class WorkflowReplay:
     live: str = "not checked"  # "equal", "different", "not in Redis", "not checked"
     rejected: list[str] = field(default_factory=list)  # inputs live dead-lettered too
     timers: dict[str, int] = field(default_factory=dict)  # member -> due ms, still pending
+    # What replay emits for inputs after the last archived output of the workflow: the
+    # archive (or Redis) stops before that commit; not a divergence, and recover sends them.
+    unarchived: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
 
     @property
     def graph(self) -> str | None:
@@ -139,6 +142,7 @@ def replay_workflow(item: WorkflowReplay, graphs: ArchiveGraphs, keys: Keys) -> 
             ends.append(entry)
     matched: set[str] = set()
     version = 0
+    last_output = max((id_order(entry[1]) for entry in item.emitted), default=(-1, -1))
     for stream, entry_id, event in item.inputs:
         kind = str(event.get("kind"))
         try:
@@ -170,8 +174,12 @@ def replay_workflow(item: WorkflowReplay, graphs: ArchiveGraphs, keys: Keys) -> 
         names, values = commit.fields[::2], commit.fields[1::2]
         item.fields.update(zip(names, values, strict=True))
         item.state = State.from_dict(orjson.loads(item.fields[rec.STATE]))
+        tail = id_order(entry_id) > last_output
         for out_stream, out in _emitted(commit):
             where = f"event {entry_id} ({kind} of {item.workflow})"
+            if tail:
+                item.unarchived.append((out_stream, out))
+                continue
             if out["kind"] == ev.START_TASK:
                 archived = starts.get(out["id"])
                 if archived is None:

@@ -10,6 +10,7 @@ import redis
 from flowlang.compiler import compile_text
 from flowlang.runner import run
 from lifecycle.audit import audit_archive
+from lifecycle.keys import TASK_GROUP
 from lifecycle.recover import recover
 from lifecycle.replay import BEHIND, NOT_IN_REDIS
 from lifecycle.store import load_workflow
@@ -114,3 +115,20 @@ def test_the_recover_command_restores_and_says_what_it_did(
     assert code == 0
     assert f"restored {ids[1]}" in out and "1 restored, 1 start-tasks sent again" in out
     assert load_workflow(redis_client, KEYS, ids[1]).state.running == {"2": 1}
+
+
+def test_a_submission_the_archive_holds_but_redis_lost_before_its_start_is_recovered(
+    redis_client: redis.Redis, tmp_path: Path
+) -> None:
+    harness = Harness(redis_client, KEYS)
+    workflow = harness.submit(FLOW, {"n": 7}, "in-flight")
+    archive_all(redis_client, tmp_path / "archive")  # the start-workflow, nothing after it
+    harness.advance()
+    redis_client.delete(KEYS.workflow(workflow), KEYS.tasks("default"))  # Redis lost it all
+    report = audit_archive(tmp_path / "archive", KEYS, client=redis_client)
+    assert report.ok, report.first_problem  # an archive that stops early is no divergence
+    restored = recover(redis_client, tmp_path / "archive", KEYS)
+    assert restored.restored == [workflow] and restored.resent == 1
+    harness._group(KEYS.tasks("default"), TASK_GROUP)  # the stream went with Redis
+    harness.pump(echo)
+    assert load_workflow(redis_client, KEYS, workflow).output == run(FLOW, echo, {"n": 7}).output
