@@ -54,7 +54,6 @@ from lifecycle.archive import (
     each_json,
     entry_record,
     fits_a_line,
-    has_long_digits,
     id_order,
     joined_values,
     raw_record,
@@ -62,6 +61,7 @@ from lifecycle.archive import (
 from lifecycle.events import START_WORKFLOW
 from lifecycle.keys import LIFECYCLE_GROUP, RECEIPTS_GROUP, TASK_GROUP, Keys
 from rqse.backoff import Backoff
+from rqse.events import has_long_digits
 from rqse.fastpipe import execute
 from rqse.keys import DEAD_LETTER_SUFFIX, dead_letter_key
 from rqse.shutdown import SignalHandlers

@@ -169,3 +169,14 @@ def test_decoding_many_distinct_field_names_keeps_the_name_cache_bounded():
     # Past the bound the cache starts afresh: names decode, and new ones are cached.
     assert decode_fields({b"kind": b'"k"', b"late-name": b"[1]"}) == {"kind": "k", "late-name": [1]}
     assert events._NAMES[b"late-name"] == "late-name"
+
+
+def test_an_integer_past_64_bits_is_read_exactly_not_rounded_to_a_float() -> None:
+    from rqse.events import decode_fields
+
+    huge = 10**40
+    event = decode_fields(
+        {b"kind": b'"job"', b"n": str(huge).encode(), b"id": b'"1795616645598-0"'}
+    )
+    assert event["n"] == huge and type(event["n"]) is int
+    assert decode_fields({b"kind": b'"job"', b"n": b"12"})["n"] == 12
