@@ -22,9 +22,9 @@ import redis
 
 from bench.engine import SHAPES, redis_cpu_seconds
 from flowlang.compiler import compile_text
+from lifecycle.audit.receipts import ReceiptsWorker
+from lifecycle.audit.segments import SegmentSink
 from lifecycle.keys import Keys
-from lifecycle.receipts import ReceiptsWorker
-from lifecycle.segments import SegmentSink
 from lifecycle.submit import start_workflows
 from lifecycle.worker import LifecycleWorker
 from rqse.process import settle_process

@@ -26,10 +26,10 @@ import redis
 
 from bench.engine import SHAPES, _spawn, _stop
 from flowlang.compiler import compile_text
+from lifecycle.audit.receipts import ReceiptsWorker
+from lifecycle.audit.segments import SegmentSink
 from lifecycle.events import START_TASK, end_task
 from lifecycle.keys import LIFECYCLE_GROUP, RECEIPTS_GROUP, Keys
-from lifecycle.receipts import ReceiptsWorker
-from lifecycle.segments import SegmentSink
 from lifecycle.submit import start_workflows
 from rqse.process import settle_process
 from rqse.server import RedisServer

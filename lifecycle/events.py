@@ -336,7 +336,7 @@ def start_task_template(
     return fastpipe.Template("XADD", stream, "*", *fields)
 
 
-RECOVERED = "recovered"  # on a start-task sent again by recover (lifecycle.recover)
+RECOVERED = "recovered"  # on a start-task sent again by recover (lifecycle.audit.recover)
 
 
 def end_task_template(stream: str, worker: str) -> fastpipe.Template:

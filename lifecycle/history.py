@@ -14,7 +14,7 @@ import orjson
 import redis
 
 from lifecycle import events as ev
-from lifecycle.archive import id_order
+from lifecycle.audit.archive import id_order
 from lifecycle.inspect import iso, read_workflow, shown_raw
 from lifecycle.keys import Keys
 

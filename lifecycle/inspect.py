@@ -18,9 +18,9 @@ import redis
 from flowlang.limits import DEFAULT_LIMITS, loads_value
 from flowlang.machine import parse_key
 from lifecycle import records as rec
+from lifecycle.engine.store import GraphCache
 from lifecycle.errors import UnknownWorkflow
 from lifecycle.keys import Keys
-from lifecycle.store import GraphCache
 
 __all__ = [
     "CORRUPT",

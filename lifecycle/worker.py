@@ -14,9 +14,9 @@ import logging
 from typing import Any
 
 from flowlang.limits import DEFAULT_LIMITS, Limits
-from lifecycle.advance import Advancer
+from lifecycle.engine.advance import Advancer
+from lifecycle.engine.timers import timer_pump
 from lifecycle.keys import Keys
-from lifecycle.timers import timer_pump
 from rqse import EventListener
 
 __all__ = ["LifecycleWorker"]

@@ -80,7 +80,7 @@ def _replay_command(args: argparse.Namespace, context: Context) -> int:
 
 
 def _recover(args: argparse.Namespace, context: Context) -> int:
-    from lifecycle.recover import recover
+    from lifecycle.audit.recover import recover
 
     try:
         report = recover(
@@ -108,8 +108,8 @@ def _recover(args: argparse.Namespace, context: Context) -> int:
 
 
 def _receipts(args: argparse.Namespace, context: Context) -> int:
-    from lifecycle.receipts import ReceiptsWorker
-    from lifecycle.segments import SegmentSink
+    from lifecycle.audit.receipts import ReceiptsWorker
+    from lifecycle.audit.segments import SegmentSink
     from rqse.process import settle_process
 
     client, keys = context.client, context.keys
@@ -144,7 +144,7 @@ def _receipts(args: argparse.Namespace, context: Context) -> int:
 
 
 def _replay(args: argparse.Namespace, client: redis.Redis | None, keys: Keys) -> int:
-    from lifecycle.audit import audit_archive
+    from lifecycle.audit.report import audit_archive
     from lifecycle.history import format_timeline
 
     report = audit_archive(args.archive, keys, workflow=args.workflow, client=client)

@@ -12,10 +12,10 @@ import redis
 
 from flowlang.compiler import compile_text
 from flowlang.runner import TaskCall
-from lifecycle.archive import id_order, read_archive
+from lifecycle.audit.archive import id_order, read_archive
+from lifecycle.audit.receipts import ReceiptsWorker
+from lifecycle.audit.segments import SegmentSink
 from lifecycle.keys import Keys
-from lifecycle.receipts import ReceiptsWorker
-from lifecycle.segments import SegmentSink
 from tests.lifecycle.harness import Harness
 
 KEYS = Keys()

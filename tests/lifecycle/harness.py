@@ -14,10 +14,10 @@ import redis
 
 from flowlang.graph import Graph
 from flowlang.runner import TaskCall
-from lifecycle.advance import Advancer
+from lifecycle.engine.advance import Advancer
+from lifecycle.engine.store import GraphCache, WorkflowRecord, load_workflow
 from lifecycle.events import end_task
 from lifecycle.keys import TASK_GROUP, Keys
-from lifecycle.store import GraphCache, WorkflowRecord, load_workflow
 from lifecycle.submit import graph_task_kinds, start_workflow
 
 

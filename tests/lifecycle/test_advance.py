@@ -6,9 +6,9 @@ import orjson
 
 from flowlang.compiler import compile_text
 from flowlang.runner import TaskCall, run
-from lifecycle.advance import Advancer
+from lifecycle.engine.advance import Advancer
+from lifecycle.engine.store import load_workflow
 from lifecycle.keys import Keys
-from lifecycle.store import load_workflow
 from tests.lifecycle.harness import Harness, decode
 
 
@@ -243,7 +243,7 @@ def test_when_the_watched_transaction_loses_nothing_that_changed_nothing_is_ackn
 def test_a_task_that_outlives_its_timeout_is_failed_by_a_durable_timer(
     harness: Harness, redis_client
 ) -> None:
-    from lifecycle.timers import timer_pump
+    from lifecycle.engine.timers import timer_pump
 
     keys = Keys()
     workflow = harness.submit(compile_text("slow:A (- {$timeout: 5, $retries: 1} -)"))
@@ -270,7 +270,7 @@ def test_an_end_before_the_timeout_cancels_the_timer(harness: Harness, redis_cli
 
 
 def test_a_retry_after_backoff_waits_on_a_durable_timer(harness: Harness, redis_client) -> None:
-    from lifecycle.timers import timer_pump
+    from lifecycle.engine.timers import timer_pump
 
     keys = Keys()
     calls: list[int] = []

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from lifecycle.archive import (
+from lifecycle.audit.archive import (
     ArchivedEvent,
     ArchiveError,
     ArchiveProblem,
@@ -21,8 +21,8 @@ from lifecycle.archive import (
     raw_value,
     read_archive,
 )
-from lifecycle.segments import SegmentSink
-from lifecycle.verify import check_chain
+from lifecycle.audit.segments import SegmentSink
+from lifecycle.audit.verify import check_chain
 
 
 def _entries(sink: SegmentSink, stream: str, first: int, count: int) -> None:
@@ -53,7 +53,7 @@ def test_a_corrupt_middle_line_is_kept_and_reported_once_with_file_and_line(
 ) -> None:
     segment = _archive(tmp_path)
     before = _corrupt(segment, 3)
-    with caplog.at_level("WARNING", logger="lifecycle.segments"):
+    with caplog.at_level("WARNING", logger="lifecycle.audit.segments"):
         sink = SegmentSink(tmp_path)
     assert segment.read_bytes() == before  # nothing cut: the evidence stays
     reports = [r.getMessage() for r in caplog.records if "evidence" in r.getMessage()]

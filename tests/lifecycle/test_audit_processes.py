@@ -17,7 +17,7 @@ from pathlib import Path
 import redis
 
 from flowlang.compiler import compile_text
-from lifecycle.audit import audit_archive
+from lifecycle.audit.report import audit_archive
 from lifecycle.keys import RECEIPTS_GROUP
 from lifecycle.submit import start_workflows
 from tests.conftest import wait_until

@@ -10,8 +10,8 @@ import redis
 from flowlang.compiler import compile_text
 from flowlang.runner import TaskCall
 from lifecycle import records as rec
-from lifecycle.advance import Advancer
-from lifecycle.commit import Commit
+from lifecycle.engine.advance import Advancer
+from lifecycle.engine.commit import Commit
 from lifecycle.keys import Keys
 from tests.lifecycle.harness import Harness
 

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from flowlang.compiler import compile_text
 from flowlang.runner import TaskCall, run
-from lifecycle.store import load_workflow
+from lifecycle.engine.store import load_workflow
 from tests.lifecycle.harness import Harness
 
 EXAMPLES = int(os.environ.get("LIFECYCLE_EQUIVALENCE_EXAMPLES", "150"))

@@ -17,9 +17,9 @@ import redis
 from flowlang.compiler import compile_text
 from flowlang.limits import Limits
 from lifecycle import events as ev
-from lifecycle.advance import Advancer
+from lifecycle.engine.advance import Advancer
+from lifecycle.engine.store import load_workflow
 from lifecycle.keys import Keys
-from lifecycle.store import load_workflow
 from lifecycle.submit import start_workflow
 from tests.lifecycle.harness import Harness, decode
 

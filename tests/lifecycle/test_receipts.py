@@ -10,13 +10,13 @@ import pytest
 import redis
 
 from flowlang.compiler import compile_text
-from lifecycle.archive import raw_value, read_archive
-from lifecycle.audit import audit_archive
+from lifecycle.audit.archive import raw_value, read_archive
+from lifecycle.audit.receipts import ReceiptsWorker
+from lifecycle.audit.report import audit_archive
+from lifecycle.audit.segments import SegmentSink
+from lifecycle.audit.verify import check_chain
 from lifecycle.keys import RECEIPTS_GROUP
-from lifecycle.receipts import ReceiptsWorker
-from lifecycle.segments import SegmentSink
 from lifecycle.submit import start_workflow
-from lifecycle.verify import check_chain
 from tests.lifecycle.archive_oracle import expected_fields
 from tests.lifecycle.audit_helpers import (
     KEYS,

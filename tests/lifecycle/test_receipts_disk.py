@@ -18,17 +18,17 @@ from pathlib import Path
 import pytest
 import redis
 
-from lifecycle.archive import (
+from lifecycle.audit.archive import (
     ArchivedEvent,
     ArchiveError,
     ArchiveProblem,
     id_order,
     iter_archive,
 )
+from lifecycle.audit.receipts import ReceiptsWorker
+from lifecycle.audit.segments import SegmentSink
+from lifecycle.audit.verify import check_chain
 from lifecycle.keys import LIFECYCLE_GROUP, RECEIPTS_GROUP
-from lifecycle.receipts import ReceiptsWorker
-from lifecycle.segments import SegmentSink
-from lifecycle.verify import check_chain
 from tests.conftest import wait_until
 from tests.lifecycle.audit_helpers import KEYS, assert_exactly_once
 

@@ -14,12 +14,12 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from lifecycle.archive import all_plain as _all_plain
-from lifecycle.archive import joined_values as _joined
-from lifecycle.archive import line_hash, raw_value, read_archive
-from lifecycle.receipts import ReceiptsWorker
-from lifecycle.segments import SegmentSink
-from lifecycle.verify import check_chain
+from lifecycle.audit.archive import all_plain as _all_plain
+from lifecycle.audit.archive import joined_values as _joined
+from lifecycle.audit.archive import line_hash, raw_value, read_archive
+from lifecycle.audit.receipts import ReceiptsWorker
+from lifecycle.audit.segments import SegmentSink
+from lifecycle.audit.verify import check_chain
 from tests.lifecycle.archive_oracle import expected_fields
 
 # CI's size; RECEIPTS_ENCODING_EXAMPLES=20000 (with -o timeout=0) for the full one.
@@ -320,7 +320,7 @@ def test_a_torn_last_line_is_dropped_on_opening_and_reported(
     (segment,) = tmp_path.glob("segment-*")
     with open(segment, "ab") as file:
         file.write(b'{"seq":2,"prev":"ab')  # a crash in the middle of a write
-    with caplog.at_level("WARNING", logger="lifecycle.segments"):
+    with caplog.at_level("WARNING", logger="lifecycle.audit.segments"):
         reopened = SegmentSink(tmp_path)
     assert reopened.last_ids() == {"s": "1-0"}
     reopened.close()

@@ -13,10 +13,10 @@ import orjson
 import pytest
 import redis
 
-from lifecycle.archive import ArchivedEvent, ArchiveProblem, iter_archive, raw_value
+from lifecycle.audit.archive import ArchivedEvent, ArchiveProblem, iter_archive, raw_value
+from lifecycle.audit.receipts import ReceiptsWorker
+from lifecycle.audit.segments import SegmentSink
 from lifecycle.keys import LIFECYCLE_GROUP, RECEIPTS_GROUP
-from lifecycle.receipts import ReceiptsWorker
-from lifecycle.segments import SegmentSink
 from tests.lifecycle.audit_helpers import KEYS, archive_all, assert_exactly_once
 
 POISON = {

@@ -9,11 +9,11 @@ import redis
 
 from flowlang.compiler import compile_text
 from flowlang.runner import run
-from lifecycle.audit import audit_archive
+from lifecycle.audit.recover import recover
+from lifecycle.audit.replay import BEHIND, NOT_IN_REDIS
+from lifecycle.audit.report import audit_archive
+from lifecycle.engine.store import load_workflow
 from lifecycle.keys import TASK_GROUP
-from lifecycle.recover import recover
-from lifecycle.replay import BEHIND, NOT_IN_REDIS
-from lifecycle.store import load_workflow
 from tests.lifecycle.audit_helpers import KEYS, archive_all
 from tests.lifecycle.harness import Harness
 

@@ -8,7 +8,7 @@ import orjson
 import pytest
 import redis
 
-from lifecycle.audit import audit_archive
+from lifecycle.audit.report import audit_archive
 from lifecycle.cli import main
 from tests.lifecycle.audit_helpers import (
     KEYS,

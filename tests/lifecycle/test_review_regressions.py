@@ -10,12 +10,12 @@ import redis
 from flowlang.compiler import compile_text
 from flowlang.machine import Machine, State
 from flowlang.runner import TaskCall, run
-from lifecycle.advance import Advancer
-from lifecycle.archive import read_archive
+from lifecycle.audit.archive import read_archive
+from lifecycle.audit.receipts import ReceiptsWorker
+from lifecycle.audit.segments import SegmentSink
+from lifecycle.engine.advance import Advancer
+from lifecycle.engine.store import load_workflow
 from lifecycle.keys import Keys
-from lifecycle.receipts import ReceiptsWorker
-from lifecycle.segments import SegmentSink
-from lifecycle.store import load_workflow
 from lifecycle.submit import start_workflow, terminate_workflow
 from tests.lifecycle.harness import Harness, decode
 
@@ -61,7 +61,7 @@ def test_a_terminate_applied_before_its_start_wins(redis_client) -> None:
 
 
 def test_a_delayed_retry_due_after_the_workflow_failed_starts_nothing(harness: Harness) -> None:
-    from lifecycle.timers import timer_pump
+    from lifecycle.engine.timers import timer_pump
 
     def task(call: TaskCall) -> Any:
         raise RuntimeError(f"{call.name} broke")

@@ -15,9 +15,9 @@ import redis
 
 from flowlang.compiler import compile_text
 from lifecycle import events as ev
-from lifecycle.advance import Advancer
+from lifecycle.engine.advance import Advancer
+from lifecycle.engine.store import load_workflow
 from lifecycle.keys import Keys
-from lifecycle.store import load_workflow
 from lifecycle.submit import start_workflow, terminate_workflow
 from lifecycle.worker import LifecycleWorker
 from rqse.keys import dead_letter_key

@@ -188,6 +188,6 @@ def test_a_bad_allowed_network_refuses_to_build_the_worker(redis_url: str) -> No
 
 def test_the_worker_does_not_load_the_engine_store() -> None:
     # The role comes with the event; the worker needs neither the graph nor its cache.
-    code = "import sys, workers.resources; print('lifecycle.store' in sys.modules)"
+    code = "import sys, workers.resources; print('lifecycle.engine.store' in sys.modules)"
     loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert loaded.stdout.strip() == "False", loaded.stderr

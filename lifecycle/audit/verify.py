@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from lifecycle.archive import GENESIS, id_order, line_hash
+from lifecycle.audit.archive import GENESIS, id_order, line_hash
 
 __all__ = ["ChainChecker", "Finding", "check_chain", "describe"]
 

@@ -26,9 +26,9 @@ import redis
 
 from lifecycle import events as ev
 from lifecycle import records as rec
-from lifecycle.audit import AuditReport, audit_archive
+from lifecycle.audit.replay import NOT_IN_REDIS, WorkflowReplay
+from lifecycle.audit.report import AuditReport, audit_archive
 from lifecycle.keys import Keys
-from lifecycle.replay import NOT_IN_REDIS, WorkflowReplay
 
 __all__ = ["RecoverReport", "recover"]
 

@@ -26,11 +26,11 @@ from flowlang.limits import DEFAULT_LIMITS, Limits
 from flowlang.machine import Machine, State
 from lifecycle import events as ev
 from lifecycle import records as rec
-from lifecycle.commit import BatchResult, Commit, Pending, Said, shared_keys
+from lifecycle.engine.commit import BatchResult, Commit, Pending, Said, shared_keys
+from lifecycle.engine.store import GraphCache
+from lifecycle.engine.transition import Transition
 from lifecycle.errors import BadEvent, LifecycleError
 from lifecycle.keys import Keys
-from lifecycle.store import GraphCache
-from lifecycle.transition import Transition
 from rqse import fastpipe, lua
 from rqse.weather import is_weather
 

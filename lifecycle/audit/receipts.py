@@ -29,7 +29,7 @@ It stops only when told (``stop()``, SIGTERM/SIGINT through
 retried with backoff, said once per state, and nothing moves past it; any other
 error is logged and backed off from, the unflushed batch dropped and read again.
 The line format, including the fast path that copies values as written, is
-:mod:`lifecycle.archive`'s; the files are :mod:`lifecycle.segments`'.
+:mod:`lifecycle.audit.archive`'s; the files are :mod:`lifecycle.audit.segments`'.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ from typing import Any
 import orjson
 import redis
 
-from lifecycle.archive import (
+from lifecycle.audit.archive import (
     MAX_BRACKETS,
     ArchiveError,
     EntryShape,

@@ -38,7 +38,7 @@ from typing import Any
 
 import orjson
 
-from lifecycle.archive import (
+from lifecycle.audit.archive import (
     ENCODED_LINE,
     GENESIS,
     ArchiveError,

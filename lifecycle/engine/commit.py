@@ -1,8 +1,8 @@
 """What one advance of one workflow writes: plain commands for a watched transaction,
 or the arguments of one ``advance.lua`` call.
 
-Built by :mod:`lifecycle.transition` as the machine's actions are carried out;
-:mod:`lifecycle.advance` sends it, replay reads it.
+Built by :mod:`lifecycle.engine.transition` as the machine's actions are carried out;
+:mod:`lifecycle.engine.advance` sends it, replay reads it.
 """
 
 from __future__ import annotations

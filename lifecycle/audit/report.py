@@ -14,9 +14,8 @@ from typing import Any
 import redis
 
 from lifecycle import events as ev
-from lifecycle.archive import ArchiveProblem, iter_archive
-from lifecycle.keys import Keys
-from lifecycle.replay import (
+from lifecycle.audit.archive import ArchiveProblem, iter_archive
+from lifecycle.audit.replay import (
     BEHIND,
     NOT_IN_REDIS,
     ArchiveGraphs,
@@ -24,7 +23,8 @@ from lifecycle.replay import (
     compare_live,
     replay_workflow,
 )
-from lifecycle.verify import ChainChecker, Finding, describe
+from lifecycle.audit.verify import ChainChecker, Finding, describe
+from lifecycle.keys import Keys
 
 __all__ = ["AuditReport", "audit_archive"]
 

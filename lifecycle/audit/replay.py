@@ -33,14 +33,14 @@ from flowlang.limits import DEFAULT_LIMITS, Limits
 from flowlang.machine import Machine, State
 from lifecycle import events as ev
 from lifecycle import records as rec
-from lifecycle.archive import id_order
-from lifecycle.commit import BatchResult, Pending
+from lifecycle.audit.archive import id_order
+from lifecycle.audit.verify import Finding
+from lifecycle.engine.commit import BatchResult, Pending
+from lifecycle.engine.store import load_workflow
+from lifecycle.engine.transition import Transition
 from lifecycle.errors import BadEvent, FlowNotStored, UnknownWorkflow
 from lifecycle.history import Entry, timeline
 from lifecycle.keys import Keys
-from lifecycle.store import load_workflow
-from lifecycle.transition import Transition
-from lifecycle.verify import Finding
 
 __all__ = [
     "BEHIND",

@@ -20,7 +20,7 @@ record:
     a compiled graph's canonical JSON, archived before its first start-workflow.
 
 :func:`entry_record` encodes one entry (the worker's fast path copies values as
-written instead, in :mod:`lifecycle.receipts`); :func:`decode_line` and
+written instead, in :mod:`lifecycle.audit.receipts`); :func:`decode_line` and
 :func:`iter_archive` read records back. :class:`lifecycle.segments.SegmentSink`
 writes the files; any class with the :class:`Sink` methods can replace it.
 """

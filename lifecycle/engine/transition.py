@@ -5,7 +5,7 @@ order, to the record loaded for it (:class:`~lifecycle.commit.Pending`) with
 :class:`flowlang.machine.Machine`, and returns the :class:`~lifecycle.commit.Commit`
 that holds every write — new state, task instance records, start-task events,
 timers, the acknowledgement of the events. The live lifecycle worker
-(:mod:`lifecycle.advance`), replay and recovery all call this one function;
+(:mod:`lifecycle.engine.advance`), replay and recovery all call this one function;
 only where the record comes from and where the commit goes differ.
 
 One workflow's data can never stop another's: an error raised while applying
@@ -27,7 +27,7 @@ from flowlang.limits import DEFAULT_LIMITS, Limits, depth_within, encode_value
 from flowlang.machine import Failed, Finished, Machine, StartTask, State
 from lifecycle import events as ev
 from lifecycle import records as rec
-from lifecycle.commit import BatchResult, Commit, Pending, Said, shared_keys
+from lifecycle.engine.commit import BatchResult, Commit, Pending, Said, shared_keys
 from lifecycle.errors import LifecycleError
 from lifecycle.keys import Keys, task_kind
 from lifecycle.policy import Policy, split_params
