@@ -1,0 +1,87 @@
+"""Scenario 7: one workflow fanning out to many items (``A → * B``), and past the limit.
+
+Up to :attr:`flowlang.limits.Limits.items` items a workflow fans out, runs every
+item once and gathers the outputs in order; past it, the workflow fails with a
+reason naming the limit instead of starting the tasks (or eating the lifecycle
+worker's memory).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import pytest
+
+from flowlang.compiler import compile_text
+from flowlang.limits import DEFAULT_LIMITS
+from lifecycle.submit import start_workflow
+from tests.reliability.helpers import (
+    KEYS,
+    Engine,
+    decoded,
+    peak_rss_kb,
+    record,
+    size,
+    states,
+    wait_all_ended,
+)
+
+ITEMS = size(10_000, 1_000_000)
+
+
+def test_a_fan_out_to_many_items_runs_each_once_and_gathers_them_in_order(
+    engine_factory: Callable[..., Engine],
+) -> None:
+    engine = engine_factory()
+    limit = max(ITEMS, DEFAULT_LIMITS.items)
+    lifecycle = engine.start(
+        "tests.reliability.lifecycle_limits", "--items", str(limit), "--consumer", "fan"
+    )
+    engine.noop("noop-0")
+    engine.noop("noop-1")
+    time.sleep(1)  # the workers are up: time the workflow, not their start
+    began = time.monotonic()
+    workflow = start_workflow(engine.client, compile_text("A → * B"), list(range(ITEMS)), "fan")
+    (state,) = wait_all_ended(engine.client, [workflow], timeout=size(60, 3600)).values()
+    elapsed = time.monotonic() - began
+    rss = peak_rss_kb(lifecycle.pid)
+    assert state["status"] == "finished", state.get("error")
+    assert state["output"] == list(range(ITEMS))
+    starts = [e["id"] for e in decoded(engine.client, KEYS.tasks("default"))]
+    assert len(starts) == len(set(starts)) == ITEMS + 1
+    record(
+        "fan-out",
+        items=ITEMS,
+        seconds=round(elapsed, 1),
+        items_per_second=round(ITEMS / elapsed),
+        lifecycle_peak_rss_mb=round(rss / 1024, 1),
+        redis_peak_mb=round(engine.client.info("memory")["used_memory_peak"] / 2**20, 1),
+    )
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="Limits.items is not enforced: a fan-out past 100,000 items starts every task",
+)
+def test_a_fan_out_past_the_item_limit_fails_the_workflow_with_the_reason(
+    engine_factory: Callable[..., Engine],
+) -> None:
+    engine = engine_factory()
+    engine.lifecycle("lifecycle-0")
+    engine.noop("noop-0")  # answers A (kind default); nothing serves kind `big`
+    too_many = DEFAULT_LIMITS.items + 1
+    workflow = start_workflow(
+        engine.client, compile_text("A → * big:B"), list(range(too_many)), "too-many"
+    )
+    deadline = time.monotonic() + 30
+    while True:
+        state = states(engine.client, [workflow])[workflow]
+        fanned = engine.client.exists(KEYS.tasks("big")) and engine.client.xlen(KEYS.tasks("big"))
+        if state.get("status") == "failed" or fanned:
+            break
+        assert time.monotonic() < deadline, "the workflow neither failed nor fanned out"
+        time.sleep(0.2)
+    assert not fanned, f"{fanned} tasks started past the limit of {DEFAULT_LIMITS.items}"
+    assert state["status"] == "failed"
+    assert f"{DEFAULT_LIMITS.items:,}" in str(state.get("error")), state.get("error")
