@@ -182,7 +182,7 @@ def check_exactly_once(
     ends = Counter(
         e["workflow"]
         for e in decoded(client, KEYS.lifecycle)
-        if e.get("kind") in ("end-workflow", "failed-workflow")
+        if e.get("kind") in ("end-workflow", "failed-workflow") and e.get("workflow") in expected
     )
     twice = [w for w, n in ends.items() if n > 1]
     assert not twice, f"{len(twice)} workflows ended twice, e.g. {twice[:3]}"
@@ -192,7 +192,9 @@ def check_exactly_once(
         starts = Counter(
             e["id"]
             for e in decoded(client, KEYS.tasks("default"))
-            if e.get("kind") == "start-task" and e.get("recovered") is not True
+            if e.get("kind") == "start-task"
+            and e.get("workflow") in expected
+            and e.get("recovered") is not True
         )
         repeated = [i for i, n in starts.items() if n > 1]
         assert not repeated, f"{len(repeated)} task attempts started twice, e.g. {repeated[:3]}"
