@@ -75,8 +75,9 @@ def test_poison_and_forged_events_are_dead_lettered_and_bystanders_finish_once(
              b"input": deep},
         ),
     }  # fmt: skip
-    entry_ids = {
-        name: client.xadd(stream, fields).decode() for name, (stream, fields) in injected.items()
+    entry_ids = {  # (stream, id): ids repeat across streams
+        name: (stream, client.xadd(stream, fields).decode())
+        for name, (stream, fields) in injected.items()
     }
     (start,) = wait_for(lambda: decoded(client, KEYS.tasks("held")), "held's start-task")
     forged = {
@@ -87,13 +88,12 @@ def test_poison_and_forged_events_are_dead_lettered_and_bystanders_finish_once(
         },
     }
     for name, event in forged.items():
-        entry_ids[name] = client.xadd(lifecycle, raw(event)).decode()
-        injected[name] = (lifecycle, {})
+        entry_ids[name] = (lifecycle, client.xadd(lifecycle, raw(event)).decode())
     found = wait_all_ended(client, ids, timeout=size(60, 600))
     counts = check_exactly_once(client, found, expected)
 
     letters = {
-        letter["id"]: letter
+        (letter["stream"], letter["id"]): letter
         for stream in (lifecycle, tasks)
         for letter in dead_letters(client, stream)
     }
