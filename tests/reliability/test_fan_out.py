@@ -8,6 +8,7 @@ worker's memory).
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 
@@ -27,7 +28,8 @@ from tests.reliability.helpers import (
     wait_all_ended,
 )
 
-ITEMS = size(10_000, 1_000_000)
+# FLOWSTREAM_FANOUT_ITEMS: another size, to see how time and memory grow.
+ITEMS = int(os.environ.get("FLOWSTREAM_FANOUT_ITEMS") or size(10_000, 1_000_000))
 
 
 def test_a_fan_out_to_many_items_runs_each_once_and_gathers_them_in_order(
