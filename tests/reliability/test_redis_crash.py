@@ -29,6 +29,7 @@ from tests.reliability.helpers import (
     decoded,
     record,
     size,
+    states,
     submit,
     wait_all_ended,
 )
@@ -92,9 +93,12 @@ def test_redis_killed_with_aof_always_comes_back_and_the_workers_finish_everythi
     )
 
 
+@pytest.mark.parametrize("paused", [False, True], ids=["workers-running", "workers-paused"])
 def test_redis_killed_with_its_aof_tail_cut_is_made_whole_by_recover_from_the_archive(
-    engine_factory: Callable[..., Engine], tmp_path: Path
+    engine_factory: Callable[..., Engine], tmp_path: Path, paused: bool
 ) -> None:
+    """``paused``: the workers stay stopped until recover is done (an operator's order),
+    so recover, not the workers redoing the lost second, brings workflows forward."""
     engine = engine_factory("aof-everysec", NO_REWRITE)
     archive = tmp_path / "archive"
     engine.receipts(archive, "--no-trim", "--batch-size", "500")
@@ -111,6 +115,9 @@ def test_redis_killed_with_its_aof_tail_cut_is_made_whole_by_recover_from_the_ar
         time.sleep(0.02)
     engine.server.kill()
     killed = time.monotonic()
+    if paused:
+        for proc in running:
+            os.kill(proc.pid, signal.SIGSTOP)
     aof_size = tail.stat().st_size
     # Lose the last second of writes (everysec's window), never the submissions.
     synced = max([n for t, n in sizes if t <= killed - LOST_SECONDS] + [submitted_size])
@@ -120,6 +127,9 @@ def test_redis_killed_with_its_aof_tail_cut_is_made_whole_by_recover_from_the_ar
     engine.restart_server()
     back = time.monotonic()
     ended_after_restart = ended_count(engine)
+    finished_after_restart = sum(
+        1 for s in states(engine.client, ids).values() if s.get("status") == "finished"
+    )
     recover = subprocess.run(
         [sys.executable, "-m", "lifecycle", "recover", "--archive", str(archive), "--json"]
         + ["--redis-url", engine.url],
@@ -129,6 +139,10 @@ def test_redis_killed_with_its_aof_tail_cut_is_made_whole_by_recover_from_the_ar
     # 1: some workflows not restored (listed); the live engine redoes those itself.
     assert recover.returncode in (0, 1), recover.stderr.decode()[-2000:]
     summary = orjson.loads(recover.stdout)
+    recovered_after = time.monotonic() - back
+    if paused:
+        for proc in running:
+            os.kill(proc.pid, signal.SIGCONT)
     found = wait_all_ended(engine.client, ids, timeout=size(90, 900))
     recovered_in = time.monotonic() - back
     assert all(proc.poll() is None for proc in running), "a worker exited"
@@ -149,15 +163,17 @@ def test_redis_killed_with_its_aof_tail_cut_is_made_whole_by_recover_from_the_ar
     )
     assert not [i for i, n in starts.items() if n > 1]
     record(
-        "redis-kill-aof-tail-cut",
+        "redis-kill-aof-tail-cut" + ("-workers-paused" if paused else ""),
         workflows=len(found),
         cut_kb=cut // 1024,
         aof_kb=aof_size // 1024,
         ended_at_kill=ended_at_kill,
         ended_after_restart=ended_after_restart,
+        finished_after_restart=finished_after_restart,
         restored=summary["restored"],
         resent_start_tasks=summary["resent_start_tasks"],
         skipped=len(summary["skipped"]),
+        recover_seconds=round(recovered_after, 1),
         seconds_after_restart=round(recovered_in, 1),
     )
 
