@@ -50,6 +50,7 @@ def main(argv: list[str] | None = None) -> int:
         if not args.ci:
             env["FLOWSTREAM_FAULTS_FULL"] = "1"
         command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-s"]
+        command += ["--timeout", "0"]  # full sizes run longer than the suite's 300 s per test
         command += ["tests/reliability", "--ignore", "tests/reliability/test_task_workers.py"]
         if args.names:
             command += ["-k", " or ".join(args.names)]

@@ -203,6 +203,23 @@ def check_exactly_once(
     return counts
 
 
+def task_progress(client: redis.Redis, workflows: int) -> float:
+    """Share of the load's start-tasks written so far (0 to 1): a point mid-run to strike
+    at, where counting ended workflows is not (they all end in a late burst)."""
+    try:
+        written = client.xlen(KEYS.tasks("default"))
+    except redis.ResponseError:
+        written = 0
+    return written / (TASKS_PER_WORKFLOW * workflows)
+
+
+def wait_progress(client: redis.Redis, workflows: int, share: float, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while task_progress(client, workflows) < share:
+        assert time.monotonic() < deadline, f"the load did not reach {share:.0%} of its tasks"
+        time.sleep(0.01)
+
+
 def peak_rss_kb(pid: int) -> int:
     """The process's peak resident set (VmHWM), in KB (Linux)."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():

@@ -88,10 +88,6 @@ def test_a_fan_out_to_many_items_runs_each_once_and_gathers_them_in_order(
     )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="Limits.items is not enforced: a fan-out past 100,000 items starts every task",
-)
 def test_a_fan_out_past_the_item_limit_fails_the_workflow_with_the_reason(
     engine_factory: Callable[..., Engine],
 ) -> None:

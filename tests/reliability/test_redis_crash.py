@@ -31,7 +31,9 @@ from tests.reliability.helpers import (
     size,
     states,
     submit,
+    task_progress,
     wait_all_ended,
+    wait_progress,
 )
 
 WORKFLOWS = size(2000, 20_000)
@@ -55,13 +57,6 @@ def ended_count(engine: Engine) -> int:
     return sum(int(v) for v in outcomes.values())
 
 
-def wait_ended_at_least(engine: Engine, count: int, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while ended_count(engine) < count:
-        assert time.monotonic() < deadline, f"fewer than {count} workflows ended"
-        time.sleep(0.05)
-
-
 def test_redis_killed_with_aof_always_comes_back_and_the_workers_finish_everything(
     engine_factory: Callable[..., Engine],
 ) -> None:
@@ -69,7 +64,7 @@ def test_redis_killed_with_aof_always_comes_back_and_the_workers_finish_everythi
     ids, expected = submit(engine.client, WORKFLOWS)
     running = workers(engine)
     began = time.monotonic()
-    wait_ended_at_least(engine, WORKFLOWS // 10)
+    wait_progress(engine.client, WORKFLOWS, 0.3)
     before = ended_count(engine)
     engine.server.kill()
     killed = time.monotonic()
@@ -108,11 +103,10 @@ def test_redis_killed_with_its_aof_tail_cut_is_made_whole_by_recover_from_the_ar
     submitted_size = tail.stat().st_size
     running = workers(engine)
     sizes: list[tuple[float, int]] = []  # (when, AOF size): what everysec had on disk when
-    ended_at_kill = 0
-    while ended_at_kill < WORKFLOWS // 3:
-        ended_at_kill = ended_count(engine)
+    while task_progress(engine.client, WORKFLOWS) < 0.5:
         sizes.append((time.monotonic(), tail.stat().st_size))
         time.sleep(0.02)
+    ended_at_kill = ended_count(engine)
     engine.server.kill()
     killed = time.monotonic()
     if paused:
@@ -228,7 +222,7 @@ def test_submissions_lost_with_the_aof_tail_are_restored_by_recover_from_the_arc
             for k in ("restored", "resent_start_tasks", "skipped")
         },
     )
-    found = wait_all_ended(engine.client, early + late, timeout=15)
+    found = wait_all_ended(engine.client, early + late, timeout=10)
     assert {w: s.get("output") for w, s in found.items()} == expected
 
 

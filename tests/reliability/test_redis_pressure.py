@@ -12,6 +12,8 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+import pytest
+
 from rqse.keys import dead_letter_key
 from tests.reliability.helpers import (
     KEYS,
@@ -21,6 +23,7 @@ from tests.reliability.helpers import (
     size,
     submit,
     wait_all_ended,
+    wait_progress,
 )
 from tests.rqse.proxy import Proxy
 
@@ -41,14 +44,26 @@ def dead_lettered(engine: Engine) -> int:
     return sum(engine.client.xlen(dead_letter_key(stream)) for stream in streams)
 
 
+def no_dead_letters(engine: Engine) -> None:
+    """Fail at once, with the first letter's reason, when anything was dead-lettered."""
+    for stream in (KEYS.lifecycle, KEYS.tasks("default")):
+        for _, fields in engine.client.xrange(dead_letter_key(stream), count=1):
+            reason = fields[b"reason"].decode()
+            raise AssertionError(f"{stream}: dead-lettered ({reason}): {fields[b'error'].decode()}")
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="entries whose handling Redis refuses with OOM for long are dead-lettered as "
+    "max-deliveries (each claim counts as a delivery): their workflows are stuck",
+)
 def test_redis_out_of_memory_for_a_while_dead_letters_nothing_and_everything_finishes(
     engine_factory: Callable[..., Engine],
 ) -> None:
     engine = engine_factory("none", ["--maxmemory-policy", "noeviction"])
     ids, expected = submit(engine.client, WORKFLOWS)
     running = [engine.lifecycle("lifecycle-0"), engine.noop("noop-0"), engine.noop("noop-1")]
-    while ended(engine) < WORKFLOWS // 20:
-        time.sleep(0.01)
+    wait_progress(engine.client, WORKFLOWS, 0.2)
     cap = engine.client.info("memory")["used_memory"] + 16 * 1024
     engine.client.config_set("maxmemory", cap)  # full within a moment
     squeeze = size(10, 60)
@@ -67,8 +82,11 @@ def test_redis_out_of_memory_for_a_while_dead_letters_nothing_and_everything_fin
     rejected = oom_errors(engine)
     engine.client.config_set("maxmemory", 0)
     released = time.monotonic()
-    found = wait_all_ended(engine.client, ids, timeout=size(90, 900))
     assert rejected > 0, "Redis never refused a write: the squeeze did not bite"
+    no_dead_letters(engine)
+    found = wait_all_ended(
+        engine.client, ids, timeout=size(90, 900), during=lambda: no_dead_letters(engine)
+    )
     assert all(proc.poll() is None for proc in running), "a worker exited"
     assert dead_lettered(engine) == 0
     counts = check_exactly_once(engine.client, found, expected)
@@ -95,8 +113,7 @@ def test_connections_reset_stalled_and_refused_the_workers_reconnect_and_finish_
             engine.noop("noop-0", url=proxy.url),
             engine.noop("noop-1", url=proxy.url),
         ]
-        while ended(engine) < WORKFLOWS // 10:
-            time.sleep(0.05)
+        wait_progress(engine.client, WORKFLOWS, 0.2)
         faults = []
         began = time.monotonic()
         for _ in range(3):  # resets, as when a firewall or a failover drops connections
