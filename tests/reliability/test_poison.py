@@ -13,7 +13,6 @@ import time
 from collections.abc import Callable
 
 import orjson
-import pytest
 
 from flowlang.compiler import compile_text
 from lifecycle.events import end_task
@@ -126,11 +125,6 @@ def test_poison_and_forged_events_are_dead_lettered_and_bystanders_finish_once(
 FLOW_FOR_RAW = "R"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="an integer past 64 bits in a raw start-workflow is read as a float "
-    "(orjson: 10**40 -> 1e+40) and the workflow runs on the rounded value",
-)
 def test_a_start_workflow_with_an_integer_past_64_bits_is_dead_lettered_not_rounded(
     engine_factory: Callable[..., Engine],
 ) -> None:
