@@ -56,7 +56,7 @@ def test_a_fan_out_to_many_items_runs_each_once_and_gathers_them_in_order(
     engine = engine_factory()
     limit = max(ITEMS, DEFAULT_LIMITS.items)
     lifecycle = engine.start(
-        "tests.reliability.lifecycle_limits", "--items", str(limit), "--consumer", "fan"
+        "lifecycle", "worker", "--max-items", str(limit), "--consumer", "fan", "--claim-idle", "1"
     )
     engine.noop("noop-0")
     engine.noop("noop-1")
