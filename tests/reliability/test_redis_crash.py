@@ -90,7 +90,7 @@ def test_redis_killed_with_aof_always_comes_back_and_the_workers_finish_everythi
 
 RACE = pytest.mark.xfail(
     strict=False,  # a race: about one run in four
-    reason="recover checks only that the workflow is still present (lifecycle/recover.py "
+    reason="recover checks only that the workflow is still present (lifecycle/audit/recover.py "
     "_restore), not that its version is the one replay compared: it overwrites what a live "
     "lifecycle worker advanced meanwhile, and a workflow ends twice",
 )
@@ -236,7 +236,7 @@ def test_submissions_lost_with_the_aof_tail_are_restored_by_recover_from_the_arc
 
 
 def archived_workflows(directory: Path) -> set[str]:
-    from lifecycle.archive import read_archive
+    from lifecycle.audit.archive import read_archive
 
     if not directory.exists():
         return set()

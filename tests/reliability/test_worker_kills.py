@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from lifecycle.audit import audit_archive
+from lifecycle.audit.report import audit_archive
 from tests.reliability.helpers import (
     KEYS,
     Engine,
@@ -131,7 +131,7 @@ def test_a_receipts_worker_killed_three_times_leaves_a_complete_chained_archive(
 
 
 def archived_entries(directory: Path) -> dict[str, list[str]]:
-    from lifecycle.archive import read_archive
+    from lifecycle.audit.archive import read_archive
 
     found: dict[str, list[str]] = {}
     for _, item in read_archive(directory):
