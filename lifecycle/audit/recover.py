@@ -93,7 +93,9 @@ def _restore(
         try:
             pipe.watch(key)
             seen = pipe.hget(key, rec.VERSION)
-            if (seen is None) != (item.live == NOT_IN_REDIS):
+            if isinstance(seen, bytes):
+                seen = seen.decode()
+            if seen != item.live_version:  # advanced (or created) since replay compared it
                 return None
             pipe.multi()
             if graph_text is not None:

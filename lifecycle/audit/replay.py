@@ -94,7 +94,8 @@ class WorkflowReplay:
     state: State | None = None
     fields: dict[str, Any] = field(default_factory=dict)  # the hash fields live would hold
     divergence: Finding | None = None
-    live: str = "not checked"  # "equal", "different", "not in Redis", "not checked"
+    live: str = "not checked"  # "equal", "different", NOT_IN_REDIS, BEHIND, "not checked"
+    live_version: str | None = None  # the version (field v) compare_live saw
     rejected: list[str] = field(default_factory=list)  # inputs live dead-lettered too
     timers: dict[str, int] = field(default_factory=dict)  # member -> due ms, still pending
     # What replay emits for inputs after the last archived output of the workflow: the
@@ -252,6 +253,10 @@ def compare_live(client: redis.Redis, keys: Keys, item: WorkflowReplay) -> None:
     A live record that is an earlier point of the replayed one (Redis lost its latest
     writes: every start and end it holds the replay has too, the same) is
     :data:`BEHIND`, not a divergence: ``recover`` brings it forward."""
+    # The version first: a workflow advanced after this reading shows a newer one to
+    # recover, which then leaves it alone.
+    version = client.hget(keys.workflow(item.workflow), rec.VERSION)
+    item.live_version = version.decode() if isinstance(version, bytes) else None
     try:
         record = load_workflow(client, keys, item.workflow)
     except UnknownWorkflow:

@@ -88,18 +88,10 @@ def test_redis_killed_with_aof_always_comes_back_and_the_workers_finish_everythi
     )
 
 
-RACE = pytest.mark.xfail(
-    strict=False,  # a race: about one run in four
-    reason="recover checks only that the workflow is still present (lifecycle/audit/recover.py "
-    "_restore), not that its version is the one replay compared: it overwrites what a live "
-    "lifecycle worker advanced meanwhile, and a workflow ends twice",
-)
-
-
 @pytest.mark.parametrize(
     "paused",
     [
-        pytest.param(False, id="workers-running", marks=RACE),
+        pytest.param(False, id="workers-running"),
         pytest.param(True, id="workers-paused"),
     ],
 )
