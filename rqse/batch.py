@@ -11,12 +11,14 @@ Redis weather (:mod:`rqse.weather`: out of memory, read-only, unreachable...)
 is not the entry's fault. When ``process()`` fails with it (and a probe finds
 this listener's Redis refusing writes too: the handler may have met another
 server), or the batch's transaction does, the batch stops there: nothing is
-counted as failed, the entries not acknowledged stay pending, and each is noted
-in ``_weathered`` so that its next delivery to this listener (after the
-backoff, by recovery or a claim) does not count toward ``max_deliveries``:
-nothing is dead-lettered because Redis was full. The error then goes up to the
-loop, which backs off. (The note lives in this process: a delivery to another
-consumer, or after a restart, counts.)
+counted as failed, the entries not acknowledged stay pending, and each has
+the delivery the weather cost it given back in Redis (``XCLAIM ... RETRYCOUNT``,
+which Redis accepts even when it refuses writes for want of memory), so that
+no consumer counts it toward ``max_deliveries``: nothing is dead-lettered
+because Redis was full, however long the storm and whoever claims the entry
+meanwhile. Where even that is refused (read-only, unreachable), the entry is
+noted in ``_weathered`` and its next delivery to this listener is not counted.
+The error then goes up to the loop, which backs off.
 
 This is the hot path: locals instead of attribute lookups, no per-entry
 allocation beyond the decoded event, the id string and the ack list slot.
@@ -215,12 +217,12 @@ class BatchHandler:
             self._outbox.flush(self._redis, self._group)
         except Exception as e:
             if is_weather(e):
-                self._weather_hit(stream, entries, ())  # nothing of the batch was written
+                self._weather_hit(stream, entries, (), counts)  # nothing was written
             raise
         finally:
             self._lease.clear()
         if weather is not None:
-            self._weather_hit(stream, entries, acks)
+            self._weather_hit(stream, entries, acks, counts)
             raise weather
 
     def _our_weather(self, stream: str) -> bool:
@@ -240,18 +242,39 @@ class BatchHandler:
         return False
 
     def _weather_hit(
-        self, stream: str, entries: Sequence[Entry], finished: Sequence[bytes]
+        self,
+        stream: str,
+        entries: Sequence[Entry],
+        finished: Sequence[bytes],
+        counts: dict[bytes, int] | None,
     ) -> None:
-        """Note the entries left pending by weather (not acknowledged): their next
-        delivery here is not counted against them."""
+        """Give back the delivery the weather cost each entry left pending: in Redis,
+        where every consumer sees it (XCLAIM ... RETRYCOUNT, which Redis takes even
+        when it refuses writes that need memory), else in this listener's notes. So a
+        storm of any length, with claims going round between consumers, dead-letters
+        nothing."""
         done = set(finished)
+        left = [entry_id for entry_id, _ in entries if entry_id not in done]
+        by_count: dict[int, list[Any]] = {}
+        for entry_id in left:
+            delivered = counts.get(entry_id, 1) if counts is not None else 1
+            by_count.setdefault(delivered - 1, []).append(entry_id)
+        try:
+            pipe = self._redis.pipeline(transaction=False)
+            for count, ids in by_count.items():
+                pipe.xclaim(
+                    stream, self._group, self._consumer, 0, ids, retrycount=count, justid=True
+                )
+            pipe.execute()
+            return
+        except redis.RedisError as error:  # not even that: remember it here
+            logger.debug("consumer %s: delivery counts kept locally: %s", self._consumer, error)
         weathered = self._weathered
         if len(weathered) > 100_000:  # entries that never came back (claimed elsewhere)
             weathered.clear()
-        for entry_id, _ in entries:
-            if entry_id not in done:
-                key = (stream, entry_id)
-                weathered[key] = weathered.get(key, 0) + 1
+        for entry_id in left:
+            key = (stream, entry_id)
+            weathered[key] = weathered.get(key, 0) + 1
 
     def _handle_batch(
         self, stream: str, batch: list[tuple[str, dict[str, Any]]], acks: list[bytes]

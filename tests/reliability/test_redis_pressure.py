@@ -12,8 +12,6 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-import pytest
-
 from rqse.keys import dead_letter_key
 from tests.reliability.helpers import (
     KEYS,
@@ -56,12 +54,6 @@ def no_dead_letters(engine: Engine) -> None:
             raise DeadLettered(f"{stream}: dead-lettered ({reason}): {fields[b'error'].decode()}")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=DeadLettered,
-    reason="entries whose handling Redis refuses with OOM for long are dead-lettered as "
-    "max-deliveries (each claim counts as a delivery): their workflows are stuck",
-)
 def test_redis_out_of_memory_for_a_while_dead_letters_nothing_and_everything_finishes(
     engine_factory: Callable[..., Engine],
 ) -> None:
