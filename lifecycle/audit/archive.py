@@ -227,15 +227,30 @@ def all_plain(text: bytes, count: int) -> bool:
     Values each JSON on their own always join into such a text, unless one holds
     ``null`` or is nested to orjson's depth limit (the array adds a level).
     """
+    return check_chunk(text, count)[0]
+
+
+def check_chunk(text: bytes, count: int) -> tuple[bool, bool]:
+    """:func:`all_plain`, and whether every value, copied as written, stays within the
+    depth orjson writes two levels down (a record in a line): the brackets of the whole
+    chunk bound it, else one write of the parsed chunk, wrapped once more, tells. One
+    parse for both."""
     if not count:
-        return True
+        return True, True
     if 10 in text or 13 in text or text.count(b"null") != count - 1:
-        return False
+        return False, False
     try:
         parsed = orjson.loads(text)
     except orjson.JSONDecodeError:
-        return False
-    return len(parsed) == 2 * count - 1 and parsed[1::2].count(None) == count - 1
+        return False, False
+    plain = len(parsed) == 2 * count - 1 and parsed[1::2].count(None) == count - 1
+    if not plain or text.count(b"[") + text.count(b"{") <= MAX_BRACKETS:
+        return plain, plain
+    try:
+        orjson.dumps([parsed])  # [chunk [value]]: the value two levels down, as in a line
+    except orjson.JSONEncodeError:
+        return plain, False
+    return plain, True
 
 
 def fits_a_line(record: bytes) -> bool:

@@ -45,12 +45,11 @@ import orjson
 import redis
 
 from lifecycle.audit.archive import (
-    MAX_BRACKETS,
     ArchiveError,
     EntryShape,
     EntryShapes,
     Sink,
-    all_plain,
+    check_chunk,
     each_json,
     entry_record,
     fits_a_line,
@@ -452,9 +451,7 @@ class ReceiptsWorker:
         stream = shapes.stream
         values_lists = [fields[1::2] if fields else None for _, fields in entries]
         text, count = joined_values(values_lists)
-        checked = all_plain(text, count)
-        # The chunk's brackets bound the depth of each value, as a record's bound its own.
-        shallow = text.count(b"[") + text.count(b"{") <= MAX_BRACKETS
+        checked, shallow = check_chunk(text, count)
         # An integer past 64 bits is kept raw (entry_record): entries with 19 digits in
         # a row, rare (ids and ms times have 13), take the decoding path, which tells.
         long_digits = has_long_digits(text)
