@@ -95,9 +95,10 @@ class _LoadedGraphs:
                 self.errors[digest] = error
 
     def machine(self, digest: str) -> Machine:
-        error = self.errors.get(digest)
-        if error is not None:
-            raise error
+        if self.errors:
+            error = self.errors.get(digest)
+            if error is not None:
+                raise error
         return self.cache.machine(digest)
 
 
@@ -238,9 +239,10 @@ class Advancer:
                 continue
             if item.digest is not None:
                 digests.add(item.digest)
-            digests.update(
-                event.graph for _, kind, event in item.events if kind == ev.START_WORKFLOW
-            )
+            else:  # new: its graph comes with its start-workflow
+                digests.update(
+                    event.graph for _, kind, event in item.events if kind == ev.START_WORKFLOW
+                )
         self.graphs.load(digests)
 
     def _commit_watched(
