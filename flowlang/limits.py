@@ -30,6 +30,7 @@ __all__ = [
 ]
 
 MIB = 1024 * 1024
+_ENCODER_DEPTH = 254  # orjson.dumps raises on values nested deeper than this
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,11 +94,15 @@ def encode_value(value: Any, limits: Limits = DEFAULT_LIMITS, what: str = "value
     The encoding is the size check, so a caller that stores the value sends these bytes.
     Keys that are not strings are written as strings (``{1: x}`` as ``{"1": x}``), as
     every JSON encoder of the wire format does."""
-    if not depth_within(value, limits.depth):
+    # orjson refuses to write values nested deeper than it can (about the default
+    # limit): the walk is needed only for a lower limit, or to name the depth.
+    if limits.depth < _ENCODER_DEPTH and not depth_within(value, limits.depth):
         raise LimitExceeded(f"{what} nests deeper than {limits.depth} levels")
     try:
         encoded = orjson.dumps(value, option=orjson.OPT_NON_STR_KEYS)
     except (TypeError, OverflowError, orjson.JSONEncodeError) as error:
+        if not depth_within(value, limits.depth):
+            raise LimitExceeded(f"{what} nests deeper than {limits.depth} levels") from None
         raise LimitExceeded(f"{what} is not JSON: {error}") from None
     if len(encoded) > limits.value_bytes:
         raise LimitExceeded(
