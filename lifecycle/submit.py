@@ -10,9 +10,9 @@ import redis
 
 from flowlang.graph import Graph, NodeKind
 from flowlang.limits import DEFAULT_LIMITS, Limits, encode_value
+from flowlang.policy import split_params
 from lifecycle import events as ev
 from lifecycle.keys import Keys, task_kind
-from lifecycle.policy import split_params
 
 __all__ = [
     "graph_task_kinds",
@@ -30,7 +30,7 @@ def new_workflow_id(graph: Graph) -> str:
 
 
 def validate_policies(graph: Graph) -> None:
-    """Raise LifecycleError for a bad ``$retries``/``$backoff``/``$timeout`` in any task."""
+    """Raise FlowPolicyError for a bad ``$retries``/``$backoff``/``$timeout`` in any task."""
     for node in graph.nodes:
         if node.kind in (NodeKind.TASK, NodeKind.SOURCE, NodeKind.SINK):
             split_params(node.params)

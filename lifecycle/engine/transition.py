@@ -25,12 +25,12 @@ import orjson
 from flowlang.errors import FlowError
 from flowlang.limits import DEFAULT_LIMITS, Limits, depth_within, encode_value
 from flowlang.machine import Failed, Finished, Machine, StartTask, State
+from flowlang.policy import Policy, split_params
 from lifecycle import events as ev
 from lifecycle import records as rec
 from lifecycle.engine.commit import BatchResult, Commit, Pending, Said, shared_keys
 from lifecycle.errors import LifecycleError
 from lifecycle.keys import Keys, task_kind
-from lifecycle.policy import Policy, split_params
 
 __all__ = ["GraphSource", "Transition"]
 

@@ -56,14 +56,3 @@ def test_split_params_strips_the_policy_from_what_the_task_sees() -> None:
     assert params == {"url": "x"}
     assert policy == Policy(retries=2, backoff=0.5, timeout=3.0)
     assert split_params([1, 2]) == ([1, 2], NO_POLICY)
-
-
-def test_the_lifecycle_names_still_work_and_raise_lifecycle_error() -> None:
-    from lifecycle.errors import LifecycleError
-    from lifecycle.policy import Policy as LifecyclePolicy
-    from lifecycle.policy import split_params as lifecycle_split
-
-    assert LifecyclePolicy is Policy
-    assert lifecycle_split({"$retries": 1}) == ({}, Policy(retries=1))
-    with pytest.raises(LifecycleError, match=r"unknown reserved parameter '\$retrys'"):
-        lifecycle_split({"$retrys": 1})
