@@ -131,12 +131,13 @@ class Transition:
         state = item.state
         machine: Machine | None = None
         changed = False
-        seen: set[str] = set()
+        seen: set[str] | None = set() if len(item.events) > 1 else None
         for event_id, kind, event in item.events:
-            if event_id in seen:  # the same entry delivered twice: a redelivery
-                result.duplicates.append(event_id)
-                continue
-            seen.add(event_id)
+            if seen is not None:
+                if event_id in seen:  # the same entry delivered twice: a redelivery
+                    result.duplicates.append(event_id)
+                    continue
+                seen.add(event_id)
             try:
                 if kind == ev.START_WORKFLOW:
                     if state is not None:
