@@ -10,6 +10,7 @@ import pytest
 from rqse import EventListener
 from rqse.server import RedisServer
 from tests.rqse.helpers import Running
+from tests.rqse.proxy import Proxy
 
 
 @pytest.fixture
@@ -36,3 +37,13 @@ def own_server() -> Iterator[RedisServer]:
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture
+def proxy(server: RedisServer) -> Iterator[Proxy]:
+    """A loopback TCP proxy in front of the module's own ``server`` fixture."""
+    proxy = Proxy(server.port)
+    try:
+        yield proxy
+    finally:
+        proxy.close()

@@ -28,15 +28,6 @@ def server() -> Iterator[RedisServer]:
 
 
 @pytest.fixture
-def proxy(server: RedisServer) -> Iterator[Proxy]:
-    proxy = Proxy(server.port)
-    try:
-        yield proxy
-    finally:
-        proxy.close()
-
-
-@pytest.fixture
 def child(server: RedisServer, proxy: Proxy) -> Iterator[subprocess.Popen[bytes]]:
     process = subprocess.Popen(
         [sys.executable, str(CHILD), proxy.url, server.url, str(DRAIN)],

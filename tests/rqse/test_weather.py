@@ -23,7 +23,6 @@ from rqse.connection import RedisSettings
 from rqse.server import RedisServer, free_port
 from rqse.weather import classify, describe
 from tests.conftest import wait_until
-from tests.rqse.proxy import Proxy
 
 
 @pytest.fixture
@@ -31,15 +30,6 @@ def server() -> Iterator[RedisServer]:
     # protected configs: the MISCONF case moves the save directory at run time
     with RedisServer(extra_args=["--enable-protected-configs", "yes"]) as server:
         yield server
-
-
-@pytest.fixture
-def proxy(server: RedisServer) -> Iterator[Proxy]:
-    proxy = Proxy(server.port)
-    try:
-        yield proxy
-    finally:
-        proxy.close()
 
 
 class Relay(EventListener):
