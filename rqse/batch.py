@@ -47,11 +47,14 @@ from rqse.events import decode_fields
 from rqse.keys import dead_letter_key
 from rqse.lease import Lease
 from rqse.outbox import Outbox
-from rqse.weather import classify, is_weather
+from rqse.weather import OUT_OF_MEMORY, classify, is_weather
 
 __all__ = ["BatchHandler", "ListenerStats"]
 
 logger = logging.getLogger(__name__)
+# Within this of maxmemory, an out-of-memory error is this Redis's: a batch's writes
+# (and their client buffers) need more than a probe does.
+_OOM_MARGIN = 16 << 20
 
 Entry = tuple[bytes, dict[bytes, bytes]]
 
@@ -196,7 +199,7 @@ class BatchHandler:
                 try:
                     handled = process(event_id, event)
                 except Exception as e:
-                    if is_weather(e) and self._our_weather(stream):
+                    if is_weather(e) and self._our_weather(stream, e):
                         weather = e  # Redis refused, not the entry: stop the batch here
                         break
                     stats.failed += 1
@@ -225,21 +228,33 @@ class BatchHandler:
             self._weather_hit(stream, entries, acks, counts)
             raise weather
 
-    def _our_weather(self, stream: str) -> bool:
+    def _our_weather(self, stream: str, error: BaseException) -> bool:
         """Whether this listener's Redis refuses writes now (one probe, on the failure
         path only): a handler's error may come from another Redis it talks to, which
         must not spare an entry from being counted and, in the end, dead-lettered.
 
         The probe is the write establishing does (XGROUP CREATE, answered BUSYGROUP by
-        a healthy server), so it meets the same refusals the batch's writes would.
+        a healthy server), so it meets the same refusals the batch's writes would. Out
+        of memory is a level, not a state: a small probe passes where the batch's large
+        writes did not, so for it the probe is how near the limit this Redis is.
         """
         try:
             self._redis.xgroup_create(stream, self._group, id="0", mkstream=True)
-        except redis.RedisError as error:
+        except redis.RedisError as refused:
             # Its own words only: raised while handling the handler's error, it has
             # that error for context.
-            return classify(error, chain=False) is not None
-        return False
+            if classify(refused, chain=False) is not None:
+                return True
+            if not str(refused).startswith("BUSYGROUP"):
+                return False
+        if classify(error) != OUT_OF_MEMORY:
+            return False
+        try:
+            memory = self._redis.info("memory")
+        except redis.RedisError:
+            return False
+        limit = int(memory.get("maxmemory", 0))
+        return bool(limit) and int(memory.get("used_memory", 0)) >= limit - _OOM_MARGIN
 
     def _weather_hit(
         self,
@@ -284,7 +299,7 @@ class BatchHandler:
         try:
             acknowledged = self.process_batch(batch) or ()
         except Exception as error:
-            if is_weather(error) and self._our_weather(stream):
+            if is_weather(error) and self._our_weather(stream, error):
                 return error
             self.stats.failed += len(batch)
             for event_id, _ in batch:

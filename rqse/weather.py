@@ -107,7 +107,9 @@ def _classify_one(error: BaseException) -> str | None:
     if isinstance(error, redis.ConnectionError):
         return DOWN
     if isinstance(error, RedisUnavailable):
-        return DOWN
+        # rqse's wrapper: what Redis said, when it said something, else unreachable.
+        cause = error.__cause__
+        return (_classify_one(cause) if cause is not None else None) or DOWN
     return None
 
 

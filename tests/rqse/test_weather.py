@@ -301,3 +301,39 @@ def test_after_a_failover_the_listener_follows_its_address_to_the_new_primary(
         assert new.xlen(dead_letter_key("jobs")) == 0
         assert "Redis is a read-only replica" in caplog.text
         assert "Redis is back" in caplog.text
+
+
+def test_a_redis_just_below_its_limit_refusing_a_large_write_is_weather_not_a_failure(
+    server, run_listener, caplog
+):
+    """Out of memory is a level: the handler's megabyte is refused while the small
+    probe that tells this Redis's weather still passes. Near the limit it is weather."""
+    side = redis.Redis(port=server.port)
+    big = "x" * (1 << 20)
+
+    class BigRelay(Relay):
+        def process(self, event_id: str, event: dict[str, Any]) -> bool:
+            if event["n"] == 7 and not self.struck.is_set():
+                self.struck.set()
+                used = side.info("memory")["used_memory"]
+                side.config_set("maxmemory", used + (256 << 10))
+            self.seen.append(event["n"])
+            self.append(message({"n": event["n"], "blob": big}, kind="answer"), "out")
+            return True
+
+    listener = BigRelay(
+        "jobs", "g", strike=lambda: None, mode="append", consumer="w", url=server.url,
+        batch_size=5, max_deliveries=1, claim_idle=30,
+        reconnect=Backoff(initial=0.02, maximum=0.1),
+    )  # fmt: skip
+    try:
+        ride_out(
+            server,
+            listener,
+            run_listener,
+            lambda: side.config_set("maxmemory", 0),
+            caplog,
+            "Redis is out of memory",
+        )
+    finally:
+        side.config_set("maxmemory", 0)
