@@ -17,5 +17,10 @@ class UnknownWorkflow(LifecycleError):
     """Raised when a workflow id has no record in Redis."""
 
 
+class NotAllowed(LifecycleError):
+    """Raised when a workflow's state does not allow what was asked (pausing a finished
+    workflow, restarting a running one): the command exits 1."""
+
+
 class FlowNotStored(LifecycleError):
     """Raised when a workflow names a compiled graph that is not in Redis."""

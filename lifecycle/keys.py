@@ -81,6 +81,18 @@ class Keys:
         return f"{self.prefix}:outcomes"
 
     @property
+    def stopped(self) -> str:
+        """Set of the ids of workflows that ended failed or terminated: task workers
+        skip their start-tasks still queued (one SMISMEMBER per batch) rather than run
+        work nobody will take. Left by restart, delete and retention."""
+        return f"{self.prefix}:stopped"
+
+    @property
+    def expiring(self) -> str:
+        """Sorted set of ended workflows by the time (ms) retention removes them."""
+        return f"{self.prefix}:expiring"
+
+    @property
     def timers(self) -> str:
         """Sorted set of durable timers, scored by due time (ms)."""
         return f"{self.prefix}:timers"

@@ -24,7 +24,7 @@ from flowlang.compiler import compile_text
 from flowlang.errors import FlowError
 from flowlang.graph import Graph
 from flowlang.limits import DEFAULT_LIMITS, loads_value
-from lifecycle.errors import LifecycleError
+from lifecycle.errors import LifecycleError, NotAllowed
 from lifecycle.keys import Keys
 from rqse.connection import RedisSettings, redis_arguments, resolve_url
 from rqse.errors import RedisCommandError, RedisUnavailable, RqseError
@@ -58,7 +58,7 @@ EXIT_ERROR = EXIT_USAGE  # the name the commands and their tests have always use
 
 EXIT_CODES_HELP = """\
 exit codes: 0 ok (workflow finished), 1 workflow failed, terminated or never started
-(replay: a difference), 2 error (bad flow or input, unknown workflow, Redis unreachable)
+(replay: a difference; a control command the workflow's state does not allow), 2 error (bad flow or input, unknown workflow, Redis unreachable)
 Redis: --redis-url or --redis-url-file, else REDIS_URL or REDIS_URL_FILE, else
 REDIS_HOST/REDIS_PORT/REDIS_USERNAME/REDIS_PASSWORD.
 """
@@ -130,6 +130,9 @@ def dispatch(args: argparse.Namespace) -> int:
         code: int = args.func(args, context)
         return code
     except KeyboardInterrupt:
+        return EXIT_FAILED
+    except NotAllowed as error:  # the workflow exists; its state does not allow it
+        print(f"error: {_one_line(str(error))}", file=sys.stderr)
         return EXIT_FAILED
     except Exception as error:  # noqa: BLE001 - the one place errors meet the user
         log.debug("%s failed", args.command, exc_info=True)
