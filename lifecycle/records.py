@@ -18,6 +18,7 @@ __all__ = [
     "GRAPH",
     "INPUT",
     "NAME",
+    "PAUSED",
     "RUNNING",
     "SALT",
     "START_PREFIX",
@@ -38,6 +39,9 @@ NAME = "name"  # the flow's name, when it has one
 CREATED = "created"  # ms
 ENDED = "ended"  # ms, once it ended
 INPUT = "input"  # the workflow's input, JSON
+# Present while the workflow is paused: JSON list of the task instance keys whose
+# start-tasks are held, in the order they would have started. Resume sends them.
+PAUSED = "p"
 START_PREFIX = "n:"  # n:<key>: [attempt, started ms, input] of the instance's latest attempt
 END_PREFIX = "o:"  # o:<key>: [ended ms, ok, output, error, worker] of its latest end
 
