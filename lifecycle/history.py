@@ -19,7 +19,7 @@ import redis
 
 from lifecycle import events as ev
 from lifecycle.audit.archive import id_order
-from lifecycle.inspect import iso, read_workflow, shown_raw
+from lifecycle.inspect import StoredWorkflow, iso, read_workflow, shown_raw
 from lifecycle.keys import RECEIPTS_GROUP, Keys
 
 __all__ = [
@@ -31,11 +31,6 @@ __all__ = [
     "timeline",
     "where_the_rest_is",
 ]
-
-# A workflow's ``created`` is the lifecycle worker's clock when it applied the
-# start-workflow; the entry's id is Redis's clock when it was appended. This much
-# skew between the two is allowed when looking for the entry near ``created``.
-CLOCK_SLACK_MS = 5_000
 
 Entry = tuple[str, str, dict[str, Any]]  # (stream, entry id, event)
 
@@ -103,17 +98,15 @@ def live_history(client: redis.Redis, keys: Keys, workflow_id: str) -> dict[str,
     """The workflow's record plus its timeline from the entries the streams still hold.
 
     Streams are trimmed once archived, so a workflow's timeline may be partial
-    here: ``complete`` is False when its start-workflow is no longer in the
-    lifecycle stream or a stream lost entries from its start on; ``lost`` names
-    those streams and ``rest`` says where the whole timeline is (``replay`` on
-    the archive has all of it). Fields of the record or of an entry that cannot be
-    read are listed under ``corrupt``.
+    here: ``complete`` is False when part of it is gone (:func:`lost_streams`);
+    ``lost`` names those streams and ``rest`` says where the whole timeline is
+    (``replay`` on the archive has all of it). Fields of the record or of an entry
+    that cannot be read are listed under ``corrupt``.
     """
     record = read_workflow(client, keys, workflow_id)
     problems = [str(p) for p in record.problems]
     needle = orjson.dumps(workflow_id)
     entries: list[Entry] = []
-    start_id = None
     for stream in engine_streams(client, keys):
         for raw_id, fields in _scan(client, stream):
             if fields.get(b"workflow") == needle:
@@ -121,10 +114,7 @@ def live_history(client: redis.Redis, keys: Keys, workflow_id: str) -> dict[str,
                 event, bad = _decode(fields)
                 problems += [f"corrupt entry {stream} {entry_id}: {b}" for b in bad]
                 entries.append((stream, entry_id, event))
-                first = start_id is None and stream == keys.lifecycle
-                if first and event.get("kind") == ev.START_WORKFLOW:
-                    start_id = entry_id
-    lost = lost_streams(client, keys, workflow_id, record.created, start_id=start_id, look=False)
+    lost = lost_streams(client, keys, record, entries)
     return {
         "workflow": workflow_id,
         "graph": record.graph,
@@ -142,75 +132,73 @@ def live_history(client: redis.Redis, keys: Keys, workflow_id: str) -> dict[str,
 def lost_streams(
     client: redis.Redis,
     keys: Keys,
-    workflow_id: str,
-    created_ms: int | None,
-    *,
-    start_id: str | None = None,
-    look: bool = True,
+    record: StoredWorkflow,
+    entries: list[Entry] | None = None,
 ) -> list[str]:
-    """The engine streams that may have lost entries of this workflow (empty: Redis
-    still holds its whole timeline).
+    """The engine streams that lost entries of this workflow (empty: Redis still holds
+    its whole timeline). ``entries``: the workflow's entries already read from every
+    engine stream (``history``); without them they are read only when needed.
 
-    Trimming removes a stream's oldest entries: a stream lost none of the
-    workflow's if it never lost any entry (XINFO STREAM's entries-added equals its
-    length, and no XDEL reached past the start), or if its first remaining entry is
-    at or before the workflow's start-workflow entry (``start_id``; when not given
-    and ``look``, looked for in the lifecycle stream up to ``created_ms``, only once
-    some stream lost entries). A start-workflow no longer in the lifecycle stream means the
-    start of the timeline is gone. One XINFO STREAM per stream, plus that look-up.
+    Trimming removes a stream's oldest entries and leaves no trace of which, so:
+
+    * a stream that never lost an entry (XINFO STREAM's entries-added equals its
+      length, no XDEL) lost none of this workflow's: one XINFO per stream, and
+      most of the time that is all;
+    * the lifecycle stream lost part of it when its start-workflow is not there
+      (every later event of the workflow follows it, and trimming only removes
+      a prefix);
+    * the task streams lost part of it when a task instance's record counts
+      attempts whose start-task is in no stream.
+
+    The last two read the streams that lost entries, which the receipts worker
+    keeps short by trimming them.
     """
-    trimmed: dict[str, tuple[int, int]] = {}
-    for stream in engine_streams(client, keys):
-        bound = _removed_below(client, stream)
-        if bound is not None:
-            trimmed[stream] = bound
+    trimmed = [s for s in engine_streams(client, keys) if _lost_entries(client, s)]
+    if not trimmed and entries is not None:
+        return [] if any(_is_start(e, keys) for e in entries) else [keys.lifecycle]
     if not trimmed:
         return []
-    if start_id is None and look:
-        start_id = _find_start(client, keys, workflow_id, created_ms)
-    if start_id is None:
-        since = (max((created_ms or 0) - CLOCK_SLACK_MS, 0), 0)
-        lost = [keys.lifecycle]
-    else:
-        since = id_order(start_id)
-        lost = []
-    lost += [s for s, bound in trimmed.items() if bound > since and s not in lost]
+    if entries is None:
+        needle = orjson.dumps(record.id)
+        entries = [
+            (stream, raw_id.decode(), _decode(fields)[0])
+            for stream in trimmed
+            for raw_id, fields in _scan(client, stream)
+            if fields.get(b"workflow") == needle
+        ]
+    lost = []
+    if keys.lifecycle in trimmed and not any(_is_start(e, keys) for e in entries):
+        lost.append(keys.lifecycle)
+    started: dict[str, set[Any]] = {}
+    for stream, _, event in entries:
+        if stream != keys.lifecycle and event.get("kind") == ev.START_TASK:
+            started.setdefault(str(event.get("key")), set()).add(event.get("attempt"))
+    held = set(map(str, record.paused or []))
+    for key, (attempt, _, _) in record.starts.items():
+        if not isinstance(attempt, int):
+            continue
+        wanted = set(range(1, attempt + (0 if key in held else 1)))
+        if not wanted <= started.get(key, set()):
+            lost += [s for s in trimmed if s != keys.lifecycle]
+            break
     return lost
 
 
-def _removed_below(client: redis.Redis, stream: str) -> tuple[int, int] | None:
-    """The id below which ``stream`` may have lost entries, None when it lost none."""
+def _is_start(entry: Entry, keys: Keys) -> bool:
+    return entry[0] == keys.lifecycle and entry[2].get("kind") == ev.START_WORKFLOW
+
+
+def _lost_entries(client: redis.Redis, stream: str) -> bool:
+    """Whether ``stream`` ever lost an entry (trimmed or deleted)."""
     try:
         info: Any = client.xinfo_stream(stream)
     except redis.ResponseError:  # no such key (or not a stream): nothing there to lose
-        return None
-    length = int(info.get("length", 0))
-    added = info.get("entries-added")  # Redis 7.0 on; before, only the first entry tells
-    deleted = id_order(_text(info.get("max-deleted-entry-id") or "0-0"))
-    if added is not None and int(added) <= length and deleted == (0, 0):
-        return None
-    if length:
-        first = info.get("first-entry")
-        bound = id_order(_text(first[0])) if first else (0, 0)
-    else:  # emptied: everything up to the last id is gone
-        last = id_order(_text(info.get("last-generated-id") or "0-0"))
-        bound = (last[0], last[1] + 1)
-    # An XDEL (a requeue, an operator) may have removed any entry up to its id.
-    return max(bound, (deleted[0], deleted[1] + 1)) if deleted != (0, 0) else bound
-
-
-def _find_start(
-    client: redis.Redis, keys: Keys, workflow_id: str, created_ms: int | None
-) -> str | None:
-    """The id of the workflow's start-workflow entry in the lifecycle stream, looked
-    for up to a little after ``created_ms`` (it comes before the advance that set it)."""
-    needle = orjson.dumps(workflow_id)
-    kind = orjson.dumps(ev.START_WORKFLOW)
-    until = "+" if created_ms is None else f"{created_ms + CLOCK_SLACK_MS}-0"
-    for raw_id, fields in _scan(client, keys.lifecycle, end=until):
-        if fields.get(b"workflow") == needle and fields.get(b"kind") == kind:
-            return str(raw_id.decode())
-    return None
+        return False
+    added = info.get("entries-added")
+    if added is None:  # before Redis 7.0: the first entry cannot tell; assume it may have
+        return True
+    deleted = _text(info.get("max-deleted-entry-id") or "0-0")
+    return int(added) > int(info.get("length", 0)) or deleted != "0-0"
 
 
 def where_the_rest_is(client: redis.Redis, keys: Keys, workflow_id: str) -> str:
@@ -248,12 +236,11 @@ def _decode(fields: dict[bytes, bytes]) -> tuple[dict[str, Any], list[str]]:
     return event, bad
 
 
-def _scan(client: redis.Redis, stream: str, page: int = 5000, end: str = "+") -> Any:
-    """All entries of ``stream`` up to ``end``, a page at a time (exclusive ranges
-    after the first)."""
+def _scan(client: redis.Redis, stream: str, page: int = 5000) -> Any:
+    """All entries of ``stream``, a page at a time (exclusive ranges after the first)."""
     start = "-"
     while True:
-        rows: Any = client.xrange(stream, start, end, count=page)
+        rows: Any = client.xrange(stream, start, "+", count=page)
         yield from rows
         if len(rows) < page:
             return

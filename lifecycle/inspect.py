@@ -324,7 +324,6 @@ def describe_workflow(
         "paused": record.paused,
         "created": iso(record.created),
         "ended": iso(record.ended),
-        "created_ms": record.created,
         "input": record.input,
         "output": record.output,
         "error": record.error,

@@ -18,7 +18,7 @@ from rich.table import Table
 
 from lifecycle.cli.support import EXIT_OK, CliError, Context, dumps_text, print_json
 from lifecycle.history import format_timeline, live_history, lost_streams, where_the_rest_is
-from lifecycle.inspect import LIST_STATES, describe_workflow, list_workflows
+from lifecycle.inspect import LIST_STATES, describe_workflow, list_workflows, read_workflow
 
 __all__ = ["add_commands", "show_workflow"]
 
@@ -49,7 +49,7 @@ def add_commands(commands: Any, common: argparse.ArgumentParser) -> None:
 def _inspect(args: argparse.Namespace, context: Context) -> int:
     client, keys = context.client, context.keys
     data = describe_workflow(client, keys, args.id)
-    lost = lost_streams(client, keys, args.id, data.pop("created_ms"))
+    lost = lost_streams(client, keys, read_workflow(client, keys, args.id))
     data["timeline_lost"] = lost
     data["timeline_rest"] = where_the_rest_is(client, keys, args.id) if lost else None
     if args.json:
@@ -70,7 +70,8 @@ def _inspect(args: argparse.Namespace, context: Context) -> int:
 
 
 def show_workflow(data: dict[str, Any], console: Console) -> None:
-    """The workflow's state, what of it is corrupt, and a table of its task instances."""
+    """The workflow's state, what of it is corrupt, and a table of its task instances
+    (``took``: from start to end, or to now while running; ``--json`` has the ends)."""
     console.print(
         f"[bold]{escape(data['id'])}[/]  flow {escape(data['flow'] or '-')}  "
         f"state [bold]{escape(data['state'])}[/]"
@@ -89,7 +90,6 @@ def show_workflow(data: dict[str, Any], console: Console) -> None:
         "state",
         "attempts",
         "started",
-        "ended",
         "took",
         "worker",
         "input",
@@ -105,7 +105,6 @@ def show_workflow(data: dict[str, Any], console: Console) -> None:
                     task["state"],
                     task["attempts"],
                     task["started"] or "",
-                    task["ended"] or "",
                     duration(task.get("duration_ms")),
                     task["worker"] or "",
                     _short(task["input"]),
