@@ -45,9 +45,9 @@ __all__ = [
 ]
 
 CORRUPT = "corrupt"  # the state shown for a workflow whose state field cannot be read
-PAUSED = "paused"  # shown for a running workflow whose hash has the paused field
+PAUSED = rec.PAUSED_STATE  # shown for a running workflow whose hash has the paused field
 # What ``list --state`` accepts: every state a workflow is shown in.
-LIST_STATES = (rec.RUNNING, PAUSED, rec.FINISHED, rec.FAILED, rec.TERMINATED, CORRUPT)
+LIST_STATES = (*rec.SHOWN_STATES, CORRUPT)
 RAW_SHOWN = 200  # characters of a corrupt value shown
 LIST_PAGE = 500  # ids read per round trip by list_workflows
 
