@@ -99,13 +99,15 @@ class StreamInfo:
 @dataclass
 class WorkflowCounts:
     states: dict[str, int]  # running, paused, finished, failed, terminated, corrupt
-    counted: int  # workflows read to count them
+    counted: int  # workflows counted (ids read whose hash is still there)
+    scanned: int  # ids read, the newest first
     listed: int  # ids in {flow}:workflows (ZCARD)
     ended_since_start: dict[str, int]  # {flow}:outcomes: every workflow that ever ended
 
     @property
     def partial(self) -> bool:
-        return self.counted < self.listed
+        """True when only the newest ``scanned`` ids were read (the count limit)."""
+        return self.scanned < self.listed
 
 
 @dataclass
@@ -169,12 +171,13 @@ def count_workflows(client: redis.Redis, keys: Keys, limit: int = COUNT_LIMIT) -
     """
     listed = int(client.zcard(keys.workflows))  # type: ignore[arg-type]
     states = dict.fromkeys((*rec.SHOWN_STATES, "corrupt"), 0)
-    counted = 0
+    counted = scanned = 0
     for offset in range(0, min(listed, limit), _PAGE):
         raw: Any = client.zrevrange(keys.workflows, offset, min(offset + _PAGE, limit) - 1)
         ids = [i.decode("utf-8", "replace") for i in raw]
         if not ids:
             break
+        scanned += len(ids)
         pipe = client.pipeline(transaction=False)
         for workflow_id in ids:
             pipe.hmget(keys.workflow(workflow_id), rec.CREATED, rec.ENDED, rec.PAUSED)
@@ -206,7 +209,7 @@ def count_workflows(client: redis.Redis, keys: Keys, limit: int = COUNT_LIMIT) -
             ended[name.decode("utf-8", "replace")] = int(value)
         except ValueError:
             continue  # not a count: nothing to show
-    return WorkflowCounts(states, counted, listed, ended)
+    return WorkflowCounts(states, counted, scanned, listed, ended)
 
 
 def _ended_status(state: bytes | None) -> str:

@@ -96,6 +96,7 @@ def show_workflow(data: dict[str, Any], console: Console) -> None:
         "output",
     )
     for task in data["tasks"]:
+        ran = task["attempts"] is not None or task["started"] is not None
         table.add_row(
             *(
                 escape(str(cell))
@@ -103,12 +104,14 @@ def show_workflow(data: dict[str, Any], console: Console) -> None:
                     task["key"],
                     task["name"] or task["kind"],
                     task["state"],
-                    task["attempts"],
+                    "" if task["attempts"] is None else task["attempts"],
                     task["started"] or "",
                     duration(task.get("duration_ms")),
                     task["worker"] or "",
-                    _short(task["input"]),
-                    _short(task["output"] if task["error"] is None else task["error"]),
+                    _short(task["input"]) if ran else "",
+                    _short(task["output"] if task["error"] is None else task["error"])
+                    if ran
+                    else "",
                 )
             )
         )

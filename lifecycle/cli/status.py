@@ -76,7 +76,7 @@ def _print(found: Status) -> None:
     shown = "  ".join(
         f"{state} {n}" for state, n in counts.states.items() if n or state != "corrupt"
     )
-    scope = f" (newest {counts.counted} of {counts.listed})" if counts.partial else ""
+    scope = f" (the newest {counts.scanned} of {counts.listed})" if counts.partial else ""
     print(f"workflows{scope}: {shown}")
     if counts.ended_since_start:
         ended = "  ".join(f"{k} {v}" for k, v in sorted(counts.ended_since_start.items()))
