@@ -17,6 +17,7 @@ and ``paused`` for a running workflow whose hash holds the paused field
 from __future__ import annotations
 
 import base64
+import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -270,7 +271,7 @@ def describe_workflow(
     workflow still running, failed or terminated, is ``not started`` (a skipped
     guard leaves no record, so while the workflow runs it cannot be told from a
     step whose turn has not come). ``duration_ms`` of a running task counts up to
-    ``now_ms`` (default: Redis's clock).
+    ``now_ms`` (default: this host's clock, as the worker's that stamped the start).
     """
     record = read_workflow(client, keys, workflow_id)
     graph = None
@@ -280,8 +281,7 @@ def describe_workflow(
         except Exception as error:  # noqa: BLE001 - an unreadable graph is shown, not raised
             record.problems.append(Problem(rec.GRAPH, f"graph {record.graph}: {error}"))
     if now_ms is None and record.running:
-        seconds, micros = client.time()  # type: ignore[misc]
-        now_ms = int(seconds) * 1000 + int(micros) // 1000
+        now_ms = int(time.time() * 1000)
     nodes = []
     for key in sorted(set(record.starts) | set(record.ends), key=_key_order):
         attempt, started, task_input = record.starts.get(key, [None, None, None])

