@@ -271,7 +271,8 @@ def _warnings(lifecycle: StreamInfo, streams: list[StreamInfo], stale_ms: int) -
     found = []
     group = lifecycle.group
     if group is None or not group.alive(stale_ms):
-        waiting = f", {lifecycle.waiting} events waiting" if lifecycle.waiting else ""
+        events = "event" if lifecycle.waiting == 1 else "events"
+        waiting = f", {lifecycle.waiting} {events} waiting" if lifecycle.waiting else ""
         last = group.last_read_ms() if group else None
         since = (
             "no lifecycle worker has ever read it"
@@ -293,14 +294,16 @@ def _warnings(lifecycle: StreamInfo, streams: list[StreamInfo], stale_ms: int) -
             if last is None
             else f"no consumer has read `{info.source}` for {format_ms(last)}"
         )
-        found.append(f"{info.waiting} tasks of kind `{info.source}` waiting, {nobody}")
+        tasks = "task" if info.waiting == 1 else "tasks"
+        found.append(f"{info.waiting} {tasks} of kind `{info.source}` waiting, {nobody}")
     for info in [lifecycle, *streams]:
         if info.dead_letters:
             what = (
                 "events of the lifecycle" if info is lifecycle else f"tasks of kind `{info.source}`"
             )
+            letters = "dead letter" if info.dead_letters == 1 else "dead letters"
             found.append(
-                f"{info.dead_letters} dead letters ({what}): python -m lifecycle dead-letters "
+                f"{info.dead_letters} {letters} ({what}): python -m lifecycle dead-letters "
                 f"list --kind {info.source}"
             )
     return found

@@ -114,9 +114,10 @@ def _print_letter(letter: DeadLetter) -> None:
     print(f"  reason: {letter.reason or '-'}")
     print(f"  error: {letter.error or '-'}")
     print(f"  entry: {letter.original_id or '-'} of {letter.stream or '-'}")
+    times = "?" if letter.deliveries is None else letter.deliveries
     print(
         f"  given up by: consumer {letter.consumer or '-'} of group {letter.group or '-'} "
-        f"after {letter.deliveries if letter.deliveries is not None else '?'} deliveries"
+        f"after {times} {'delivery' if times == 1 else 'deliveries'}"
     )
     if letter.fields is None:
         print(f"  fields: not kept ({letter.size} bytes)")
@@ -154,6 +155,9 @@ def _purge(args: argparse.Namespace, context: Context) -> int:
     client, keys = context.client, context.keys
     if not args.yes:
         count = len(list_dead_letters(client, keys, args.kind))
+        if not count:
+            print("no dead letters")
+            return EXIT_OK
         raise CliError(f"purge deletes {count} dead letters for good: add --yes to do it")
     removed = purge(client, keys, args.kind)
     for source, count in removed.items():
