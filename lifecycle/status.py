@@ -23,6 +23,7 @@ consumer's idle stays under ``max(block_ms, claim_idle / 3)``; a dead one's grow
 
 from __future__ import annotations
 
+import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -30,6 +31,7 @@ import orjson
 import redis
 
 from lifecycle import records as rec
+from lifecycle.audit.archive import id_order
 from lifecycle.dead_letters import LIFECYCLE_SOURCE, dead_letter_count
 from lifecycle.keys import LIFECYCLE_GROUP, RECEIPTS_GROUP, TASK_GROUP, Keys
 from rqse.durability import server_warnings
@@ -69,6 +71,9 @@ class GroupInfo:
     pending: int  # delivered, not acknowledged
     last_delivered: str
     consumers: list[ConsumerInfo] = field(default_factory=list)
+    # Age of the oldest entry not yet delivered to the group, by this host's clock
+    # (None: none waiting).
+    oldest_waiting_ms: int | None = None
 
     def alive(self, stale_ms: int) -> list[ConsumerInfo]:
         return [c for c in self.consumers if c.idle_ms < stale_ms]
@@ -246,6 +251,11 @@ def _group(client: redis.Redis, stream: str, raw: dict[str, Any]) -> GroupInfo:
     if lag is None:  # Redis does not know it (entries deleted, or before 7.0): count them
         counted: Any = client.xrange(stream, f"({delivered}", "+", count=LAG_LIMIT)
         lag, capped = len(counted), len(counted) >= LAG_LIMIT
+    oldest = None
+    if lag:
+        first: Any = client.xrange(stream, f"({delivered}", "+", count=1)
+        if first:
+            oldest = max(int(time.time() * 1000) - id_order(_text(first[0][0]))[0], 0)
     consumers = []
     if name != RECEIPTS_GROUP:  # the receipts worker reads with XREAD: no consumers
         reply: Any = client.xinfo_consumers(stream, name)
@@ -258,7 +268,9 @@ def _group(client: redis.Redis, stream: str, raw: dict[str, Any]) -> GroupInfo:
             )
             for c in reply
         ]
-    return GroupInfo(name, int(lag), capped, int(raw.get("pending", 0)), delivered, consumers)
+    return GroupInfo(
+        name, int(lag), capped, int(raw.get("pending", 0)), delivered, consumers, oldest
+    )
 
 
 def _inactive(value: Any) -> int | None:
@@ -298,13 +310,43 @@ def _warnings(lifecycle: StreamInfo, streams: list[StreamInfo], stale_ms: int) -
         found.append(f"{info.waiting} {tasks} of kind `{info.source}` waiting, {nobody}")
     for info in [lifecycle, *streams]:
         if info.dead_letters:
-            what = (
-                "events of the lifecycle" if info is lifecycle else f"tasks of kind `{info.source}`"
-            )
+            what = "lifecycle events" if info is lifecycle else f"tasks of kind `{info.source}`"
             letters = "dead letter" if info.dead_letters == 1 else "dead letters"
             found.append(
                 f"{info.dead_letters} {letters} ({what}): python -m lifecycle dead-letters "
                 f"list --kind {info.source}"
+            )
+    for info in [lifecycle, *streams]:
+        found += _other_group_warnings(info, stale_ms)
+    return found
+
+
+def _other_group_warnings(info: StreamInfo, stale_ms: int) -> list[str]:
+    """A group besides the engine's that has stopped reading: the receipts worker (no
+    consumers: its oldest unarchived entry tells), or another reader (the ``wait``
+    watcher) whose consumers all fell silent. Either keeps the stream from being
+    trimmed past it."""
+    found = []
+    for group in info.others:
+        waiting = group.lag + group.pending
+        if not waiting:
+            continue
+        lag = f"{group.lag}{'+' if group.lag_capped else ''}"
+        if group.name == RECEIPTS_GROUP:
+            age = group.oldest_waiting_ms
+            if age is not None and age >= stale_ms:
+                found.append(
+                    f"the receipts worker is behind on {info.stream}: {lag} entries not "
+                    f"archived, the oldest {format_ms(age)} old (is python -m lifecycle "
+                    "receipts running?); the stream is not trimmed meanwhile"
+                )
+        elif not group.alive(stale_ms):
+            last = group.last_read_ms()
+            since = "never read" if last is None else f"last read {format_ms(last)} ago"
+            found.append(
+                f"{waiting} entries of {info.stream} waiting for group `{group.name}` "
+                f"({since}): its reader is gone, and the stream is not trimmed past it "
+                f"(XGROUP DESTROY {info.stream} {group.name} if it is not coming back)"
             )
     return found
 

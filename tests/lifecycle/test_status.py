@@ -181,3 +181,28 @@ def test_workflows_are_counted_by_state_and_gone_ones_are_not(
 def test_bad_options_are_one_line(redis_url: str, capsys: Any, tmp_path: Path) -> None:
     code, out, err = run(capsys, "status", "--stale", "0", "--redis-url", redis_url)
     assert (code, out, err) == (2, "", "error: --stale 0: expected seconds above 0\n")
+
+
+def test_a_reader_group_that_fell_silent_and_a_stalled_archive_are_warnings(
+    redis_client: redis.Redis, redis_url: str, capsys: Any, persistent: None
+) -> None:
+    from lifecycle.keys import RECEIPTS_GROUP, WAIT_EVENTS_GROUP
+
+    for group in (KEYS.lifecycle_group, WAIT_EVENTS_GROUP, RECEIPTS_GROUP):
+        redis_client.xgroup_create(KEYS.lifecycle, group, id="0", mkstream=True)
+    redis_client.xadd(KEYS.lifecycle, {"kind": b'"ping"'})
+    redis_client.xreadgroup(KEYS.lifecycle_group, "lifecycle-1", {KEYS.lifecycle: ">"})
+    redis_client.xreadgroup(WAIT_EVENTS_GROUP, "wait-1", {KEYS.lifecycle: ">"}, count=1)
+    redis_client.xadd(KEYS.lifecycle, {"kind": b'"ping"'})
+    time.sleep(0.6)
+    redis_client.xreadgroup(KEYS.lifecycle_group, "lifecycle-1", {KEYS.lifecycle: ">"})
+    code, data = status(capsys, redis_url, "--stale", "0.5")
+    assert code == EXIT_FAILED
+    archive, wait = sorted(data["warnings"], key=lambda w: "wait" in w)
+    assert wait.startswith(f"2 entries of {KEYS.lifecycle} waiting for group `wait` (last read ")
+    assert wait.endswith(f"(XGROUP DESTROY {KEYS.lifecycle} wait if it is not coming back)")
+    assert archive.startswith(
+        f"the receipts worker is behind on {KEYS.lifecycle}: 2 entries not archived, the oldest "
+    )
+    [receipts] = [g for g in data["lifecycle"]["others"] if g["name"] == RECEIPTS_GROUP]
+    assert receipts["lag"] == 2 and receipts["oldest_waiting_ms"] >= 500
