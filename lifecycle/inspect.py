@@ -56,6 +56,7 @@ LIST_PAGE = 500  # ids read per round trip by list_workflows
 SKIPPED_GUARD = "skipped (guard)"
 SKIPPED_SUBFLOW_GUARD = "skipped (subflow guard)"
 NOT_STARTED = "not started"
+HELD = "held (paused)"  # started while paused: recorded, sent by the resume
 
 
 def iso(ms: int | None) -> str | None:
@@ -282,11 +283,15 @@ def describe_workflow(
             record.problems.append(Problem(rec.GRAPH, f"graph {record.graph}: {error}"))
     if now_ms is None and record.running:
         now_ms = int(time.time() * 1000)
+    held = set(map(str, record.paused or []))
     nodes = []
     for key in sorted(set(record.starts) | set(record.ends), key=_key_order):
         attempt, started, task_input = record.starts.get(key, [None, None, None])
         ended, ok, output, failure, worker = record.ends.get(key, [None] * 5)
-        if key in record.running:
+        if key in held:
+            state = HELD  # its start-task waits for the resume
+            ended = output = failure = None
+        elif key in record.running:
             state = "running"
             ended = output = failure = None
         elif ok is None:

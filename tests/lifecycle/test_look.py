@@ -90,7 +90,16 @@ def test_list_rejects_an_unknown_state_with_the_valid_ones(redis_url: str, capsy
 def test_a_paused_workflow_is_shown_paused_with_what_it_holds(
     redis_client: redis.Redis, redis_url: str, capsys: Any
 ) -> None:
-    store(redis_client, "wf-p", {"s": RUNNING, "p": b'["2", "3"]'}, at=2)
+    store(
+        redis_client,
+        "wf-p",
+        {
+            "s": b'{"status": "running", "running": {"2": 1}}',
+            "p": b'["2"]',
+            "n:2": b"[1, 5, 7]",
+        },
+        at=2,
+    )
     store(redis_client, "wf-r", {"s": RUNNING}, at=1)
     code, out, _ = run(capsys, "list", "--state", "paused", "--json", "--redis-url", redis_url)
     assert [(r["id"], r["state"]) for r in orjson.loads(out)] == [("wf-p", "paused")]
@@ -98,9 +107,12 @@ def test_a_paused_workflow_is_shown_paused_with_what_it_holds(
     assert [r["id"] for r in orjson.loads(out)] == ["wf-r"]
     code, out, _ = run(capsys, "inspect", "wf-p", "--json", "--redis-url", redis_url)
     data = orjson.loads(out)
-    assert (data["state"], data["paused"]) == ("paused", ["2", "3"])
+    assert (data["state"], data["paused"]) == ("paused", ["2"])
+    assert [(t["key"], t["state"], t["duration_ms"]) for t in data["tasks"]] == [
+        ("2", "held (paused)", None)
+    ]
     code, out, _ = run(capsys, "inspect", "wf-p", "--redis-url", redis_url)
-    assert "state paused" in out and "held start-tasks 2, 3" in out
+    assert "state paused" in out and "held start-tasks 2 (resume" in out
 
 
 def test_inspect_shows_durations_and_marks_a_step_its_guard_skipped(
