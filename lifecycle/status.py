@@ -287,7 +287,7 @@ def _warnings(lifecycle: StreamInfo, streams: list[StreamInfo], stale_ms: int) -
         waiting = f", {lifecycle.waiting} {events} waiting" if lifecycle.waiting else ""
         last = group.last_read_ms() if group else None
         since = (
-            "no lifecycle worker has ever read it"
+            "none has ever read the lifecycle stream"
             if last is None
             else f"the last read {format_ms(last)} ago"
         )

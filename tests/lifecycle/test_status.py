@@ -71,8 +71,8 @@ def test_no_lifecycle_worker_with_events_waiting_is_a_warning(
     code, out, _ = run(capsys, "status", "--redis-url", redis_url)
     assert code == EXIT_FAILED
     assert (
-        "WARNING: no lifecycle worker, 1 event waiting (no lifecycle worker has ever read "
-        "it): start one with python -m lifecycle worker"
+        "WARNING: no lifecycle worker, 1 event waiting (none has ever read the lifecycle "
+        "stream): start one with python -m lifecycle worker"
     ) in out.splitlines()
 
 
