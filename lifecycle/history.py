@@ -35,6 +35,7 @@ __all__ = [
 Entry = tuple[str, str, dict[str, Any]]  # (stream, entry id, event)
 
 _SHOWN = {
+    *ev.CONTROLS,
     ev.START_WORKFLOW,
     ev.START_TASK,
     ev.END_TASK,
@@ -114,6 +115,7 @@ def live_history(client: redis.Redis, keys: Keys, workflow_id: str) -> dict[str,
                 event, bad = _decode(fields)
                 problems += [f"corrupt entry {stream} {entry_id}: {b}" for b in bad]
                 entries.append((stream, entry_id, event))
+    entries = _current_run(entries, keys)
     lost = lost_streams(client, keys, record, entries)
     return {
         "workflow": workflow_id,
@@ -127,6 +129,22 @@ def live_history(client: redis.Redis, keys: Keys, workflow_id: str) -> dict[str,
         "timeline": timeline(entries),
         "corrupt": problems,
     }
+
+
+def _current_run(entries: list[Entry], keys: Keys) -> list[Entry]:
+    """The entries of the workflow's latest run, in time order: an id deleted and then
+    started again has the old run's entries in the streams too (the archive keeps
+    both; ``replay`` starts a deleted id afresh as well)."""
+    entries = sorted(entries, key=lambda e: id_order(e[1]))
+    deleted, cut = False, 0
+    for index, (stream, _, event) in enumerate(entries):
+        if stream != keys.lifecycle:
+            continue
+        if event.get("kind") == ev.DELETE_WORKFLOW:
+            deleted = True
+        elif deleted and event.get("kind") == ev.START_WORKFLOW:
+            deleted, cut = False, index
+    return entries[cut:]
 
 
 def lost_streams(

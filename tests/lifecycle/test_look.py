@@ -198,3 +198,31 @@ def test_a_workflow_started_after_the_streams_were_trimmed_has_a_complete_timeli
     assert orjson.loads(out)["timeline_lost"] == []
     code, out, _ = run(capsys, "inspect", "wf-1", "--json", "--redis-url", redis_url)
     assert KEYS.lifecycle in orjson.loads(out)["timeline_lost"]
+
+
+def test_history_of_an_id_deleted_and_started_again_shows_only_the_new_run(
+    redis_client: redis.Redis, redis_url: str, harness: Any, capsys: Any
+) -> None:
+    from flowlang.compiler import compile_text
+    from lifecycle.client import Client
+
+    def finish(flow: str) -> None:
+        harness.submit(compile_text(flow), workflow_id="wf-again")
+        for _ in range(4):
+            harness.advance()
+            harness.work(lambda call: call.input)
+
+    finish("A → B")
+    Client(redis_client, KEYS).delete("wf-again")
+    harness.advance()
+    assert not redis_client.exists(KEYS.workflow("wf-again"))
+    finish("C")
+    code, out, _ = run(capsys, "history", "wf-again", "--json", "--redis-url", redis_url)
+    data = orjson.loads(out)
+    assert (code, data["state"], data["complete"]) == (EXIT_OK, "finished", True)
+    assert [(row["event"], row.get("name")) for row in data["timeline"]] == [
+        ("start-workflow", None),
+        ("start-task", "C"),
+        ("end-task", "C"),
+        ("end-workflow", None),
+    ]
