@@ -108,6 +108,8 @@ class WorkflowCounts:
     scanned: int  # ids read, the newest first
     listed: int  # ids in {flow}:workflows (ZCARD)
     ended_since_start: dict[str, int]  # {flow}:outcomes: every workflow that ever ended
+    expiring: int = 0  # ended workflows retention will remove ({flow}:expiring)
+    next_removal_ms: int | None = None  # when the first of them is due (ms since the epoch)
 
     @property
     def partial(self) -> bool:
@@ -215,7 +217,10 @@ def count_workflows(client: redis.Redis, keys: Keys, limit: int = COUNT_LIMIT) -
             ended[name.decode("utf-8", "replace")] = int(value)
         except ValueError:
             continue  # not a count: nothing to show
-    return WorkflowCounts(states, counted, scanned, listed, ended)
+    expiring = int(client.zcard(keys.expiring))  # type: ignore[arg-type]
+    first: Any = client.zrange(keys.expiring, 0, 0, withscores=True) if expiring else []
+    due = int(first[0][1]) if first else None
+    return WorkflowCounts(states, counted, scanned, listed, ended, expiring, due)
 
 
 def _ended_status(state: bytes | None) -> str:

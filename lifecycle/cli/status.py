@@ -11,6 +11,7 @@ import argparse
 from typing import Any
 
 from lifecycle.cli.support import EXIT_FAILED, EXIT_OK, CliError, Context, print_json
+from lifecycle.inspect import iso
 from lifecycle.status import COUNT_LIMIT, STALE_S, Status, StreamInfo, format_ms, read_status
 
 __all__ = ["add_commands"]
@@ -78,6 +79,10 @@ def _print(found: Status) -> None:
     )
     scope = f" (the newest {counts.scanned} of {counts.listed})" if counts.partial else ""
     print(f"workflows{scope}: {shown}")
+    if counts.expiring:
+        due = counts.next_removal_ms or 0
+        when = iso(due) if due else "-"
+        print(f"retention: {counts.expiring} ended workflows to remove, the next at {when}")
     if counts.ended_since_start:
         ended = "  ".join(f"{k} {v}" for k, v in sorted(counts.ended_since_start.items()))
         print(f"ended since the start: {ended}")
