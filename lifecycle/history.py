@@ -51,7 +51,7 @@ def timeline(entries: list[Entry]) -> list[dict[str, Any]]:
     """One row per workflow event, in time order: who started/ended which attempt, when."""
     rows = []
     names: dict[str, Any] = {}  # key -> task name, from its start-task (end-tasks omit it)
-    for stream, entry_id, event in sorted(entries, key=lambda e: id_order(e[1])):
+    for stream, entry_id, event in in_time_order(entries):
         kind = event.get("kind")
         if kind not in _SHOWN:
             continue
@@ -68,6 +68,36 @@ def timeline(entries: list[Entry]) -> list[dict[str, Any]]:
             row["name"] = names[key]
         rows.append(row)
     return rows
+
+
+def in_time_order(entries: list[Entry]) -> list[Entry]:
+    """``entries`` by id; within one millisecond, a start-task before the answer to it.
+
+    Ids order entries of one stream, but two streams count their sequence numbers
+    apart: an end-task on the lifecycle stream and the start-task it answers on a
+    task stream may both be ``<ms>-0``, and the id alone would put the answer first.
+    """
+    ordered: list[Entry] = []
+    for entry in sorted(entries, key=lambda e: id_order(e[1])):
+        event = entry[2]
+        if event.get("kind") == ev.START_TASK:
+            ms = id_order(entry[1])[0]
+            answered = (event.get("key"), event.get("attempt"))
+            index = len(ordered)
+            while index and id_order(ordered[index - 1][1])[0] == ms:
+                index -= 1
+                earlier = ordered[index][2]
+                if earlier.get("kind") == ev.END_TASK and answered == (
+                    earlier.get("key"),
+                    earlier.get("attempt"),
+                ):
+                    ordered.insert(index, entry)
+                    break
+            else:
+                ordered.append(entry)
+            continue
+        ordered.append(entry)
+    return ordered
 
 
 def format_timeline(rows: list[dict[str, Any]]) -> list[str]:
@@ -132,19 +162,26 @@ def live_history(client: redis.Redis, keys: Keys, workflow_id: str) -> dict[str,
 
 
 def _current_run(entries: list[Entry], keys: Keys) -> list[Entry]:
-    """The entries of the workflow's latest run, in time order: an id deleted and then
-    started again has the old run's entries in the streams too (the archive keeps
-    both; ``replay`` starts a deleted id afresh as well)."""
-    entries = sorted(entries, key=lambda e: id_order(e[1]))
-    deleted, cut = False, 0
-    for index, (stream, _, event) in enumerate(entries):
+    """The entries of the workflow's latest run: an id deleted and then started again
+    has the old run's entries in the streams too (the archive keeps both; ``replay``
+    starts a deleted id afresh as well). The run starts at the first start-workflow
+    after a delete-workflow: lifecycle entries from its id on, task entries from its
+    millisecond on (ids of two streams compare only by time)."""
+    deleted, start = False, None
+    for stream, entry_id, event in sorted(entries, key=lambda e: id_order(e[1])):
         if stream != keys.lifecycle:
             continue
         if event.get("kind") == ev.DELETE_WORKFLOW:
             deleted = True
         elif deleted and event.get("kind") == ev.START_WORKFLOW:
-            deleted, cut = False, index
-    return entries[cut:]
+            deleted, start = False, id_order(entry_id)
+    if start is None:
+        return entries
+    return [
+        e
+        for e in entries
+        if (id_order(e[1]) >= start if e[0] == keys.lifecycle else id_order(e[1])[0] >= start[0])
+    ]
 
 
 def lost_streams(
@@ -168,19 +205,25 @@ def lost_streams(
     * the task streams lost part of it when a task instance's record counts
       attempts whose start-task is in no stream.
 
-    The last two read the streams that lost entries, which the receipts worker
-    keeps short by trimming them.
+    The last two read the streams that lost entries (and, when a task stream did,
+    every task stream), which the receipts worker keeps short by trimming them.
     """
-    trimmed = [s for s in engine_streams(client, keys) if _lost_entries(client, s)]
+    streams = engine_streams(client, keys)
+    trimmed = [s for s in streams if _lost_entries(client, s)]
     if not trimmed and entries is not None:
         return [] if any(_is_start(e, keys) for e in entries) else [keys.lifecycle]
     if not trimmed:
         return []
     if entries is None:
+        # The lifecycle stream if it lost entries; every task stream if one did (which
+        # stream a task instance's start-tasks went to is not in its record).
+        read = [keys.lifecycle] if keys.lifecycle in trimmed else []
+        if any(s != keys.lifecycle for s in trimmed):
+            read += streams[1:]
         needle = orjson.dumps(record.id)
         entries = [
             (stream, raw_id.decode(), _decode(fields)[0])
-            for stream in trimmed
+            for stream in read
             for raw_id, fields in _scan(client, stream)
             if fields.get(b"workflow") == needle
         ]

@@ -3,6 +3,7 @@ guard-skipped steps, list's header and limits, and timelines trimmed out of Redi
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -216,6 +217,7 @@ def test_history_of_an_id_deleted_and_started_again_shows_only_the_new_run(
     Client(redis_client, KEYS).delete("wf-again")
     harness.advance()
     assert not redis_client.exists(KEYS.workflow("wf-again"))
+    time.sleep(0.002)  # runs of one id a millisecond apart at least, as a person types
     finish("C")
     code, out, _ = run(capsys, "history", "wf-again", "--json", "--redis-url", redis_url)
     data = orjson.loads(out)
@@ -226,3 +228,22 @@ def test_history_of_an_id_deleted_and_started_again_shows_only_the_new_run(
         ("end-task", "C"),
         ("end-workflow", None),
     ]
+
+
+def test_a_task_stream_trimmed_alone_costs_only_the_workflows_that_used_it(
+    redis_client: redis.Redis, redis_url: str, harness: Any, capsys: Any
+) -> None:
+    from flowlang.compiler import compile_text
+
+    for workflow_id, flow in (("wf-ml", "A → ml:B"), ("wf-default", "A → B")):
+        harness.submit(compile_text(flow), workflow_id=workflow_id)
+        for _ in range(3):
+            harness.advance()
+            harness.work(lambda call: call.input)
+    redis_client.xtrim(KEYS.tasks("ml"), maxlen=0, approximate=False)
+    for workflow_id, lost in (("wf-ml", [KEYS.tasks("ml")]), ("wf-default", [])):
+        code, out, _ = run(capsys, "inspect", workflow_id, "--json", "--redis-url", redis_url)
+        assert (code, orjson.loads(out)["timeline_lost"]) == (EXIT_OK, lost)
+        code, out, _ = run(capsys, "history", workflow_id, "--json", "--redis-url", redis_url)
+        data = orjson.loads(out)
+        assert (data["complete"], data["lost"]) == (not lost, lost)
