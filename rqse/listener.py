@@ -11,9 +11,10 @@ One loop, one thread (``listen()``):
 3. read new entries (XREADGROUP ``>`` COUNT ``batch_size`` BLOCK ``block_ms``);
    the read returns as soon as an entry arrives, so an idle listener costs one
    command per ``block_ms`` and wakes at once;
-4. per entry: decode (malformed -> dead letter), skip kinds not in ``select``,
-   call ``process()``; then acknowledge the batch, with whatever ``emit()``
-   queued, in one transaction (:mod:`rqse.outbox`).
+4. per batch, ``prepare_batch()`` on the raw entries (ids it returns are
+   acknowledged unseen); per entry: decode (malformed -> dead letter), skip kinds
+   not in ``select``, call ``process()``; then acknowledge the batch, with
+   whatever ``emit()`` queued, in one transaction (:mod:`rqse.outbox`).
 
 ``process()`` returning truthy acknowledges (processed), falsy acknowledges as
 declined ("not mine"), raising leaves the entry pending: it is retried after

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import random
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import orjson
@@ -22,6 +22,7 @@ from lifecycle.records import GRAPH
 from rqse import EventListener
 from rqse.deadletter import REJECTED
 from rqse.errors import MalformedEntry
+from workers.task import StoppedWorkflows
 
 __all__ = ["NoopWorker", "SimulatedWorker", "served_kinds"]
 
@@ -69,6 +70,7 @@ class NoopWorker(EventListener):
         options.setdefault("batch_size", 200)
         super().__init__(streams, TASK_GROUP, [START_TASK], **options)
         self._end_task = end_task_template(self.keys.lifecycle, self.consumer)
+        self._stopped = StoppedWorkflows(self.connection, self.keys, self.consumer)
         # The echo is this class's own: a subclass that computes its output or handles
         # tasks itself gets decoded events.
         cls = type(self)
@@ -77,6 +79,12 @@ class NoopWorker(EventListener):
     def _every_kind(self) -> list[str]:
         """The task streams of every known kind but the built-in ones."""
         return [self.keys.tasks(kind) for kind in served_kinds(self.connection, self.keys)]
+
+    def prepare_batch(
+        self, stream: str, entries: Sequence[tuple[bytes, dict[bytes, bytes]]]
+    ) -> set[bytes] | None:
+        """Start-tasks of workflows that have ended are not answered (one SMISMEMBER)."""
+        return self._stopped(entries)
 
     def decode_entry(self, fields: dict[bytes, bytes], event_id: str) -> dict[str, Any]:
         if not self._passes_through or not is_start_task(fields.get(b"kind")):
