@@ -123,9 +123,7 @@ def test_the_nodes_retry_policy_retries_a_dead_lettered_task(
     assert len(dead) == 3  # one dead letter per attempt, each answered
 
 
-def test_a_kind_that_appears_later_is_followed(
-    redis_client: redis.Redis, running: Running
-) -> None:
+def test_a_kind_that_appears_later_is_followed(redis_client: redis.Redis, running: Running) -> None:
     running.start(LifecycleWorker(**running.options()))
     listener = running.start(DeadTasks(discover_every=0.05, **running.options()))
     wait_until(lambda: listener.established, what="dead tasks listening")
