@@ -127,7 +127,8 @@ class BatchHandler:
         (``(id, {field: raw value})``, as Redis gave them) is handled: to look something
         up for the whole batch in one round trip. The entry ids it returns are
         acknowledged without ``process()`` (counted as ignored). Raising leaves the
-        whole batch pending, as a failed read would."""
+        whole batch pending: Redis weather is waited out as anywhere in the loop, any
+        other exception ends ``listen()``, as a hook's does."""
         return None
 
     def reject(self, event_id: str, reason: str) -> None:
