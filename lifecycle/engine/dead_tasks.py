@@ -12,9 +12,11 @@ attempt's token, so the lifecycle takes it — with the error
 the task or fails the workflow, as the node's policy says. An answer for an
 attempt that has already ended is refused by the lifecycle like any stale one.
 
-Dead letters that are not start-tasks are acknowledged silently; garbage (no
-original fields, values that are not JSON, a start-task without a workflow)
-is one WARNING line, acknowledged.
+An ``oversize`` start-task (its dead letter does not copy the fields) is read
+from its stream, where it stays until trimmed. Dead letters that are not
+start-tasks are acknowledged silently; garbage (no original fields, values
+that are not JSON, a start-task without a workflow) is one WARNING line,
+acknowledged.
 """
 
 from __future__ import annotations
@@ -24,17 +26,20 @@ import threading
 from typing import Any
 
 import orjson
+import redis
 
 from lifecycle.events import START_TASK, end_task
 from lifecycle.keys import DEFAULT_KIND, Keys
 from rqse import EventListener
-from rqse.deadletter import DEAD_LETTER
+from rqse.deadletter import DEAD_LETTER, OVERSIZE
 from rqse.keys import dead_letter_key
 
 __all__ = ["DeadTasks", "dead_task_error"]
 
 log = logging.getLogger(__name__)
 _START_TASK_TEXT = orjson.dumps(START_TASK).decode()  # the kind as a dead letter holds it
+# The start-task fields an end-task echoes (lifecycle.events.end_task).
+_ECHOED = ("workflow", "key", "index", "attempt", "token")
 
 
 def dead_task_error(reason: Any, error: Any) -> str:
@@ -80,12 +85,15 @@ class DeadTasks(EventListener):
 
     def process(self, event_id: str, event: dict[str, Any]) -> bool:
         fields = event.get("fields")
+        if fields is None and event.get("reason") == OVERSIZE:
+            fields = self._original(event)  # not copied into the dead letter: still in its stream
         if not isinstance(fields, dict):
             return self._garbage(event_id, "no original fields")
         if fields.get("kind") != _START_TASK_TEXT:
             return False  # not a start-task (an end-task, garbage): nobody waits on it
         try:
-            original = {name: orjson.loads(value) for name, value in fields.items()}
+            # Only what the answer echoes: the input may be megabytes.
+            original = {name: orjson.loads(fields[name]) for name in _ECHOED if name in fields}
         except (orjson.JSONDecodeError, TypeError) as error:
             return self._garbage(event_id, f"original fields not JSON ({error})")
         workflow, key = original.get("workflow"), original.get("key")
@@ -97,6 +105,25 @@ class DeadTasks(EventListener):
         self.emit(end_task(original, error=failure, worker=self.consumer), self.keys.lifecycle)
         log.info("workflow %s: task %s failed: %s", workflow, key, failure)
         return True
+
+    def _original(self, event: dict[str, Any]) -> dict[str, str] | None:
+        """The fields an ``oversize`` dead letter left out, from the entry in its stream
+        (None once trimmed): only the few the answer needs."""
+        stream, entry_id = event.get("stream"), event.get("id")
+        if not isinstance(stream, str) or not isinstance(entry_id, str):
+            return None
+        try:
+            rows: Any = self.connection.xrange(stream, entry_id, entry_id, count=1)
+        except redis.ResponseError:  # not a stream, a malformed id: garbage
+            return None
+        if not rows:
+            return None
+        wanted = {name.encode() for name in ("kind", *_ECHOED)}
+        return {
+            name.decode(): value.decode("utf-8", "replace")
+            for name, value in rows[0][1].items()
+            if name in wanted
+        }
 
     def _garbage(self, event_id: str, why: str) -> bool:
         log.warning(

@@ -158,3 +158,14 @@ def test_garbage_in_a_dead_letter_is_one_warning_and_acknowledged(
     assert "without string workflow and key" in warnings[2].getMessage()
     assert redis_client.xlen(KEYS.lifecycle) == 0
     assert redis_client.xpending(stream, "lifecycle")["pending"] == 0
+
+
+def test_an_oversize_start_task_is_answered_from_its_stream(
+    redis_client: redis.Redis, running: Running
+) -> None:
+    running.start(LifecycleWorker(**running.options()))
+    running.start(Broken(max_entry_bytes=200, **running.options()))
+    workflow = start_workflow(redis_client, compile_text("bad:big"), {"blob": "x" * 500})
+    described = _ended(redis_client, workflow)
+    assert described["state"] == "failed"
+    assert "start-task dead-lettered (oversize)" in described["error"]
