@@ -3,13 +3,19 @@
 from __future__ import annotations
 
 import logging
+import threading
 from typing import Any
 
 import orjson
 import pytest
 import redis
 
+from flowlang.compiler import compile_text
+from lifecycle.client import Client
 from lifecycle.keys import Keys
+from lifecycle.submit import start_workflow
+from lifecycle.worker import LifecycleWorker
+from tests.conftest import wait_until
 from workers.noop import NoopWorker, SimulatedWorker
 from workers.task import Task, TaskListener
 
@@ -100,3 +106,23 @@ def test_without_ended_workflows_every_task_runs(redis_client: redis.Redis) -> N
 def _calls(client: redis.Redis, command: str) -> int:
     stats = client.info("commandstats").get(f"cmdstat_{command}")
     return int(stats["calls"]) if stats else 0
+
+
+def test_a_terminated_workflows_queued_tasks_are_not_run_once_a_worker_comes(
+    redis_client: redis.Redis,
+) -> None:
+    lifecycle = LifecycleWorker(**_options(redis_client))
+    thread = threading.Thread(target=lifecycle.listen, daemon=True)
+    thread.start()
+    try:
+        # No worker of kind default yet: the fan-out's start-tasks wait in the stream.
+        workflow = start_workflow(redis_client, compile_text("{ A  B }"), {"n": 1})
+        wait_until(lambda: redis_client.xlen(KEYS.tasks("default")) == 2, what="two start-tasks")
+        Client(redis_client).terminate(workflow, "enough", wait=5)
+        wait_until(lambda: redis_client.sismember(KEYS.stopped, workflow), what="stopped")
+        worker = Recording(batch_size=10, **_options(redis_client))
+        assert worker.listen(max_events=2, idle_timeout=2.0) == 2
+        assert worker.ran == [] and worker.stats.ignored == 2
+    finally:
+        lifecycle.stop()
+        thread.join(timeout=10)
