@@ -32,6 +32,7 @@ from lifecycle.events import START_TASK, end_task
 from lifecycle.keys import DEFAULT_KIND, Keys
 from rqse import EventListener
 from rqse.deadletter import DEAD_LETTER, OVERSIZE
+from rqse.errors import RqseError
 from rqse.keys import dead_letter_key
 
 __all__ = ["DeadTasks", "dead_task_error"]
@@ -150,6 +151,8 @@ class DeadTasksThread:
     def _run(self) -> None:
         try:
             self.listener.listen()
+        except RqseError as error:  # Redis refused (an ACL without the grant): one line
+            log.error("dead tasks: %s; dead-lettered start-tasks go unanswered", error)
         except Exception:  # noqa: BLE001 - the thread's last line: say why it ended
             log.exception("dead tasks: listener ended; dead-lettered start-tasks go unanswered")
 

@@ -13,7 +13,7 @@ import pytest
 import redis
 
 from flowlang.compiler import compile_text
-from lifecycle.engine.dead_tasks import DeadTasks
+from lifecycle.engine.dead_tasks import DeadTasks, DeadTasksThread
 from lifecycle.errors import UnknownWorkflow
 from lifecycle.events import START_TASK
 from lifecycle.inspect import describe_workflow
@@ -169,3 +169,17 @@ def test_an_oversize_start_task_is_answered_from_its_stream(
     described = _ended(redis_client, workflow)
     assert described["state"] == "failed"
     assert "start-task dead-lettered (oversize)" in described["error"]
+
+
+def test_a_dead_tasks_listener_redis_refuses_ends_in_one_error_line(
+    redis_client: redis.Redis, running: Running, caplog: pytest.LogCaptureFixture
+) -> None:
+    redis_client.set(dead_letter_key(KEYS.tasks("default")), "not a stream")
+    thread = DeadTasksThread(DeadTasks(**running.options()))
+    with caplog.at_level(logging.ERROR, logger="lifecycle.engine.dead_tasks"):
+        thread.start()
+        assert thread._thread is not None
+        thread._thread.join(timeout=10)
+    (record,) = [r for r in caplog.records if r.name == "lifecycle.engine.dead_tasks"]
+    assert "dead-lettered start-tasks go unanswered" in record.getMessage()
+    assert "WRONGTYPE" in record.getMessage() and record.exc_info is None
