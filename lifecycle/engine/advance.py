@@ -228,6 +228,8 @@ class Advancer:
         commands: list[Any] = [("WATCH", *names)] if watch else []
         load = _LOAD.fill
         whole = [any(kind in _WHOLE_RECORD for _, kind, _ in item.events) for item in pending]
+        for item, everything in zip(pending, whole, strict=True):
+            item.resends = everything
         for key, inputs, everything in zip(names, needing, whole, strict=True):
             if everything:
                 commands.append(("HGETALL", key))

@@ -60,7 +60,7 @@ class Pending:
 
     __slots__ = (
         "workflow", "events", "version", "state", "digest", "inputs", "salt", "corrupt", "refused",
-        "held",
+        "held", "resends",
     )  # fmt: skip
 
     def __init__(
@@ -79,6 +79,16 @@ class Pending:
         self.refused: str | None = None  # why Redis refused its commit (the script raised)
         # while paused: the keys of the task instances whose start-tasks are held, in order
         self.held: list[str] | None = None
+        # a resume or restart is among its events: inputs of start-tasks sent in this
+        # batch are kept (note_input), as it may send them again
+        self.resends = False
+
+    def note_input(self, key: str, value: Any) -> None:
+        """The input of a start-task held or sent in this batch: a resume or restart later
+        in the same batch sends it (what was loaded before the batch does not have it)."""
+        if self.inputs is _NO_INPUTS:
+            self.inputs = {}
+        self.inputs[key] = value
 
     def read_fields(self, fields: Mapping[Any, Any]) -> None:
         """Fill in what is stored of the workflow from its hash fields (names and values as

@@ -380,7 +380,10 @@ class Transition:
                 if held is not None:  # paused: recorded, sent by the resume
                     commit.set(start_prefix + key, b"[%d,%d,%b]" % (attempt, now, input_json))
                     held.append(key)
+                    item.note_input(key, action.input)
                     continue
+                if item.resends:
+                    item.note_input(key, action.input)
                 workflow_json = workflow_json or _dumps(workflow)
                 # n:<key> = [attempt, started ms, input], spliced: the input is encoded once
                 commit.set(start_prefix + key, b"[%d,%d,%b]" % (attempt, now, input_json))

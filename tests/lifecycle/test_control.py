@@ -338,7 +338,8 @@ def test_pause_and_resume_racing_many_concurrent_enders_never_double_start_or_lo
     ids = [decode(f)["id"] for _, f in redis_client.xrange(KEYS.tasks("default"))]
     assert len(ids) == len(set(ids)) == len(items) + 2  # A, every B, C: each started once
     record = load_workflow(redis_client, KEYS, "wf")
-    assert record.output == items  # every B's end was recorded, in place
+    wrong = [(n, got) for n, got in enumerate(record.output or []) if got != n]
+    assert record.output and not wrong, wrong[:5]  # every B's end was recorded, in place
 
 
 def test_a_resume_and_a_pause_in_one_batch_leave_the_workflow_paused(harness: Harness) -> None:
@@ -401,8 +402,38 @@ def test_bulk_terminate_and_restart_racing_task_ends_start_each_attempt_once_and
         for thread in threads:
             thread.join(timeout=10)
         pool.disconnect()
-    assert restarted > 60  # most workflows were stopped and restarted several times
+    assert restarted >= len(ids) // 2  # the race was on: many were stopped and restarted
     started = [decode(f)["id"] for _, f in redis_client.xrange(KEYS.tasks("default"))]
     assert len(started) == len(set(started))  # no attempt was started twice
     for workflow_id in ids:
         assert load_workflow(redis_client, KEYS, workflow_id).output == {"w": workflow_id}
+
+
+def test_a_start_held_and_resumed_in_one_batch_is_sent_with_its_input(harness: Harness) -> None:
+    client = Client(harness.client, KEYS)
+    harness.submit(compile_text("A → B"), {"x": 1}, workflow_id="wf")
+    harness.advance()
+    client.pause("wf")
+    harness.advance()
+    harness.work(ok)  # A's end and the resume reach the lifecycle in one batch
+    client.resume("wf")
+    harness.advance()
+    sent = [decode(f) for _, f in harness.client.xrange(KEYS.tasks("default"))]
+    assert [(e["name"], e["input"]) for e in sent] == [("A", {"x": 1}), ("B", {"done": "A"})]
+
+
+def test_a_start_sent_terminated_and_restarted_in_one_batch_keeps_its_input(
+    harness: Harness,
+) -> None:
+    client = Client(harness.client, KEYS)
+    harness.submit(compile_text("A → B"), {"x": 1}, workflow_id="wf")
+    harness.advance()
+    harness.work(ok)  # A's end (B starts), a terminate and a restart: one batch
+    for kind in ("terminate-workflow", "restart-workflow"):
+        event = {"kind": kind, "workflow": "wf"}
+        harness.client.xadd(KEYS.lifecycle, {k: orjson.dumps(v) for k, v in event.items()})
+    harness.advance()
+    sent = [decode(f) for _, f in harness.client.xrange(KEYS.tasks("default"))]
+    assert [(e["name"], e["attempt"], e["input"]) for e in sent] == [
+        ("A", 1, {"x": 1}), ("B", 1, {"done": "A"}), ("B", 2, {"done": "A"})
+    ]  # fmt: skip
