@@ -403,6 +403,9 @@ class Transition:
                     member = ev.timer_member(ev.TIMEOUT_TASK, workflow, key, attempt)
                     commit.timers += (now + int(task.policy.timeout * 1000), member)
             elif isinstance(action, Finished):
+                if item.held is not None:  # paused with nothing left to hold: it is done
+                    commit.removed.append(rec.PAUSED)
+                    item.held = None
                 self._end(commit, now, rec.FINISHED)
                 commit.append(self.keys.lifecycle, ev.end_workflow(workflow, action.output))
             elif isinstance(action, Failed):

@@ -437,3 +437,16 @@ def test_a_start_sent_terminated_and_restarted_in_one_batch_keeps_its_input(
     assert [(e["name"], e["attempt"], e["input"]) for e in sent] == [
         ("A", 1, {"x": 1}), ("B", 1, {"done": "A"}), ("B", 2, {"done": "A"})
     ]  # fmt: skip
+
+
+def test_a_paused_workflow_whose_last_task_ends_finishes_and_is_no_longer_paused(
+    harness: Harness,
+) -> None:
+    client = Client(harness.client, KEYS)
+    harness.submit(compile_text("A"), workflow_id="wf")
+    harness.advance()
+    client.pause("wf")
+    harness.advance()
+    harness.pump(ok)
+    assert state(harness.client, "wf") == "finished"
+    assert harness.client.hget(KEYS.workflow("wf"), "p") is None
