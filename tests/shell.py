@@ -91,7 +91,13 @@ class Shell:
         env: Mapping[str, str] | None = None,
         substitutions: Mapping[str, str] | None = None,
         cwd: Path = ROOT,
+        merged: bool = False,
+        skip: tuple[str, ...] = (),
+        expect: Mapping[str, int] | None = None,
     ) -> None:
+        """``merged``: stderr into stdout, as a terminal shows them (``err`` stays empty).
+        ``skip``: commands containing one of these texts are not run. ``expect``: the
+        exit code of the commands containing a text, where not 0."""
         bin_dir = tmp / "bin"
         bin_dir.mkdir(parents=True, exist_ok=True)
         python = bin_dir / "python"
@@ -105,9 +111,13 @@ class Shell:
         self.env = {**base, **(env or {})}
         self.substitutions = dict(substitutions or {})
         self.cwd = cwd
+        self.merged = merged
+        self.skip = skip
+        self.expect = dict(expect or {})
         self.logs = tmp / "logs"
         self.logs.mkdir(exist_ok=True)
         self.background: list[tuple[str, subprocess.Popen[bytes]]] = []
+        self.log_files: dict[str, Path] = {}  # each background command's output
         self.last_id: str | None = None
         self.history: list[Ran] = []
 
@@ -124,7 +134,10 @@ class Shell:
 
     def run(self, command: str, timeout: float = 60, expect: int | None = 0) -> Ran | None:
         """Run ``command``; a serving one in the background (None). ``expect``: the exit
-        code required (None: any)."""
+        code required (None: any) unless the Shell's ``expect`` names one."""
+        if any(text in command for text in self.skip):
+            return None
+        expect = next((c for text, c in self.expect.items() if text in command), expect)
         command = self.substitute(command)
         exported = re.fullmatch(r"export (\w+)=(\S+)", command)
         if exported:
@@ -137,11 +150,13 @@ class Shell:
             ["bash", "-c", command],
             cwd=self.cwd,
             env=self.env,
-            capture_output=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT if self.merged else subprocess.PIPE,
             timeout=timeout,
             check=False,
         )
-        ran = Ran(command, done.returncode, done.stdout.decode(), done.stderr.decode())
+        err = "" if self.merged else done.stderr.decode()
+        ran = Ran(command, done.returncode, done.stdout.decode(), err)
         self.history.append(ran)
         if expect is not None:
             assert ran.code == expect, (
@@ -153,8 +168,9 @@ class Shell:
         return ran
 
     def start(self, command: str) -> subprocess.Popen[bytes]:
-        n = len(self.background)
-        log = (self.logs / f"{n}.log").open("wb")
+        n = len(self.log_files)
+        self.log_files[command] = self.logs / f"{n}.log"
+        log = self.log_files[command].open("wb")
         # exec: the process id is the worker's own, so stopping it is one signal.
         proc = subprocess.Popen(
             ["bash", "-c", f"exec {command}"],
@@ -169,10 +185,14 @@ class Shell:
         assert proc.poll() is None, f"`{command}` exited at once:\n{self.background_logs()}"
         return proc
 
+    def log_of(self, command: str) -> str:
+        """What the background ``command`` (as substituted) printed so far."""
+        return self.log_files[self.substitute(command)].read_text(errors="replace")
+
     def background_logs(self) -> str:
         parts = []
-        for n, (command, _) in enumerate(self.background):
-            text = (self.logs / f"{n}.log").read_text(errors="replace")
+        for command, path in self.log_files.items():
+            text = path.read_text(errors="replace")
             parts.append(f"--- {command}\n{text[-3000:]}")
         return "\n".join(parts)
 
