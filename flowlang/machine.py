@@ -14,6 +14,7 @@ one index per enclosing iteration. Its key is ``"node"`` or ``"node.i.j"``.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -97,6 +98,8 @@ class State:
     each new invocation of the same instance gets a new attempt number (and so a new
     task instance id) while retries still count from that invocation's first attempt.
     ``started``: task instances started so far, kept only under a ``task_starts`` limit.
+    ``stopped``: the task instances running (or failing) when the workflow failed or was
+    terminated, key → attempt: what :meth:`Machine.restart` starts again.
     """
 
     status: str = RUNNING
@@ -107,6 +110,7 @@ class State:
     output: Any = None
     error: str | None = None
     started: int = 0
+    stopped: dict[str, int] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         data: dict[str, Any] = {"status": self.status}
@@ -124,6 +128,8 @@ class State:
             data["error"] = self.error
         if self.started:
             data["started"] = self.started
+        if self.stopped:
+            data["stopped"] = self.stopped
         return data
 
     @classmethod
@@ -137,6 +143,7 @@ class State:
             output=data.get("output"),
             error=data.get("error"),
             started=data.get("started", 0),
+            stopped=data.get("stopped", {}),
         )
 
 
@@ -250,7 +257,9 @@ class Machine:
             return [self._task_action(node, path, key, attempt + 1, input)]
         del state.running[key]
         name = self.nodes[node].name or self.nodes[node].kind
-        return self._fail(state, _Failure(f"task {name} ({key}) failed: {reason}", key))
+        actions = self._fail(state, _Failure(f"task {name} ({key}) failed: {reason}", key))
+        state.stopped[key] = attempt
+        return actions
 
     def invocation_attempt(self, state: State, key: str, attempt: int) -> int:
         """Which try of the current invocation ``attempt`` is (1 = the first): what retry
@@ -263,7 +272,26 @@ class Machine:
     def terminate(self, state: State, reason: str = "terminated") -> None:
         if state.status == RUNNING:
             state.status, state.error = TERMINATED, reason
+            state.stopped = dict(state.running)
             state.running.clear()
+
+    def restart(self, state: State, inputs: Mapping[str, Any]) -> list[Action]:
+        """A failed or terminated workflow runs on from where it stopped: each task instance
+        that was running or failed then starts again as its next attempt (``inputs``: their
+        inputs, by key), with a fresh retry budget; what ended well is not run again, and
+        what waited still waits. [] when nothing was left to start (it failed outside any
+        task): the caller refuses the restart."""
+        if state.status not in (FAILED, TERMINATED) or not state.stopped:
+            return []
+        actions: list[Action] = []
+        for key, attempt in sorted(state.stopped.items(), key=lambda item: _key_order(item[0])):
+            node, path = parse_key(key)
+            state.running[key] = attempt + 1
+            # Retries count from here: invocation_attempt() reads the first attempt.
+            state.attempts[key] = [attempt + 1, attempt + 1]
+            actions.append(self._task_action(node, path, key, attempt + 1, inputs.get(key)))
+        state.status, state.error, state.stopped = RUNNING, None, {}
+        return actions
 
     # -- internals ---------------------------------------------------------------
 
@@ -559,8 +587,14 @@ class Machine:
         # Nothing runs on for a failed workflow: late ends, retries and timeouts of the
         # tasks still out find no running attempt and change nothing.
         state.status, state.error = FAILED, failure.reason
+        state.stopped = dict(state.running)
         state.running.clear()
         return [Failed(failure.reason, failure.key)]
+
+
+def _key_order(key: str) -> tuple[int, ...]:
+    """Instance keys in graph order: by node, then by item path."""
+    return tuple(int(part) for part in key.split("."))
 
 
 def _kind_of(value: Any) -> str:

@@ -5,10 +5,8 @@ from __future__ import annotations
 
 from flowstream.demo import add_commands as demo_commands
 from flowstream.worker import WaitCompanion
-from lifecycle.cli.audit import add_commands as audit_commands
-from lifecycle.cli.look import add_commands as look_commands
+from lifecycle.cli.main import ENGINE_COMMANDS
 from lifecycle.cli.main import main as lifecycle_main
-from lifecycle.cli.run import add_commands as run_commands
 from lifecycle.cli.support import Registrar
 from lifecycle.cli.worker import worker_command
 
@@ -16,9 +14,7 @@ __all__ = ["COMMANDS", "main"]
 
 COMMANDS: tuple[Registrar, ...] = (
     worker_command([WaitCompanion()]),
-    run_commands,
-    look_commands,
-    audit_commands,
+    *ENGINE_COMMANDS,
     demo_commands,
 )
 

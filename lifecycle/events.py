@@ -16,10 +16,19 @@ from typing import Any
 import orjson
 
 from lifecycle.errors import BadEvent
+from lifecycle.records import FAILED, FINISHED, PAUSED_STATE, RUNNING, TERMINATED
 from rqse import fastpipe
 
 __all__ = [
+    "CONTROLS",
+    "DELETE_WORKFLOW",
     "KINDS",
+    "PAUSE_WORKFLOW",
+    "RESTART_WORKFLOW",
+    "RESUME_WORKFLOW",
+    "Control",
+    "control",
+    "parse_control",
     "LIFECYCLE_INPUTS",
     "ROLES",
     "END_TASK",
@@ -59,6 +68,11 @@ __all__ = [
 START_WORKFLOW = "start-workflow"
 END_TASK = "end-task"
 TERMINATE_WORKFLOW = "terminate-workflow"
+# Control of one workflow by an operator (lifecycle.client): each an event like the rest.
+PAUSE_WORKFLOW = "pause-workflow"  # start no task until resumed; ends are still recorded
+RESUME_WORKFLOW = "resume-workflow"  # send the start-tasks held while paused, in order
+RESTART_WORKFLOW = "restart-workflow"  # a failed or terminated workflow runs on
+DELETE_WORKFLOW = "delete-workflow"  # remove an ended workflow's record
 RETRY_TASK = "retry-task"  # a durable timer fired: start the next attempt now
 TIMEOUT_TASK = "timeout-task"  # a durable timer fired: the attempt ran out of time
 # Written by the lifecycle worker.
@@ -66,9 +80,10 @@ START_TASK = "start-task"
 END_WORKFLOW = "end-workflow"
 FAILED_WORKFLOW = "failed-workflow"
 
-LIFECYCLE_INPUTS = frozenset(
-    {START_WORKFLOW, END_TASK, TERMINATE_WORKFLOW, RETRY_TASK, TIMEOUT_TASK}
-)
+CONTROLS = (
+    TERMINATE_WORKFLOW, PAUSE_WORKFLOW, RESUME_WORKFLOW, RESTART_WORKFLOW, DELETE_WORKFLOW
+)  # fmt: skip
+LIFECYCLE_INPUTS = frozenset({START_WORKFLOW, END_TASK, RETRY_TASK, TIMEOUT_TASK, *CONTROLS})
 KINDS = (*sorted(LIFECYCLE_INPUTS), START_TASK, END_WORKFLOW, FAILED_WORKFLOW)
 
 SUCCESS, FAILURE = "SUCCESS", "FAILURE"
@@ -258,29 +273,86 @@ def end_task(
 
 
 @dataclass(frozen=True, slots=True)
-class Terminate:
+class Control:
+    """An operator's command for one workflow: ``kind`` one of :data:`CONTROLS`;
+    ``reason`` what the operator said (terminate records it as the workflow's error)."""
+
     workflow: str
-    reason: str
+    kind: str
+    reason: str = ""
+
+
+Terminate = Control  # the name terminate's record had before the other controls
+
+
+def control(kind: str, workflow: str, reason: str = "") -> dict[str, Any]:
+    """A control event (one of :data:`CONTROLS`) for ``workflow``."""
+    if kind not in CONTROLS:
+        raise ValueError(f"{kind!r} is not a control event (one of {', '.join(CONTROLS)})")
+    event = {"kind": kind, "workflow": workflow}
+    if reason:
+        event["reason"] = reason
+    return event
+
+
+ALREADY = "already so"  # a repeated control (pause of a paused workflow): changes nothing
+
+
+def refusal(kind: str, state: str, restartable: bool = True) -> str | None:
+    """Why a workflow in ``state`` (``paused`` for a paused one) does not take the control
+    ``kind``; :data:`ALREADY` when it is already what the control asks; None when it does.
+    The one rule, checked by the client before sending and by the lifecycle on applying."""
+    ended = state in (FINISHED, FAILED, TERMINATED)
+    if kind == TERMINATE_WORKFLOW:
+        if state == TERMINATED:
+            return ALREADY
+        return (
+            f"the workflow has {state}; only a running or paused one can be terminated"
+            if ended
+            else None
+        )
+    if kind == PAUSE_WORKFLOW:
+        if state == PAUSED_STATE:
+            return ALREADY
+        return f"the workflow has {state}; only a running one can be paused" if ended else None
+    if kind == RESUME_WORKFLOW:
+        if state == RUNNING:
+            return ALREADY
+        return None if state == PAUSED_STATE else f"the workflow has {state}; it is not paused"
+    if kind == RESTART_WORKFLOW:
+        if state not in (FAILED, TERMINATED):
+            return f"the workflow is {state}; only a failed or terminated one can be restarted"
+        if not restartable:
+            return "nothing to restart: it failed outside any task (see its error)"
+        return None
+    if kind == DELETE_WORKFLOW:
+        return None if ended else f"the workflow is {state}; terminate it before deleting it"
+    raise ValueError(f"{kind!r} is not a control event")
 
 
 def terminate_workflow(workflow: str, reason: str = "terminated") -> dict[str, Any]:
-    return {"kind": TERMINATE_WORKFLOW, "workflow": workflow, "reason": reason}
+    return control(TERMINATE_WORKFLOW, workflow, reason)
 
 
-def parse_terminate(event_id: str, event: dict[str, Any]) -> Terminate:
-    return Terminate(
-        _field(event_id, event, "workflow", str), str(event.get("reason", "terminated"))
-    )
+def parse_control(event_id: str, event: dict[str, Any]) -> Control:
+    kind = str(event.get("kind"))
+    reason = _field(event_id, event, "reason", str) if "reason" in event else ""
+    if kind == TERMINATE_WORKFLOW and not reason:
+        reason = "terminated"
+    return Control(_field(event_id, event, "workflow", str), kind, reason)
 
 
-LifecycleInput = StartWorkflow | EndTask | TaskTimer | Terminate
+parse_terminate = parse_control
+
+
+LifecycleInput = StartWorkflow | EndTask | TaskTimer | Control
 
 _PARSERS: dict[str, Callable[[str, dict[str, Any]], LifecycleInput]] = {
     START_WORKFLOW: parse_start_workflow,
     END_TASK: parse_end_task,
     RETRY_TASK: parse_task_timer,
     TIMEOUT_TASK: parse_task_timer,
-    TERMINATE_WORKFLOW: parse_terminate,
+    **{kind: parse_control for kind in CONTROLS},
 }
 
 

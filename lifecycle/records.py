@@ -19,6 +19,8 @@ __all__ = [
     "INPUT",
     "NAME",
     "PAUSED",
+    "PAUSED_STATE",
+    "SHOWN_STATES",
     "RUNNING",
     "SALT",
     "START_PREFIX",
@@ -48,6 +50,9 @@ END_PREFIX = "o:"  # o:<key>: [ended ms, ok, output, error, worker] of its lates
 # Workflow states (State.status); a workflow that ended is in one of ENDED_STATES.
 STATES = (RUNNING, FINISHED, FAILED, TERMINATED)
 ENDED_STATES = (FINISHED, FAILED, TERMINATED)
+# What readers show: a running workflow whose record has PAUSED is paused.
+PAUSED_STATE = "paused"
+SHOWN_STATES = (RUNNING, PAUSED_STATE, FINISHED, FAILED, TERMINATED)
 
 
 def start_field(key: str) -> str:

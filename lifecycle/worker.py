@@ -1,4 +1,5 @@
-"""The lifecycle worker: reads the lifecycle stream, advances workflows, fires timers.
+"""The lifecycle worker: reads the lifecycle stream, advances workflows, fires timers,
+removes the workflows whose retention is over.
 
 Several may run against one Redis: they share the ``lifecycle`` consumer
 group, so each event is delivered to one of them, and the advance's WATCH (or its
@@ -15,6 +16,7 @@ from typing import Any
 
 from flowlang.limits import DEFAULT_LIMITS, Limits
 from lifecycle.engine.advance import Advancer
+from lifecycle.engine.retention import DEFAULT_RETENTION, parse_duration, retention_pump
 from lifecycle.engine.timers import timer_pump
 from lifecycle.keys import Keys
 from rqse import EventListener
@@ -34,8 +36,10 @@ class LifecycleWorker(EventListener):
         timers: bool = True,
         untokened_answers: bool = False,
         limits: Limits = DEFAULT_LIMITS,
+        retain: float = parse_duration(DEFAULT_RETENTION),
         **options: Any,
     ) -> None:
+        """``retain``: seconds a workflow that ended stays in Redis (0: until deleted)."""
         self.keys = keys or Keys()
         options.setdefault("batch_size", 200)
         options.setdefault("claim_idle", 10.0)
@@ -45,17 +49,25 @@ class LifecycleWorker(EventListener):
         # ignored, and share their batch's fate: left pending when it fails.
         super().__init__(self.keys.lifecycle, self.keys.lifecycle_group, None, **options)
         self.advancer = Advancer(
-            self.connection, self.keys, limits=limits, untokened_answers=untokened_answers
+            self.connection,
+            self.keys,
+            limits=limits,
+            untokened_answers=untokened_answers,
+            retain_ms=int(retain * 1000),
         )
         self.timers = timer_pump(self.connection, self.keys) if timers else None
+        # Always on: workflows a worker with a retention scheduled are removed on time.
+        self.retention = retention_pump(self.connection, self.keys)
 
     def onStart(self) -> None:  # noqa: N802 - rqse hook name
         if self.timers is not None:
             self.timers.start()
+        self.retention.start()
 
     def onStop(self) -> None:  # noqa: N802
         if self.timers is not None:
             self.timers.stop()
+        self.retention.stop()
 
     def process_batch(self, batch: list[tuple[str, dict[str, Any]]]) -> list[str]:
         """Advance; return the ids the advance acknowledged with its commits."""

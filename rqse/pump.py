@@ -5,7 +5,8 @@ turns the due ones into stream entries and removes them, atomically, so any
 number of pumps may run and each timer fires once. :class:`Pump` calls such a
 script every ``interval`` seconds until a call fires fewer than ``batch``. The
 script's contract: KEYS as given, ``ARGV[1]`` now in ms (``''``: Redis's own
-clock, so hosts with skewed clocks agree), ``ARGV[2]`` the batch size; it
+clock, so hosts with skewed clocks agree), ``ARGV[2]`` the batch size, then the
+pump's own ``args``; it
 returns how many fired (or a list whose first element is that).
 
 Redis trouble is weather: the pump backs off, logs once per change, and tries
@@ -40,9 +41,11 @@ class Pump:
         name: str,
         interval: float = 0.05,
         batch: int = 500,
+        args: Sequence[str | int] = (),
     ) -> None:
         self.script = script
         self.keys = list(keys)
+        self.args = list(args)  # passed after now and the batch size
         self.name = name
         self.interval = interval
         self.batch = batch
@@ -55,7 +58,7 @@ class Pump:
         now = "" if now_ms is None else now_ms
         fired = 0
         while True:
-            reply = self.script(keys=self.keys, args=[now, self.batch])
+            reply = self.script(keys=self.keys, args=[now, self.batch, *self.args])
             count = int(reply[0] if isinstance(reply, list) else reply)
             fired += count
             if count < self.batch:

@@ -35,7 +35,7 @@ from lifecycle import events as ev
 from lifecycle import records as rec
 from lifecycle.audit.archive import id_order
 from lifecycle.audit.verify import Finding
-from lifecycle.engine.commit import BatchResult, Pending
+from lifecycle.engine.commit import BatchResult, Pending, recorded_inputs
 from lifecycle.engine.store import load_workflow
 from lifecycle.engine.transition import Transition
 from lifecycle.errors import BadEvent, FlowNotStored, UnknownWorkflow
@@ -157,9 +157,13 @@ def replay_workflow(item: WorkflowReplay, graphs: ArchiveGraphs, keys: Keys) -> 
         pending.state, pending.digest = item.state, item.graph
         salt = item.fields.get(rec.SALT)
         pending.salt = salt.decode() if isinstance(salt, bytes) else salt
+        paused = item.fields.get(rec.PAUSED)
+        pending.held = orjson.loads(paused) if paused is not None else None
         key = getattr(parsed, "key", None)
         if key is not None and rec.start_field(key) in item.fields:
             pending.inputs = {key: orjson.loads(item.fields[rec.start_field(key)])[2]}
+        elif kind in (ev.RESUME_WORKFLOW, ev.RESTART_WORKFLOW):
+            pending.inputs = recorded_inputs(item.fields)
         result = BatchResult()
         commit = transition.compute(pending, result, id_order(entry_id)[0])
         item.rejected += [reason for _, reason in result.rejected]
@@ -172,8 +176,13 @@ def replay_workflow(item: WorkflowReplay, graphs: ArchiveGraphs, keys: Keys) -> 
             item.timers.pop(member, None)
         for due, member in zip(commit.timers[::2], commit.timers[1::2], strict=True):
             item.timers[member] = due
+        if commit.deleted:
+            item.fields, item.state, item.timers = {}, None, {}
+            continue
         names, values = commit.fields[::2], commit.fields[1::2]
         item.fields.update(zip(names, values, strict=True))
+        for name in commit.removed:
+            item.fields.pop(name, None)
         item.state = State.from_dict(orjson.loads(item.fields[rec.STATE]))
         tail = id_order(entry_id) > last_output
         for out_stream, out in _emitted(commit):

@@ -13,17 +13,19 @@ import argparse
 import logging
 from collections.abc import Sequence
 
-from lifecycle.cli import audit, look, run, worker
+from lifecycle.cli import audit, control, look, run, worker
 from lifecycle.cli.support import EXIT_CODES_HELP, Registrar, common_options, dispatch
 
-__all__ = ["LIFECYCLE_COMMANDS", "Registrar", "build_parser", "main"]
+__all__ = ["ENGINE_COMMANDS", "LIFECYCLE_COMMANDS", "Registrar", "build_parser", "main"]
 
-LIFECYCLE_COMMANDS: tuple[Registrar, ...] = (
-    worker.worker_command(),
+# Every command but the worker, which a composition builds with its companions.
+ENGINE_COMMANDS: tuple[Registrar, ...] = (
     run.add_commands,
     look.add_commands,
+    control.add_commands,
     audit.add_commands,
 )
+LIFECYCLE_COMMANDS: tuple[Registrar, ...] = (worker.worker_command(), *ENGINE_COMMANDS)
 
 EXAMPLES = """\
 examples:

@@ -58,7 +58,8 @@ EXIT_ERROR = EXIT_USAGE  # the name the commands and their tests have always use
 
 EXIT_CODES_HELP = """\
 exit codes: 0 ok (workflow finished), 1 workflow failed, terminated or never started
-(replay: a difference; a control command the workflow's state does not allow), 2 error (bad flow or input, unknown workflow, Redis unreachable)
+(replay: a difference; a control its state does not allow), 2 error (bad flow or
+input, unknown workflow, Redis unreachable)
 Redis: --redis-url or --redis-url-file, else REDIS_URL or REDIS_URL_FILE, else
 REDIS_HOST/REDIS_PORT/REDIS_USERNAME/REDIS_PASSWORD.
 """

@@ -17,6 +17,8 @@ from typing import Any, Protocol
 
 from flowlang.limits import DEFAULT_LIMITS, Limits
 from lifecycle.cli.support import EXIT_OK, CliError, Context, Registrar
+from lifecycle.engine.retention import DEFAULT_RETENTION, parse_duration
+from lifecycle.errors import LifecycleError
 from lifecycle.keys import Keys
 
 __all__ = ["Companion", "Running", "worker_command"]
@@ -66,6 +68,13 @@ def worker_command(companions: Sequence[Companion] = ()) -> Registrar:
             help="take end-tasks that carry no attempt token (task workers written for the "
             "predecessor system); a wrong token is refused all the same",
         )
+        worker.add_argument(
+            "--retain",
+            default=DEFAULT_RETENTION,
+            metavar="DURATION",
+            help="how long a workflow that ended stays in Redis before it is removed (its "
+            "history stays in the archive): 30s, 12h, 7d ... (default 7d; 0 keeps forever)",
+        )
         limits_arguments(worker)
         for companion in companions:
             companion.add_arguments(worker)
@@ -109,16 +118,25 @@ def limits_from(args: argparse.Namespace) -> Limits:
     return replace(DEFAULT_LIMITS, **changes)
 
 
+def retention_from(text: str) -> float:
+    try:
+        return parse_duration(text)
+    except LifecycleError as error:
+        raise CliError(f"--retain: {error}") from None
+
+
 def _worker(args: argparse.Namespace, context: Context, companions: Sequence[Companion]) -> int:
     from lifecycle.worker import LifecycleWorker
     from rqse.process import settle_process
 
+    retain = retention_from(args.retain)  # a bad value is reported before connecting
     client, keys = context.client, context.keys
     worker = LifecycleWorker(
         keys,
         timers=not args.no_timers,
         untokened_answers=args.accept_untokened_answers,
         limits=limits_from(args),
+        retain=retain,
         consumer=args.consumer,
         pool=client.connection_pool,
         claim_idle=args.claim_idle,

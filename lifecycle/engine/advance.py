@@ -40,7 +40,9 @@ log = logging.getLogger(__name__)
 
 _SCRIPTS = lua.scripts_dir(__file__)
 _MAX_CONFLICTS = 50
-_LOADED = (rec.VERSION, rec.STATE, rec.GRAPH, rec.SALT)
+_LOADED = (rec.VERSION, rec.STATE, rec.GRAPH, rec.SALT, rec.PAUSED)
+# Controls that send start-tasks again, with the inputs recorded: the whole record is read.
+_WHOLE_RECORD = frozenset({ev.RESUME_WORKFLOW, ev.RESTART_WORKFLOW})
 _LOAD = fastpipe.Template("HMGET", fastpipe.SLOT, *_LOADED)
 
 
@@ -113,13 +115,14 @@ class Advancer:
         limits: Limits = DEFAULT_LIMITS,
         *,
         untokened_answers: bool = False,
+        retain_ms: int = 0,
     ) -> None:
         self.client = client
         self.keys = keys or Keys()
         self.clock = clock
         self.graphs = _LoadedGraphs(GraphCache(client, self.keys, limits))
         self.transition = Transition(
-            self.graphs, self.keys, limits, untokened_answers=untokened_answers
+            self.graphs, self.keys, limits, untokened_answers=untokened_answers, retain_ms=retain_ms
         )
         self.script = lua.load_script(client, "advance", _SCRIPTS)
         self._shared = shared_keys(self.keys)
@@ -224,16 +227,22 @@ class Advancer:
         names = [workflow_key(item.workflow) for item in pending]
         commands: list[Any] = [("WATCH", *names)] if watch else []
         load = _LOAD.fill
-        for key, inputs in zip(names, needing, strict=True):
-            if inputs:  # a retry may need the inputs of failed attempts
+        whole = [any(kind in _WHOLE_RECORD for _, kind, _ in item.events) for item in pending]
+        for key, inputs, everything in zip(names, needing, whole, strict=True):
+            if everything:
+                commands.append(("HGETALL", key))
+            elif inputs:  # a retry may need the inputs of failed attempts
                 commands.append(("HMGET", key, *_LOADED, *map(rec.start_field, inputs)))
             else:
                 commands.append(load(key.encode()))
         replies = _raise_errors(send(commands))[1 if watch else 0 :]
         digests: set[str] = set()
-        for item, keys, values in zip(pending, needing, replies, strict=True):
+        for item, keys, everything, values in zip(pending, needing, whole, replies, strict=True):
             try:
-                _read_record(item, keys, values)
+                if everything:
+                    item.read_fields(_pairs(values))
+                else:
+                    _read_record(item, keys, values)
             except Exception as error:  # noqa: BLE001 - a record no reader can use
                 item.state, item.corrupt = None, f"its stored record is corrupt: {error}"
                 continue
@@ -303,18 +312,26 @@ class Advancer:
         return [reply if _workflow_error(reply) else bool(reply) for reply in replies]
 
 
+def _pairs(reply: Any) -> dict[Any, Any]:
+    """An HGETALL reply as a dict, whether the connection decoded it or not."""
+    if isinstance(reply, dict):
+        return reply
+    return dict(zip(reply[::2], reply[1::2], strict=True))
+
+
 def _read_record(item: Pending, inputs: list[str], values: list[Any]) -> None:
     """Fill ``item`` from the HMGET of its record (``_LOADED``, then the inputs asked for)."""
-    version, state, digest, salt = values[0], values[1], values[2], values[3]
+    version, state, digest, salt, paused = values[0], values[1], values[2], values[3], values[4]
     item.version = version.decode() if version else ""
     item.state = State.from_dict(orjson.loads(state)) if state else None
     item.digest = digest.decode() if digest else None
     item.salt = salt.decode() if salt is not None else None
+    item.held = orjson.loads(paused) if paused is not None else None
     item.corrupt = None
     if inputs:
         loads = orjson.loads
         item.inputs = {
             key: loads(raw)[2]
-            for key, raw in zip(inputs, values[4:], strict=True)
+            for key, raw in zip(inputs, values[5:], strict=True)
             if raw is not None
         }

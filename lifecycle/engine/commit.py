@@ -7,7 +7,7 @@ Built by :mod:`lifecycle.engine.transition` as the machine's actions are carried
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,7 +18,9 @@ from lifecycle import records as rec
 from lifecycle.keys import Keys
 from rqse.fastpipe import Template
 
-__all__ = ["BatchResult", "Commit", "Pending", "Said", "shared_keys"]
+__all__ = [
+    "BatchResult", "Commit", "Pending", "Said", "SharedKeys", "recorded_inputs", "shared_keys"
+]  # fmt: skip
 
 _dumps = orjson.dumps
 _NO_INPUTS: dict[str, Any] = {}  # shared, never written: Pending.inputs is replaced
@@ -58,6 +60,7 @@ class Pending:
 
     __slots__ = (
         "workflow", "events", "version", "state", "digest", "inputs", "salt", "corrupt", "refused",
+        "held",
     )  # fmt: skip
 
     def __init__(
@@ -74,11 +77,58 @@ class Pending:
         self.salt: str | None = None
         self.corrupt: str | None = None  # why its stored record could not be read
         self.refused: str | None = None  # why Redis refused its commit (the script raised)
+        # while paused: the keys of the task instances whose start-tasks are held, in order
+        self.held: list[str] | None = None
+
+    def read_fields(self, fields: Mapping[Any, Any]) -> None:
+        """Fill in what is stored of the workflow from its hash fields (names and values as
+        bytes or str): version, state, graph, salt, pause, and the inputs of every task
+        instance (what a restart or a resume sends again)."""
+        get = _getter(fields)
+        version, state, digest, salt = (get(name) for name in _RECORD)
+        paused = get(rec.PAUSED)
+        self.version = _text(version) if version else ""
+        self.state = State.from_dict(orjson.loads(state)) if state else None
+        self.digest = _text(digest) if digest else None
+        self.salt = _text(salt) if salt is not None else None
+        self.held = orjson.loads(paused) if paused is not None else None
+        self.corrupt = None
+        self.inputs = recorded_inputs(fields)
 
 
-def shared_keys(keys: Keys) -> tuple[str, str, str, str]:
-    """KEYS[2…5] of every advance.lua call: built once per advancer, not per commit."""
-    return keys.lifecycle, keys.timers, keys.workflows, keys.outcomes
+def recorded_inputs(fields: Mapping[Any, Any]) -> dict[str, Any]:
+    """The input of every task instance recorded in a workflow's hash fields, by key."""
+    inputs = {}
+    for name, value in fields.items():
+        text = _text(name)
+        if text.startswith(rec.START_PREFIX):
+            inputs[text[len(rec.START_PREFIX) :]] = orjson.loads(value)[2]
+    return inputs
+
+
+_RECORD = (rec.VERSION, rec.STATE, rec.GRAPH, rec.SALT)
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _getter(fields: Mapping[Any, Any]) -> Any:
+    def get(name: str) -> Any:
+        value = fields.get(name)
+        return fields.get(name.encode()) if value is None else value
+
+    return get
+
+
+SharedKeys = tuple[str, str, str, str, str, str]
+
+
+def shared_keys(keys: Keys) -> SharedKeys:
+    """KEYS[2…7] of every advance.lua call: built once per advancer, not per commit."""
+    return (
+        keys.lifecycle, keys.timers, keys.workflows, keys.outcomes, keys.expiring, keys.stopped
+    )  # fmt: skip
 
 
 class Commit:
@@ -88,12 +138,10 @@ class Commit:
 
     __slots__ = (
         "keys", "workflow", "shared", "acks", "fields", "events", "timers", "cancels",
-        "created", "outcome",
+        "created", "outcome", "removed", "expire_at", "stopped", "deleted",
     )  # fmt: skip
 
-    def __init__(
-        self, keys: Keys, workflow: str, shared: tuple[str, str, str, str] | None = None
-    ) -> None:
+    def __init__(self, keys: Keys, workflow: str, shared: SharedKeys | None = None) -> None:
         self.keys = keys
         self.workflow = workflow
         self.shared = shared or shared_keys(keys)
@@ -105,6 +153,12 @@ class Commit:
         self.cancels: list[str] = []
         self.created = ""
         self.outcome = ""  # the status the workflow ended with, when this commit ends it
+        self.removed: list[str] = []  # hash fields to delete
+        self.expire_at = ""  # ms: when retention removes the workflow that this commit ends
+        # "add": it ended failed or terminated (workers skip its queued tasks);
+        # "remove": it runs again (and is no longer due for removal)
+        self.stopped = ""
+        self.deleted = False  # the workflow's record goes (its acks still happen)
 
     def set(self, name: str, value: Any) -> None:
         self.fields += (name, value)
@@ -138,14 +192,17 @@ class Commit:
         """The writes of :meth:`script_call` as plain commands (or packed ones), for a
         MULTI/EXEC whose WATCH stands for the version check. Acknowledgements excluded:
         the caller sends one XACK for all the commits of a transaction."""
-        commands: list[Any] = [("HSET", self.keys.workflow(self.workflow), *self.fields)]
+        key = self.keys.workflow(self.workflow)
+        commands: list[Any] = [("HSET", key, *self.fields)] if self.fields else []
+        if self.removed:
+            commands.append(("HDEL", key, *self.removed))
         for stream, fields, template in self.events:
             if template is None:
                 commands.append(("XADD", stream, "*", *fields))
             else:
                 commands.append(template.fill(*fields))
-        if self.timers or self.cancels or self.created or self.outcome:
-            _, timers, workflows, outcomes = self.shared
+        if self.timers or self.cancels or self.created or self.outcome or self.stopped:
+            _, timers, workflows, outcomes, expiring, stopped = self.shared
             if self.timers:
                 commands.append(("ZADD", timers, *self.timers))
             if self.cancels:
@@ -154,6 +211,21 @@ class Commit:
                 commands.append(("ZADD", workflows, self.created, self.workflow))
             if self.outcome:
                 commands.append(("HINCRBY", outcomes, self.outcome, 1))
+            if self.expire_at:
+                commands.append(("ZADD", expiring, self.expire_at, self.workflow))
+            if self.stopped == "add":
+                commands.append(("SADD", stopped, self.workflow))
+            elif self.stopped == "remove":
+                commands.append(("SREM", stopped, self.workflow))
+                commands.append(("ZREM", expiring, self.workflow))
+        if self.deleted:
+            _, _, workflows, _, expiring, stopped = self.shared
+            commands += [
+                ("DEL", key),
+                ("ZREM", workflows, self.workflow),
+                ("ZREM", expiring, self.workflow),
+                ("SREM", stopped, self.workflow),
+            ]
         return commands
 
     def script_call(self, group: str, version: str) -> tuple[list[str], list[Any]]:
@@ -178,6 +250,8 @@ class Commit:
             *self.acks,
             len(self.fields) // 2,
             *self.fields,
+            len(self.removed),
+            *self.removed,
             len(self.events),
             *events,
             len(self.timers) // 2,
@@ -186,4 +260,7 @@ class Commit:
             *self.cancels,
             self.created,
             self.outcome,
+            self.expire_at,
+            self.stopped,
+            "1" if self.deleted else "",
         ]

@@ -75,13 +75,17 @@ class Transition:
         limits: Limits = DEFAULT_LIMITS,
         *,
         untokened_answers: bool = False,
+        retain_ms: int = 0,
     ) -> None:
         """``untokened_answers``: take an end-task that carries no token (task workers
-        written for the predecessor system send none); one with a wrong token never is."""
+        written for the predecessor system send none); one with a wrong token never is.
+        ``retain_ms``: how long a workflow that ended stays before retention removes it
+        (0: kept until deleted)."""
         self.graphs = graphs
         self.keys = keys or Keys()
         self.limits = limits
         self.untokened_answers = untokened_answers
+        self.retain_ms = retain_ms
         self._walk_depth = limits.depth < _ENCODER_DEPTH
         self._shared = shared_keys(self.keys)
         self._tasks: dict[str, list[_TaskFacts | None]] = {}  # graph hash -> per node
@@ -111,18 +115,30 @@ class Transition:
         one that caused it dead-lettered with the reason. The rest of the batch goes on."""
         state = item.state if item.state is not None and item.corrupt is None else State()
         state.status, state.error = rec.FAILED, reason
-        state.running, state.waiting, state.fanin = {}, {}, {}
+        # Not restartable: the state may be half changed by what failed.
+        state.running, state.waiting, state.fanin, state.stopped = {}, {}, {}, {}
         commit = Commit(self.keys, item.workflow, self._shared)
         if not item.version:  # new in this batch: listed like any other workflow
             commit.created = str(now)
             commit.set(rec.CREATED, now)
-        commit.end(now, rec.FAILED)
+        if item.held is not None:
+            commit.removed.append(rec.PAUSED)
+        self._end(commit, now, rec.FAILED)
         commit.append(self.keys.lifecycle, ev.failed_workflow(item.workflow, reason))
         commit.set(rec.STATE, _dumps(state.to_dict()))
         commit.set(rec.VERSION, int(item.version or 0) + 1)
         commit.acks += [event_id for event_id, _, _ in item.events]
         result.rejected.append((event_id, f"workflow {item.workflow} failed: {reason}"))
         return commit
+
+    def _end(self, commit: Commit, now: int, status: str) -> None:
+        """The workflow ends with ``commit``: counted, due for retention, and, unless it
+        finished, in the stopped set its workers check."""
+        commit.end(now, status)
+        if self.retain_ms:
+            commit.expire_at = str(now + self.retain_ms)
+        if status != rec.FINISHED:
+            commit.stopped = "add"
 
     # -- one workflow ------------------------------------------------------------
 
@@ -157,17 +173,22 @@ class Transition:
                 elif state is None and kind == ev.TERMINATE_WORKFLOW:
                     # Terminated before its start-workflow was applied (that event may be in
                     # another worker's hands): record it terminated, so the start changes
-                    # nothing.
+                    # nothing. (lifecycle.client sends controls only for workflows it finds.)
                     state = item.state = State(status=rec.TERMINATED, error=event.reason)
                     commit.created = str(now)
                     commit.set(rec.CREATED, now)
-                    commit.end(now, rec.TERMINATED)
+                    self._end(commit, now, rec.TERMINATED)
                     commit.append(
                         self.keys.lifecycle,
                         ev.failed_workflow(item.workflow, event.reason, rec.TERMINATED),
                     )
                     commit.acks.append(event_id)
                     changed = True
+                    continue
+                elif commit.deleted:
+                    result.rejected.append(
+                        (event_id, f"event {event_id}: workflow {item.workflow} was deleted")
+                    )
                     continue
                 else:
                     if state is None or item.digest is None:
@@ -187,8 +208,13 @@ class Transition:
                 self._carry_out(machine, state, item, actions, commit, now)
             except Exception as error:  # noqa: BLE001 - one workflow's data fails it alone
                 raise _EventFailed(event_id, _reason(error)) from error
+        if commit.deleted:
+            commit.fields, commit.removed = [], []
+            return commit
         if not changed or state is None:
             return None
+        if item.held is not None:
+            commit.set(rec.PAUSED, _dumps(item.held))
         commit.set(rec.STATE, _dumps(state.to_dict()))
         commit.set(rec.VERSION, int(item.version or 0) + 1)
         return commit
@@ -207,17 +233,8 @@ class Transition:
     ) -> list[Any] | None:
         """One event against the state; None when it changes nothing (the event went to
         ``result``'s duplicates or rejected)."""
-        if kind == ev.TERMINATE_WORKFLOW:
-            if state.status != rec.RUNNING:
-                result.duplicates.append(event_id)
-                return None
-            machine.terminate(state, event.reason)
-            commit.end(now, rec.TERMINATED)
-            commit.append(
-                self.keys.lifecycle,
-                ev.failed_workflow(item.workflow, state.error or event.reason, rec.TERMINATED),
-            )
-            return []
+        if type(event) is ev.Control:
+            return self._control(machine, state, item, event_id, event, commit, now, result)
         key = event.key
         running = state.running.get(key)
         attempt = event.attempt if event.attempt is not None else running
@@ -283,6 +300,61 @@ class Transition:
             return []
         return actions
 
+    def _control(
+        self,
+        machine: Machine,
+        state: State,
+        item: Pending,
+        event_id: str,
+        event: ev.Control,
+        commit: Commit,
+        now: int,
+        result: BatchResult | Said,
+    ) -> list[Any] | None:
+        """An operator's control event; None when it changes nothing: a repeat (pausing a
+        paused workflow) is a duplicate, one its state does not allow is rejected."""
+        kind, status, paused = event.kind, state.status, item.held is not None
+        shown = rec.PAUSED_STATE if paused else status
+        refusal = ev.refusal(kind, shown, bool(state.stopped))
+        if refusal is not None:
+            if refusal == ev.ALREADY:
+                result.duplicates.append(event_id)
+            else:
+                result.rejected.append(
+                    (event_id, f"event {event_id}: {kind} of {item.workflow}: {refusal}")
+                )
+            return None
+        if kind == ev.TERMINATE_WORKFLOW:
+            machine.terminate(state, event.reason)
+            if paused:  # what was held is part of what a restart starts again
+                commit.removed.append(rec.PAUSED)
+                item.held = None
+            self._end(commit, now, rec.TERMINATED)
+            commit.append(
+                self.keys.lifecycle,
+                ev.failed_workflow(item.workflow, state.error or event.reason, rec.TERMINATED),
+            )
+            return []
+        if kind == ev.PAUSE_WORKFLOW:
+            item.held = []
+            return []
+        if kind == ev.RESUME_WORKFLOW:
+            held, item.held = item.held or [], None
+            commit.removed.append(rec.PAUSED)
+            running = state.running
+            return [
+                machine.task_action(key, running[key], item.inputs.get(key))
+                for key in held
+                if key in running
+            ]
+        if kind == ev.RESTART_WORKFLOW:
+            actions: list[Any] = machine.restart(state, item.inputs)
+            commit.removed.append(rec.ENDED)
+            commit.stopped = "remove"
+            return actions
+        commit.deleted = True  # DELETE_WORKFLOW
+        return []
+
     def _carry_out(
         self,
         machine: Machine,
@@ -296,12 +368,17 @@ class Transition:
         workflow_json = None
         salt = item.salt or ""
         token, instance_id, start_prefix = ev.task_token, ev.task_instance_id, rec.START_PREFIX
+        held = item.held
         for action in actions:
             if isinstance(action, StartTask):
                 task = self._task(item, machine, action.node)
                 key, attempt = action.key, action.attempt
-                workflow_json = workflow_json or _dumps(workflow)
                 input_json = _dumps(action.input)
+                if held is not None:  # paused: recorded, sent by the resume
+                    commit.set(start_prefix + key, b"[%d,%d,%b]" % (attempt, now, input_json))
+                    held.append(key)
+                    continue
+                workflow_json = workflow_json or _dumps(workflow)
                 # n:<key> = [attempt, started ms, input], spliced: the input is encoded once
                 commit.set(start_prefix + key, b"[%d,%d,%b]" % (attempt, now, input_json))
                 commit.append_filled(
@@ -320,10 +397,13 @@ class Transition:
                     member = ev.timer_member(ev.TIMEOUT_TASK, workflow, key, attempt)
                     commit.timers += (now + int(task.policy.timeout * 1000), member)
             elif isinstance(action, Finished):
-                commit.end(now, rec.FINISHED)
+                self._end(commit, now, rec.FINISHED)
                 commit.append(self.keys.lifecycle, ev.end_workflow(workflow, action.output))
             elif isinstance(action, Failed):
-                commit.end(now, rec.FAILED)
+                if item.held is not None:  # nothing held starts any more
+                    commit.removed.append(rec.PAUSED)
+                    item.held = None
+                self._end(commit, now, rec.FAILED)
                 commit.append(self.keys.lifecycle, ev.failed_workflow(workflow, action.reason))
 
     def _task(self, item: Pending, machine: Machine, node: int) -> _TaskFacts:

@@ -34,7 +34,7 @@ BUILT = {
     ev.START_WORKFLOW: set(ev.start_workflow("w", "g", {})),
     ev.END_TASK: set(ev.end_task({"workflow": "w", "key": "1", "attempt": 1, "token": "t"}, {}))
     | set(ev.end_task({"workflow": "w", "key": "1"}, error="e", worker="x")),
-    ev.TERMINATE_WORKFLOW: set(ev.terminate_workflow("w")),
+    **{kind: set(ev.control(kind, "w", "why")) for kind in ev.CONTROLS},
     ev.END_WORKFLOW: set(ev.end_workflow("w", {})),
     ev.FAILED_WORKFLOW: set(ev.failed_workflow("w", "r", "terminated")),
     ev.RETRY_TASK: set(orjson.loads(ev.timer_member(ev.RETRY_TASK, "w", "1", 1))),

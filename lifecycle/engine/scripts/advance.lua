@@ -5,20 +5,26 @@
 -- KEYS[3]  the timers sorted set        ({flow}:timers)
 -- KEYS[4]  the workflows index          ({flow}:workflows)
 -- KEYS[5]  the outcome counters         ({flow}:outcomes)
--- KEYS[6…] task streams named by the XADD section
+-- KEYS[6]  retention's schedule         ({flow}:expiring)
+-- KEYS[7]  the stopped workflows set    ({flow}:stopped)
+-- KEYS[8…] task streams named by the XADD section
 --
 -- ARGV[1]  the lifecycle consumer group
 -- ARGV[2]  the version the transition was computed from ('' = the workflow must not exist)
 -- ARGV[3]  the name of the version field of KEYS[1]
 -- ARGV[4]  the workflow id (the member of KEYS[4])
--- then five sections, each led by its count:
+-- then six sections, each led by its count:
 --   acks    n, entry id × n                          XACK on KEYS[2]
 --   fields  n, (field, value) × n                    HSET on KEYS[1] (includes the new version)
+--   removed n, field × n                             HDEL on KEYS[1]
 --   events  n, (key index, m, (field, value) × m) × n  XADD key * fields
 --   timers  n, (score, member) × n                   ZADD on KEYS[3]
 --   cancels n, member × n                            ZREM on KEYS[3]
 -- and last: the creation time for KEYS[4], or '' when the workflow already exists;
--- the status the workflow ends with (counted in KEYS[5]), or '' while it runs.
+-- the status the workflow ends with (counted in KEYS[5]), or '' while it runs;
+-- when retention removes it (ms, score in KEYS[6]), or '';
+-- 'add' to KEYS[7] (it ended failed or terminated), 'remove' (it runs again), or '';
+-- '1' to delete the workflow's record (KEYS[1] and its members of KEYS[4], [6], [7]).
 --
 -- Returns 1 when committed, 0 when the version moved (another worker advanced
 -- the workflow first: nothing is written, the caller reloads and recomputes).
@@ -63,6 +69,9 @@ n = tonumber(ARGV[i]); i = i + 1
 i = sliced({'HSET', KEYS[1]}, i, n, 2)
 
 n = tonumber(ARGV[i]); i = i + 1
+i = sliced({'HDEL', KEYS[1]}, i, n, 1)
+
+n = tonumber(ARGV[i]); i = i + 1
 for _ = 1, n do
   local key = KEYS[tonumber(ARGV[i])]
   local m = tonumber(ARGV[i + 1])
@@ -81,5 +90,20 @@ if ARGV[i] ~= '' then
 end
 if ARGV[i + 1] ~= '' then
   redis.call('HINCRBY', KEYS[5], ARGV[i + 1], 1)
+end
+if ARGV[i + 2] ~= '' then
+  redis.call('ZADD', KEYS[6], ARGV[i + 2], ARGV[4])
+end
+if ARGV[i + 3] == 'add' then
+  redis.call('SADD', KEYS[7], ARGV[4])
+elseif ARGV[i + 3] == 'remove' then
+  redis.call('SREM', KEYS[7], ARGV[4])
+  redis.call('ZREM', KEYS[6], ARGV[4])
+end
+if ARGV[i + 4] ~= '' then
+  redis.call('DEL', KEYS[1])
+  redis.call('ZREM', KEYS[4], ARGV[4])
+  redis.call('ZREM', KEYS[6], ARGV[4])
+  redis.call('SREM', KEYS[7], ARGV[4])
 end
 return 1

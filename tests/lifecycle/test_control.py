@@ -1,0 +1,341 @@
+"""Operators' control of workflows: terminate, pause, resume, restart, delete.
+
+Each is an event on the lifecycle stream, applied by the transition like any
+other (so it is archived and replayed); the client refuses unknown ids and
+states that do not allow the action before sending anything.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+import redis
+
+from flowlang.compiler import compile_text
+from flowlang.runner import TaskCall
+from lifecycle.audit.report import audit_archive
+from lifecycle.cli import main
+from lifecycle.client import Client, Selection
+from lifecycle.engine.store import load_workflow
+from lifecycle.errors import NotAllowed, UnknownWorkflow
+from lifecycle.keys import Keys
+from tests.lifecycle.audit_helpers import archive_all
+from tests.lifecycle.harness import Harness, decode
+
+KEYS = Keys()
+
+
+def ok(call: TaskCall) -> Any:
+    return {"done": call.name}
+
+
+def starts(client: redis.Redis, kind: str = "default") -> list[tuple[str, int]]:
+    """(name, attempt) of every start-task sent to ``kind``, in order."""
+    events = [decode(fields) for _, fields in client.xrange(KEYS.tasks(kind))]
+    return [(e["name"], e["attempt"]) for e in events]
+
+
+def state(client: redis.Redis, workflow_id: str) -> str:
+    return Client(client, KEYS).status(workflow_id).state
+
+
+def test_pause_holds_new_starts_records_ends_and_resume_sends_them_in_order(
+    harness: Harness,
+) -> None:
+    client = Client(harness.client, KEYS)
+    harness.submit(compile_text("A → B|C|D → E"), workflow_id="wf")
+    harness.advance()
+    client.pause("wf")
+    harness.advance()
+    assert state(harness.client, "wf") == "paused"
+    harness.work(ok)  # A ends while paused: recorded, nothing starts
+    harness.advance()
+    assert [name for name, _ in starts(harness.client)] == ["A"]
+    assert load_workflow(harness.client, KEYS, "wf").ends["1"][1] is True
+    assert state(harness.client, "wf") == "paused"
+    client.resume("wf")
+    harness.advance()
+    assert [name for name, _ in starts(harness.client)] == ["A", "B", "C", "D"]
+    harness.pump(ok)
+    assert state(harness.client, "wf") == "finished"
+
+
+def test_a_repeated_pause_or_resume_changes_nothing(harness: Harness) -> None:
+    client = Client(harness.client, KEYS)
+    harness.submit(compile_text("A → B"), workflow_id="wf")
+    harness.advance()
+    assert client.resume("wf").event_id is None  # running: already so
+    client.pause("wf")
+    harness.advance()
+    again = client.pause("wf")
+    assert (again.event_id, again.state) == (None, "paused")
+
+
+def test_terminate_stops_new_starts_and_a_late_end_changes_nothing(harness: Harness) -> None:
+    client = Client(harness.client, KEYS)
+    harness.submit(compile_text("A → B"), workflow_id="wf")
+    harness.advance()
+    client.terminate("wf", reason="operator said so")
+    harness.advance()
+    harness.pump(ok)  # A's end arrives after the terminate
+    record = load_workflow(harness.client, KEYS, "wf")
+    assert (record.status, record.error) == ("terminated", "operator said so")
+    assert [name for name, _ in starts(harness.client)] == ["A"]
+    assert harness.client.sismember(KEYS.stopped, "wf")
+
+
+def test_restart_after_a_failure_reruns_the_failed_task_as_its_next_attempt_not_what_succeeded(
+    harness: Harness,
+) -> None:
+    broken = {"B"}
+
+    def task(call: TaskCall) -> Any:
+        if call.name in broken:
+            raise RuntimeError(f"{call.name} broke")
+        return {"done": call.name}
+
+    harness.submit(compile_text("A → B → C"), workflow_id="wf")
+    harness.pump(task)
+    assert state(harness.client, "wf") == "failed"
+    assert harness.client.sismember(KEYS.stopped, "wf")
+    broken.clear()
+    Client(harness.client, KEYS).restart("wf")
+    harness.pump(task)
+    record = load_workflow(harness.client, KEYS, "wf")
+    assert record.status == "finished" and record.error is None
+    assert starts(harness.client) == [("A", 1), ("B", 1), ("B", 2), ("C", 1)]
+    assert not harness.client.sismember(KEYS.stopped, "wf")
+
+
+def test_restart_gives_the_task_a_fresh_retry_budget(harness: Harness) -> None:
+    failures = {"B": 3}
+
+    def task(call: TaskCall) -> Any:
+        if failures.get(call.name, 0) > 0:
+            failures[call.name] -= 1
+            raise RuntimeError("not yet")
+        return {}
+
+    harness.submit(compile_text("A → B (- {$retries: 1} -)"), workflow_id="wf")
+    harness.pump(task)
+    assert state(harness.client, "wf") == "failed"  # attempts 1 and 2 failed
+    Client(harness.client, KEYS).restart("wf")
+    harness.pump(task)  # attempt 3 fails, its retry (4) succeeds
+    assert state(harness.client, "wf") == "finished"
+    assert [attempt for name, attempt in starts(harness.client) if name == "B"] == [1, 2, 3, 4]
+
+
+def test_a_paused_then_terminated_workflow_restarts_what_was_held(harness: Harness) -> None:
+    client = Client(harness.client, KEYS)
+    harness.submit(compile_text("A → B|C"), workflow_id="wf")
+    harness.advance()
+    client.pause("wf")
+    harness.advance()
+    harness.work(ok)
+    harness.advance()  # B and C held
+    client.terminate("wf")
+    harness.advance()
+    assert state(harness.client, "wf") == "terminated"
+    client.restart("wf")
+    harness.pump(ok)
+    assert state(harness.client, "wf") == "finished"
+    assert starts(harness.client) == [("A", 1), ("B", 2), ("C", 2)]
+
+
+def test_delete_removes_an_ended_workflow_and_its_id_is_unknown_after(harness: Harness) -> None:
+    client = Client(harness.client, KEYS)
+    harness.submit(compile_text("A"), workflow_id="wf")
+    harness.pump(ok)
+    client.delete("wf")
+    harness.advance()
+    assert not harness.client.exists(KEYS.workflow("wf"))
+    assert harness.client.zscore(KEYS.workflows, "wf") is None
+    with pytest.raises(UnknownWorkflow):
+        client.status("wf")
+
+
+def test_the_client_refuses_what_the_state_does_not_allow_before_sending(
+    harness: Harness,
+) -> None:
+    client = Client(harness.client, KEYS)
+    harness.submit(compile_text("A"), workflow_id="wf")
+    harness.advance()
+    length = harness.client.xlen(KEYS.lifecycle)
+    with pytest.raises(NotAllowed, match="running"):
+        client.delete("wf")
+    with pytest.raises(NotAllowed, match="running"):
+        client.restart("wf")
+    harness.pump(ok)
+    length = harness.client.xlen(KEYS.lifecycle)
+    with pytest.raises(NotAllowed, match="finished"):
+        client.pause("wf")
+    with pytest.raises(UnknownWorkflow):
+        client.terminate("wf-typo")
+    assert harness.client.xlen(KEYS.lifecycle) == length
+    assert not harness.client.exists(KEYS.workflow("wf-typo"))
+
+
+def test_the_lifecycle_also_refuses_a_control_the_state_does_not_allow(harness: Harness) -> None:
+    harness.submit(compile_text("A"), workflow_id="wf")
+    harness.pump(ok)
+    event = {"kind": "pause-workflow", "workflow": "wf"}
+    harness.client.xadd(KEYS.lifecycle, {k: orjson.dumps(v) for k, v in event.items()})
+    reply = harness.client.xreadgroup(KEYS.lifecycle_group, "t", {KEYS.lifecycle: ">"})
+    entries = [(i.decode(), decode(f)) for _, items in reply for i, f in items]
+    result = harness.advancer.apply(entries)
+    assert len(result.rejected) == 1 and "finished" in result.rejected[0][1]
+    assert state(harness.client, "wf") == "finished"
+
+
+def test_bulk_terminate_by_filter_reaches_every_matching_workflow(harness: Harness) -> None:
+    client = Client(harness.client, KEYS)
+    graph, other = compile_text("@flow slow\nA → B"), compile_text("@flow other\nA → B")
+    for n in range(30):
+        harness.submit(graph, workflow_id=f"slow-{n}")
+    harness.submit(other, workflow_id="other-0")
+    harness.advance()
+    chosen = list(client.select(Selection(state="running", flow="slow")))
+    sent, refused = client.control_many("terminate-workflow", chosen, "bulk")
+    assert len(sent) == 30 and not refused
+    harness.advance()
+    assert {state(harness.client, f"slow-{n}") for n in range(30)} == {"terminated"}
+    assert state(harness.client, "other-0") == "running"
+
+
+# -- the command line -------------------------------------------------------------------
+
+
+@pytest.fixture
+def url_args(redis_url: str) -> list[str]:
+    return ["--redis-url", redis_url]
+
+
+def test_cli_control_exit_codes_unknown_2_not_allowed_1(
+    harness: Harness, url_args: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    harness.submit(compile_text("A"), workflow_id="wf")
+    harness.pump(ok)
+    assert main(["pause", "nope", *url_args]) == 2
+    assert "no workflow 'nope'" in capsys.readouterr().err
+    assert main(["pause", "wf", *url_args]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "finished" in err
+    assert main(["terminate", *url_args]) == 2  # neither ids nor a filter
+
+
+def test_cli_terminate_waits_for_the_lifecycle_and_prints_the_new_state(
+    engine: Any, redis_client: redis.Redis, url_args: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    Client(redis_client, KEYS).submit(compile_text("wait:delay (- {seconds: 30} -)"), None, "wf")
+    from tests.conftest import wait_until
+
+    wait_until(lambda: Client(redis_client, KEYS).exists("wf"))
+    assert main(["terminate", "wf", "--reason", "enough", *url_args]) == 0
+    assert capsys.readouterr().out.strip() == "workflow wf: terminated"
+    assert main(["terminate", "wf", *url_args]) == 0
+    assert "already terminated" in capsys.readouterr().out
+
+
+def test_cli_says_when_no_lifecycle_worker_applies_it(
+    harness: Harness, url_args: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    harness.submit(compile_text("A"), workflow_id="wf")
+    harness.advance()
+    assert main(["pause", "wf", "--timeout", "0.2", *url_args]) == 1
+    assert "is a lifecycle worker running?" in capsys.readouterr().err
+
+
+# -- audit ------------------------------------------------------------------------------
+
+
+def test_replay_reproduces_workflows_that_were_paused_resumed_terminated_and_restarted(
+    harness: Harness, tmp_path: Path
+) -> None:
+    client = Client(harness.client, KEYS)
+    fail = {"B"}
+
+    def task(call: TaskCall) -> Any:
+        if call.name in fail:
+            raise RuntimeError("broke")
+        return {"n": call.name}
+
+    harness.submit(compile_text("A → B|C → D"), workflow_id="w1")
+    harness.advance()
+    client.pause("w1")
+    harness.advance()
+    harness.work(task)
+    harness.advance()
+    client.resume("w1")
+    harness.pump(task)  # B fails
+    fail.clear()
+    client.restart("w1")
+    harness.pump(task)
+    harness.submit(compile_text("A → B"), workflow_id="w2")
+    harness.advance()
+    client.terminate("w2")
+    harness.pump(task)
+    client.restart("w2")
+    harness.pump(task)
+    assert state(harness.client, "w1") == state(harness.client, "w2") == "finished"
+    archive_all(harness.client, tmp_path / "archive")
+    report = audit_archive(tmp_path / "archive", KEYS, client=harness.client)
+    assert report.ok, report.first_problem
+    assert {w.live for w in report.workflows} == {"equal"}
+
+
+# -- races ------------------------------------------------------------------------------
+
+
+def test_pause_and_resume_racing_many_concurrent_enders_never_double_start_or_lose_an_end(
+    redis_url: str, redis_client: redis.Redis
+) -> None:
+    import threading
+
+    from lifecycle.worker import LifecycleWorker
+    from tests.conftest import wait_until
+    from workers.noop import NoopWorker
+
+    pool = redis.ConnectionPool.from_url(redis_url)
+    listeners: list[Any] = [
+        LifecycleWorker(pool=pool, handle_signals=False, block_ms=20, batch_size=50)
+        for _ in range(2)
+    ] + [
+        NoopWorker(["default"], pool=pool, handle_signals=False, block_ms=20, batch_size=10)
+        for _ in range(4)
+    ]
+    threads = [threading.Thread(target=w.listen, daemon=True) for w in listeners]
+    for thread in threads:
+        thread.start()
+    client = Client(redis_client, KEYS)
+    items = list(range(3000))
+    try:
+        client.submit(compile_text("A → * B → C"), items, "wf")
+        wait_until(lambda: client.exists("wf"))
+        toggles = 0
+        while client.status("wf").state in ("running", "paused") and toggles < 400:
+            current = client.status("wf").state
+            try:
+                if current == "running":
+                    client.pause("wf", wait=5)
+                else:
+                    client.resume("wf", wait=5)
+            except NotAllowed:
+                break  # it finished between the read and the action
+            toggles += 1
+        if client.status("wf").state == "paused":
+            client.resume("wf")
+        wait_until(lambda: client.status("wf").state == "finished", timeout=60)
+    finally:
+        for listener in listeners:
+            listener.stop()
+        for thread in threads:
+            thread.join(timeout=10)
+        pool.disconnect()
+    assert toggles >= 4  # the race was on: it was paused and resumed while tasks ended
+    ids = [decode(f)["id"] for _, f in redis_client.xrange(KEYS.tasks("default"))]
+    assert len(ids) == len(set(ids)) == len(items) + 2  # A, every B, C: each started once
+    record = load_workflow(redis_client, KEYS, "wf")
+    assert record.output == items  # every B's end was recorded, in place
