@@ -124,13 +124,16 @@ def capture() -> None:
         for step, ran, started in steps:
             text = shown(ran, shell, started)
             pieces.append(page[last : step.end("sh") + 3])
+            last = step.end("sh") + 3
             if text or step["text"] is not None:
                 pieces.append(f"\n\n```text\n{text}```")
-            last = step.end()
+                last = step.end()
         pieces.append(page[last:])
         # Paths of this run's temporary directory read as the page's own.
         written = "".join(pieces).replace(str(Path(tmp) / "receipts"), PAGE_ARCHIVE)
-    PAGE.write_text(written.replace(server.url, PAGE_URL), encoding="utf-8")
+    written = written.replace(server.url, PAGE_URL)
+    written = written.replace(f"redis://127.0.0.1:{server.port}", PAGE_URL.removesuffix("/0"))
+    PAGE.write_text(written, encoding="utf-8")
     print(f"wrote {PAGE}", file=sys.stderr)
 
 
