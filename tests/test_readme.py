@@ -115,3 +115,44 @@ def test_the_readme_commands_name_only_files_that_exist() -> None:
         for command in block_commands(text):
             for path in re.findall(r"\bexamples/[\w./-]+", command):
                 assert (ROOT / path).exists(), f"{command}: {path} does not exist"
+
+
+def docstring_commands(path: Path) -> list[str]:
+    """The indented ``python -m`` lines of a module's docstring: how it says to run it."""
+    text = path.read_text(encoding="utf-8").split('"""')[1]
+    return [line.strip() for line in text.splitlines() if line.startswith("    python -m ")]
+
+
+def test_the_seed_worker_runs_restock_as_its_docstring_says(
+    redis_url: str, redis_client: object, tmp_path: Path
+) -> None:
+    commands = docstring_commands(ROOT / "examples" / "seed_worker.py")
+    assert len(commands) == 3
+    shell = Shell(tmp_path, env={"REDIS_URL": redis_url})
+    try:
+        (run,) = shell.run_all(block_commands("\n".join(commands)))
+    finally:
+        codes = shell.close()
+    workflow_id, *output = run.out.splitlines()
+    assert workflow_id.startswith("restock-")
+    assert orjson.loads("\n".join(output)) == {"batch": 42, "checked": 4, "reordered": ["b2", "d4"]}
+    assert codes == [0, 0], shell.background_logs()
+
+
+# Each file of examples/ and the test that runs it.
+EXAMPLES = {
+    "orders.flow": "test_running_it_for_real_runs_orders_under_the_simulator",
+    "restock.flow": "test_the_seed_worker_runs_restock_as_its_docstring_says",
+    "seed_worker.py": "test_the_seed_worker_runs_restock_as_its_docstring_says",
+    "tutorial/shop.flow": "tests/test_tutorial.py",
+    "tutorial/shop.py": "tests/test_tutorial.py",
+}
+
+
+def test_every_example_is_run_by_a_test() -> None:
+    files = {
+        str(p.relative_to(ROOT / "examples"))
+        for p in (ROOT / "examples").rglob("*")
+        if p.is_file() and p.suffix in (".flow", ".py") and "__pycache__" not in p.parts
+    }
+    assert files == set(EXAMPLES)
