@@ -95,16 +95,21 @@ def main(argv: list[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     keys = Keys(args.prefix)
+    where = "Redis"
     try:
         settings = resolve_url(args.redis_url, args.redis_url_file)
+        where = f"Redis at {settings.masked_url} ({settings.origin})"
         pool = settings.pool()
         redis.Redis(connection_pool=pool).ping()
         return _command(args, keys, pool)
     except (RqseError, WorkerError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)
         return EXIT_ERROR
+    except (redis.ConnectionError, redis.TimeoutError) as error:
+        print(f"error: cannot reach {where}: {error}", file=sys.stderr)
+        return EXIT_ERROR
     except redis.RedisError as error:
-        print(f"error: Redis: {error}", file=sys.stderr)
+        print(f"error: {where}: {error}", file=sys.stderr)
         return EXIT_ERROR
 
 
