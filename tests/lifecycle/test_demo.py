@@ -94,3 +94,12 @@ def test_an_interrupted_demo_stops_its_workers_and_server_in_one_line(
     assert err.rstrip().splitlines()[-1] == "demo interrupted: workers and server stopped"
     assert "Traceback" not in err and "unreachable" not in err
     assert _server_is_gone(err)
+
+
+def test_the_demo_names_the_redis_it_was_given(
+    redis_client: redis.Redis, redis_url: str, capsys: Any
+) -> None:
+    assert main(["demo", "--delay-max", "0", "--redis-url", redis_url]) == EXIT_OK
+    err = capsys.readouterr().err
+    assert err.splitlines()[0] == f"Redis at {redis_url} (the url argument)"
+    assert "embedded server" not in err
