@@ -200,7 +200,9 @@ def wait_for_end(
         MofNCompleteColumn(),
         TimeElapsedColumn(),
     )
-    with Progress(*columns, console=console, transient=True) as progress:
+    # Off the terminal (a pipe, a log) the bar would leave only an empty line behind.
+    shows_bar = console.is_terminal
+    with Progress(*columns, console=console, transient=True, disable=not shows_bar) as progress:
         bar = progress.add_task(workflow_id[:40], total=_task_total(graph))
         while deadline is None or time.monotonic() < deadline:
             reply: Any = client.xread(cursors, count=500, block=200)  # type: ignore[arg-type]
