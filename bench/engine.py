@@ -30,7 +30,7 @@ from lifecycle.keys import Keys
 from lifecycle.submit import start_workflow, start_workflows
 from rqse.server import PERSISTENCE_OPTIONS, RedisServer
 
-__all__ = ["SHAPES", "main"]
+__all__ = ["KEYS", "SHAPES", "ended_count", "main", "spawn", "stop_processes"]
 
 SHAPES = {
     "chain10": ("→".join(f"A{i}" for i in range(1, 11)), 10),
@@ -93,7 +93,7 @@ def _server_name(client: redis.Redis, server: RedisServer) -> str:
     return f"{name} {version} ({allocator})"
 
 
-def _spawn(url: str, *command: str, log: Path | None = None) -> subprocess.Popen[bytes]:
+def spawn(url: str, *command: str, log: Path | None = None) -> subprocess.Popen[bytes]:
     """A worker process; its output goes to ``log`` (appended) or nowhere."""
     output = open(log, "ab") if log else subprocess.DEVNULL  # noqa: SIM115 - the child's
     try:
@@ -107,7 +107,7 @@ def _spawn(url: str, *command: str, log: Path | None = None) -> subprocess.Popen
             output.close()
 
 
-def _stop(procs: list[subprocess.Popen[bytes]]) -> None:
+def stop_processes(procs: list[subprocess.Popen[bytes]]) -> None:
     for proc in procs:
         proc.terminate()
     for proc in procs:
@@ -117,7 +117,7 @@ def _stop(procs: list[subprocess.Popen[bytes]]) -> None:
             proc.kill()
 
 
-def _ended(client: redis.Redis) -> tuple[int, int]:
+def ended_count(client: redis.Redis) -> tuple[int, int]:
     """(finished, failed or terminated) workflows, from the engine's outcome counters."""
     finished, failed, terminated = client.hmget(KEYS.outcomes, "finished", "failed", "terminated")
     return int(finished or 0), int(failed or 0) + int(terminated or 0)
@@ -161,15 +161,15 @@ def throughput(args: argparse.Namespace) -> Figures:
         procs: dict[str, list[subprocess.Popen[bytes]]] = {"lifecycle": [], "noop": []}
         for n in range(args.lifecycle):
             command = ("lifecycle", "worker", "--no-wait", "--consumer", f"lc{n}")
-            procs["lifecycle"].append(_spawn(server.url, *command, log=log(f"lc{n}")))
+            procs["lifecycle"].append(spawn(server.url, *command, log=log(f"lc{n}")))
         for n in range(args.workers):
             command = ("workers", "noop", "--kinds", "default", "--consumer", f"w{n}")
-            procs["noop"].append(_spawn(server.url, *command, log=log(f"w{n}")))
+            procs["noop"].append(spawn(server.url, *command, log=log(f"w{n}")))
         if not args.no_receipts:
             archive = stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-receipts-"))
             command = ("lifecycle", "receipts", "--archive", archive)
-            procs["receipts"] = [_spawn(server.url, *command, log=log("receipts"))]
-        stack.callback(_stop, [p for group in procs.values() for p in group])
+            procs["receipts"] = [spawn(server.url, *command, log=log("receipts"))]
+        stack.callback(stop_processes, [p for group in procs.values() for p in group])
         time.sleep(1.0)  # let the workers create their groups
         client.config_resetstat()
         # CPU from here on: the workers' start-up (imports, connecting) is not the run's.
@@ -180,7 +180,7 @@ def throughput(args: argparse.Namespace) -> Figures:
         submitted = time.perf_counter() - started
         peaks = {"lifecycle": 0, "tasks": 0}
         last_change, added = time.perf_counter(), 0
-        while sum(_ended(client)) < args.workflows:
+        while sum(ended_count(client)) < args.workflows:
             time.sleep(0.05)
             # Progress is any new lifecycle event: with many workflows in flight at once,
             # none may finish for a long while although tasks end all the time.
@@ -202,7 +202,7 @@ def throughput(args: argparse.Namespace) -> Figures:
         commandstats = client.info("commandstats")
         commands = sum(v["calls"] for v in commandstats.values())
         peak = int(client.info("memory")["used_memory_peak"])
-        finished, failed = _ended(client)
+        finished, failed = ended_count(client)
     tasks = finished * tasks_per_workflow
     return Figures(
         shape=args.shape,
@@ -232,10 +232,10 @@ def latency(args: argparse.Namespace) -> dict[str, Any]:
         server = stack.enter_context(RedisServer(args.server, allocator=args.allocator))
         client = redis.Redis.from_url(server.url)
         procs = [
-            _spawn(server.url, "lifecycle", "worker"),
-            _spawn(server.url, "workers", "noop", "--kinds", "default"),
+            spawn(server.url, "lifecycle", "worker"),
+            spawn(server.url, "workers", "noop", "--kinds", "default"),
         ]
-        stack.callback(_stop, procs)
+        stack.callback(stop_processes, procs)
         time.sleep(1.0)
         samples = []
         cursor = "$"

@@ -24,7 +24,7 @@ from typing import Any
 import orjson
 import redis
 
-from bench.engine import SHAPES, _spawn, _stop
+from bench.engine import SHAPES, spawn, stop_processes
 from flowlang.compiler import compile_text
 from lifecycle.audit.receipts import ReceiptsWorker
 from lifecycle.audit.segments import SegmentSink
@@ -110,12 +110,12 @@ def engine(args: argparse.Namespace) -> dict[str, Any]:
         directory = stack.enter_context(tempfile.TemporaryDirectory())
         client = redis.Redis.from_url(server.url)
         procs = [
-            _spawn(server.url, "lifecycle", "worker", "--consumer", "lc0"),
-            _spawn(server.url, "workers", "noop", "--kinds", "default", "--consumer", "w0"),
+            spawn(server.url, "lifecycle", "worker", "--consumer", "lc0"),
+            spawn(server.url, "workers", "noop", "--kinds", "default", "--consumer", "w0"),
         ]
         if not args.no_receipts:
-            procs.append(_spawn(server.url, "lifecycle", "receipts", "--archive", directory))
-        stack.callback(_stop, procs)
+            procs.append(spawn(server.url, "lifecycle", "receipts", "--archive", directory))
+        stack.callback(stop_processes, procs)
         time.sleep(1.0)
         began = time.perf_counter()
         ids = [f"w{i}" for i in range(args.workflows)]

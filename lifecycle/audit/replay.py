@@ -176,8 +176,8 @@ def replay_workflow(item: WorkflowReplay, graphs: ArchiveGraphs, keys: Keys) -> 
             item.timers.pop(member, None)
         for due, member in zip(commit.timers[::2], commit.timers[1::2], strict=True):
             item.timers[member] = due
-        if commit.deleted:
-            item.fields, item.state, item.timers = {}, None, {}
+        if commit.deleted:  # an id deleted, then started again, starts afresh
+            item.fields, item.state, item.timers, version = {}, None, {}, 0
             continue
         names, values = commit.fields[::2], commit.fields[1::2]
         item.fields.update(zip(names, values, strict=True))

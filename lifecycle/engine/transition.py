@@ -215,6 +215,9 @@ class Transition:
             return None
         if item.held is not None:
             commit.set(rec.PAUSED, _dumps(item.held))
+        if commit.removed:  # a field removed then set again in this batch (resume, pause) stays
+            written = set(commit.fields[::2])
+            commit.removed = [name for name in commit.removed if name not in written]
         commit.set(rec.STATE, _dumps(state.to_dict()))
         commit.set(rec.VERSION, int(item.version or 0) + 1)
         return commit

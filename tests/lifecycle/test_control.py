@@ -339,3 +339,21 @@ def test_pause_and_resume_racing_many_concurrent_enders_never_double_start_or_lo
     assert len(ids) == len(set(ids)) == len(items) + 2  # A, every B, C: each started once
     record = load_workflow(redis_client, KEYS, "wf")
     assert record.output == items  # every B's end was recorded, in place
+
+
+def test_a_resume_and_a_pause_in_one_batch_leave_the_workflow_paused(harness: Harness) -> None:
+    client = Client(harness.client, KEYS)
+    harness.submit(compile_text("A → B"), workflow_id="wf")
+    harness.advance()
+    client.pause("wf")
+    harness.advance()
+    client.resume("wf")
+    client.pause("wf")  # the client sees it still paused: a repeat, nothing sent
+    for event in ({"kind": "resume-workflow", "workflow": "wf"},
+                  {"kind": "pause-workflow", "workflow": "wf"}):  # fmt: skip
+        harness.client.xadd(KEYS.lifecycle, {k: orjson.dumps(v) for k, v in event.items()})
+    harness.advance()
+    assert state(harness.client, "wf") == "paused"
+    harness.work(ok)
+    harness.advance()
+    assert [name for name, _ in starts(harness.client)] == ["A"]  # B held
