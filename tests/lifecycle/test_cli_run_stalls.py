@@ -15,6 +15,7 @@ import redis
 from flowstream.cli import main
 from lifecycle.cli import EXIT_ERROR, EXIT_OK
 from lifecycle.worker import LifecycleWorker
+from tests.conftest import wait_until
 from workers import Task, TaskListener
 
 
@@ -120,3 +121,28 @@ def test_warn_after_zero_keeps_quiet(
     )
     assert code == EXIT_ERROR
     assert "still waiting" not in capsys.readouterr().err
+
+
+class Train(TaskListener):
+    kind = "ml"
+
+    def run(self, task: Task) -> Any:
+        return {}
+
+
+def test_a_kind_whose_only_worker_stopped_reading_is_named(
+    threads: Threads, redis_client: redis.Redis, redis_url: str, tmp_path: Path, capsys: Any
+) -> None:
+    # The worker leaves its consumer in the group when it stops: the group exists, has a
+    # consumer, yet nobody reads what arrives.
+    gone = Train(pool=threads.pool, handle_signals=False, block_ms=100)
+    thread = threading.Thread(target=gone.listen, daemon=True)
+    thread.start()
+    wait_until(lambda: redis_client.exists("{flow}:tasks:ml"), what="the ml group")
+    gone.stop()
+    thread.join(10)
+    assert redis_client.xinfo_consumers("{flow}:tasks:ml", "workers")
+    threads.start(LifecycleWorker(pool=threads.pool, handle_signals=False, block_ms=100))
+    flow = write_flow(tmp_path, "ml:train")
+    assert run_wait(redis_url, flow, 3.5) == EXIT_ERROR
+    assert "still waiting: no worker serves kind ml (1 task waiting" in capsys.readouterr().err
