@@ -119,10 +119,18 @@ def _run(args: argparse.Namespace, context: Context) -> int:
         return EXIT_OK
     since = Since.now(client, keys)
     workflow_id = args.id if exists else start_workflow(client, graph, value, args.id, keys)
-    print(workflow_id, flush=True)
-    console = Console(stderr=True)
-    watch = StallWatch(client, keys, graph, args.warn_after)
-    ending = wait_for_end(client, keys, workflow_id, graph, since, args.timeout, console, watch)
+    try:
+        print(workflow_id, flush=True)
+        console = Console(stderr=True)
+        watch = StallWatch(client, keys, graph, args.warn_after)
+        ending = wait_for_end(client, keys, workflow_id, graph, since, args.timeout, console, watch)
+    except KeyboardInterrupt:  # the workflow is the engine's: it goes on without us
+        print(
+            f"stopped waiting; workflow {workflow_id} goes on "
+            f"(python -m lifecycle inspect {workflow_id})",
+            file=sys.stderr,
+        )
+        return EXIT_FAILED
     if ending is None:
         print(f"error: workflow {workflow_id} did not end within {args.timeout}s", file=sys.stderr)
         return EXIT_ERROR

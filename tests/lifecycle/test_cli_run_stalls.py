@@ -1,8 +1,12 @@
 """python -m lifecycle run --wait says, once, why a workflow does not move (no lifecycle
-worker; no worker for a kind) and keeps waiting; a task a worker holds is no stall."""
+worker; no worker for a kind) and keeps waiting; a task a worker holds is no stall; Ctrl-C
+stops the waiting, not the workflow, and says so."""
 
 from __future__ import annotations
 
+import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -13,7 +17,7 @@ import pytest
 import redis
 
 from flowstream.cli import main
-from lifecycle.cli import EXIT_ERROR, EXIT_OK
+from lifecycle.cli import EXIT_ERROR, EXIT_FAILED, EXIT_OK
 from lifecycle.worker import LifecycleWorker
 from tests.conftest import wait_until
 from workers import Task, TaskListener
@@ -146,3 +150,22 @@ def test_a_kind_whose_only_worker_stopped_reading_is_named(
     flow = write_flow(tmp_path, "ml:train")
     assert run_wait(redis_url, flow, 3.5) == EXIT_ERROR
     assert "still waiting: no worker serves kind ml (1 task waiting" in capsys.readouterr().err
+
+
+def test_ctrl_c_while_waiting_says_the_workflow_goes_on(
+    redis_client: redis.Redis, redis_url: str, tmp_path: Path
+) -> None:
+    flow = write_flow(tmp_path, "A")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "lifecycle", "run", flow, "--id", "wf-on", "--wait"]
+        + ["--redis-url", redis_url],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None
+    assert proc.stdout.readline() == "wf-on\n"  # submitted; now waiting
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == EXIT_FAILED
+    assert err == "stopped waiting; workflow wf-on goes on (python -m lifecycle inspect wf-on)\n"
