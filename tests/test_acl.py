@@ -257,6 +257,17 @@ def test_every_component_runs_workflows_end_to_end_under_its_documented_acl_user
     assert waiting.returncode == 0, err + deployment.logs()
     assert "pong" in out, out  # k:b, which calls Task.cancelled(), succeeded on the way
 
+    # An operator holds, releases, stops and removes a workflow.
+    start_workflow(
+        submitter, compile_text("wait:delay (- duration: 60s -) → k:b"), workflow_id="wf3"
+    )
+    wait_for(lambda: "wf3" in deployment.lifecycle("reader", "list").stdout, "wf3 to start")
+    for action, shown in (("pause", "paused"), ("resume", "running"),
+                          ("terminate", "terminated"), ("delete", "deleted")):  # fmt: skip
+        done = deployment.lifecycle("operator", action, "wf3")
+        assert done.returncode == 0, f"{action}: {done.stderr}" + deployment.logs()
+        assert done.stdout.strip() == f"workflow wf3: {shown}", done.stdout
+
     for command in (["inspect", "wf2"], ["list"], ["history", "wf1"]):
         shown = deployment.lifecycle("reader", *command)
         assert shown.returncode == 0, f"{command}: {shown.stderr}"

@@ -357,3 +357,52 @@ def test_a_resume_and_a_pause_in_one_batch_leave_the_workflow_paused(harness: Ha
     harness.work(ok)
     harness.advance()
     assert [name for name, _ in starts(harness.client)] == ["A"]  # B held
+
+
+def test_bulk_terminate_and_restart_racing_task_ends_start_each_attempt_once_and_all_finish(
+    redis_url: str, redis_client: redis.Redis
+) -> None:
+    import threading
+
+    from lifecycle.worker import LifecycleWorker
+    from tests.conftest import wait_until
+    from workers.noop import NoopWorker
+
+    pool = redis.ConnectionPool.from_url(redis_url)
+    listeners: list[Any] = [
+        LifecycleWorker(pool=pool, handle_signals=False, block_ms=20, batch_size=50)
+        for _ in range(2)
+    ] + [
+        NoopWorker(["default"], pool=pool, handle_signals=False, block_ms=20, batch_size=5)
+        for _ in range(3)
+    ]
+    threads = [threading.Thread(target=w.listen, daemon=True) for w in listeners]
+    for thread in threads:
+        thread.start()
+    client = Client(redis_client, KEYS)
+    graph = compile_text("@flow chain\n" + " → ".join(f"T{n}" for n in range(100)))
+    ids = [f"c{n}" for n in range(60)]
+    try:
+        for workflow_id in ids:
+            client.submit(graph, {"w": workflow_id}, workflow_id)
+        wait_until(lambda: all(client.exists(w) for w in ids))
+        restarted = 0
+        for _ in range(5):
+            running = list(client.select(Selection(state="running", flow="chain")))
+            client.control_many("terminate-workflow", running, "round")
+            wait_until(lambda: not list(client.select(Selection(state="running"))))
+            stopped = list(client.select(Selection(state="terminated")))
+            sent, _ = client.control_many("restart-workflow", stopped)
+            restarted += len(sent)
+        wait_until(lambda: {client.status(w).state for w in ids} == {"finished"}, timeout=60)
+    finally:
+        for listener in listeners:
+            listener.stop()
+        for thread in threads:
+            thread.join(timeout=10)
+        pool.disconnect()
+    assert restarted > 60  # most workflows were stopped and restarted several times
+    started = [decode(f)["id"] for _, f in redis_client.xrange(KEYS.tasks("default"))]
+    assert len(started) == len(set(started))  # no attempt was started twice
+    for workflow_id in ids:
+        assert load_workflow(redis_client, KEYS, workflow_id).output == {"w": workflow_id}
