@@ -5,7 +5,9 @@ With no Redis configured it starts a private server (the binary shipped in the
 the user's state directory; then, in threads, a lifecycle worker, the
 built-in ``wait:`` worker, a resource worker for URI sources and sinks (paths
 relative to the flow file) and a simulating worker for every other kind; runs
-the flow, shows progress and the result, and stops everything.
+the flow, shows progress and the result, and stops everything. Its first line
+names the Redis it uses (the embedded server's binary, address and files, or
+the URL given); Ctrl-C or SIGTERM stops the workers, then the server.
 """
 
 from __future__ import annotations
