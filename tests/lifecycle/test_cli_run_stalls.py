@@ -169,3 +169,31 @@ def test_ctrl_c_while_waiting_says_the_workflow_goes_on(
     out, err = proc.communicate(timeout=30)
     assert proc.returncode == EXIT_FAILED
     assert err == "stopped waiting; workflow wf-on goes on (python -m lifecycle inspect wf-on)\n"
+
+
+def test_a_submitter_that_may_not_look_at_groups_waits_without_warnings_or_errors(
+    redis_client: redis.Redis, redis_url: str, tmp_path: Path, capsys: Any
+) -> None:
+    # The documented user of `lifecycle run` (docs/security.md: flowstream-submit and its
+    # line for `run`) holds no XINFO: the warnings are off, the wait goes on.
+    from tests.test_acl import acl_blocks
+
+    lines = [line for block in acl_blocks() for line in block if "flowstream-submit " in line]
+    assert len(lines) == 2
+    user, password = "flowstream-submit", "run-stall-test"
+    for line in lines:
+        words = line.split()[2:]
+        redis_client.execute_command(
+            "ACL", "SETUSER", *[f">{password}" if w == ">PASSWORD" else w for w in words]
+        )
+    try:
+        flow = write_flow(tmp_path, "A")
+        url = redis_url.replace("redis://", f"redis://{user}:{password}@")
+        code = main(
+            ["run", flow, "--wait", "--timeout", "2.5", "--warn-after", "1", "--redis-url", url]
+        )
+    finally:
+        redis_client.execute_command("ACL", "DELUSER", user)
+    assert code == EXIT_ERROR  # no lifecycle worker: it waited out its timeout
+    err = capsys.readouterr().err
+    assert err.endswith("did not end within 2.5s\n") and err.count("\n") == 1, err
