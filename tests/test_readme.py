@@ -64,6 +64,7 @@ def test_the_readme_demo_command_runs_on_an_embedded_server(tmp_path: Path) -> N
     where = rf"on redis://127\.0\.0\.1:\d+(/0)?, files in {state}/flowstream/redis"
     assert re.fullmatch(rf"embedded server \S+-server {where}", first), first
     assert ran.err.count("embedded server") == 1  # said once
+    assert ran.err.count("persistence off") == 1  # each listener finds it; one line says it
     assert "Traceback" not in ran.err
     assert isinstance(orjson.loads(ran.out), list)  # stdout: the output alone
 
