@@ -72,23 +72,22 @@ def add_commands(commands: Any, common: argparse.ArgumentParser) -> None:
 
 
 def workflow_state(client: redis.Redis, keys: Keys, workflow_id: str) -> str | None:
-    """The state ``inspect`` shows for an existing workflow (``paused`` while its record
-    holds the paused field), None when its record does not exist."""
-    # HGET alone: the documented ACL of `run` (docs/security.md) grants no more on hashes.
-    # Every commit writes the state field, so a record without one does not exist.
+    """The state ``inspect`` shows for an existing workflow, as
+    :meth:`lifecycle.client.Client.status` reads it (``paused`` while a running one's
+    record holds the paused field); None when its record does not exist."""
+    # HGET alone: the documented ACL of `run` (docs/security.md) grants no HMGET.
     key = keys.workflow(workflow_id)
     pipe = client.pipeline(transaction=False)
-    pipe.hget(key, rec.STATE)
-    pipe.hget(key, rec.PAUSED)
-    raw, paused = pipe.execute()
-    if raw is None:
+    for field in (rec.STATE, rec.PAUSED, rec.VERSION):
+        pipe.hget(key, field)
+    raw, paused, version = pipe.execute()
+    if raw is None and version is None:
         return None
-    if paused is not None:
-        return "paused"
     state = _loads(raw)
-    if isinstance(state, dict) and isinstance(state.get("status"), str):
-        return str(state["status"])
-    return "corrupt"
+    if not isinstance(state, dict) or not isinstance(state.get("status", rec.RUNNING), str):
+        return "corrupt"
+    status = str(state.get("status", rec.RUNNING))
+    return rec.PAUSED_STATE if paused is not None and status == rec.RUNNING else status
 
 
 def _exists(args: argparse.Namespace, context: Context) -> bool:

@@ -13,6 +13,7 @@ import redis
 from flowstream.cli import main
 from lifecycle.cli import EXIT_ERROR, EXIT_FAILED, EXIT_OK
 from lifecycle.keys import Keys
+from tests.conftest import wait_until
 
 
 @pytest.fixture
@@ -89,3 +90,21 @@ def test_an_unknown_if_exists_choice_is_a_usage_error(flow: str, capsys: Any) ->
         main(["run", flow, "--id", "x", "--if-exists", "replace"])
     assert exited.value.code == EXIT_ERROR
     assert "invalid choice: 'replace'" in capsys.readouterr().err
+
+
+def test_the_refusal_names_a_paused_workflow_as_paused(
+    engine: Any, redis_client: redis.Redis, redis_url: str, tmp_path: Path, capsys: Any
+) -> None:
+    from flowlang.compiler import compile_text
+    from lifecycle.client import Client
+
+    client = Client(redis_client)
+    held = client.submit(compile_text("nobody:serves → B"), workflow_id="wf-held")
+    wait_until(lambda: client.exists(held), what="the workflow's record")
+    assert client.pause(held, wait=10).state == "paused"
+    flow = tmp_path / "held.flow"
+    flow.write_text("nobody:serves → B", encoding="utf-8")
+    assert main(["run", str(flow), "--id", held] + url(redis_url)) == EXIT_ERROR
+    assert capsys.readouterr().err == (
+        f"error: workflow {held} exists (state paused); --if-exists return|fail\n"
+    )
