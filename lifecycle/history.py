@@ -4,6 +4,10 @@ Replay (from the archive) and ``python -m lifecycle history`` (from Redis)
 build the same timeline with :func:`timeline`, so the two can be compared line
 by line. Entry ids carry the Redis server's clock in milliseconds, shared by
 all streams, so entries of several streams sort into one time line.
+
+The streams in Redis hold only part of a timeline once the receipts worker
+trimmed what it archived: :func:`lost_streams` tells which streams may have
+lost entries of one workflow, and :func:`where_the_rest_is` where they are.
 """
 
 from __future__ import annotations
@@ -15,14 +19,23 @@ import redis
 
 from lifecycle import events as ev
 from lifecycle.audit.archive import id_order
-from lifecycle.inspect import iso, read_workflow, shown_raw
-from lifecycle.keys import Keys
+from lifecycle.inspect import StoredWorkflow, iso, read_workflow, shown_raw
+from lifecycle.keys import RECEIPTS_GROUP, Keys
 
-__all__ = ["Entry", "format_timeline", "live_history", "timeline"]
+__all__ = [
+    "Entry",
+    "engine_streams",
+    "format_timeline",
+    "live_history",
+    "lost_streams",
+    "timeline",
+    "where_the_rest_is",
+]
 
 Entry = tuple[str, str, dict[str, Any]]  # (stream, entry id, event)
 
 _SHOWN = {
+    *ev.CONTROLS,
     ev.START_WORKFLOW,
     ev.START_TASK,
     ev.END_TASK,
@@ -38,7 +51,7 @@ def timeline(entries: list[Entry]) -> list[dict[str, Any]]:
     """One row per workflow event, in time order: who started/ended which attempt, when."""
     rows = []
     names: dict[str, Any] = {}  # key -> task name, from its start-task (end-tasks omit it)
-    for stream, entry_id, event in sorted(entries, key=lambda e: id_order(e[1])):
+    for stream, entry_id, event in in_time_order(entries):
         kind = event.get("kind")
         if kind not in _SHOWN:
             continue
@@ -55,6 +68,36 @@ def timeline(entries: list[Entry]) -> list[dict[str, Any]]:
             row["name"] = names[key]
         rows.append(row)
     return rows
+
+
+def in_time_order(entries: list[Entry]) -> list[Entry]:
+    """``entries`` by id; within one millisecond, a start-task before the answer to it.
+
+    Ids order entries of one stream, but two streams count their sequence numbers
+    apart: an end-task on the lifecycle stream and the start-task it answers on a
+    task stream may both be ``<ms>-0``, and the id alone would put the answer first.
+    """
+    ordered: list[Entry] = []
+    for entry in sorted(entries, key=lambda e: id_order(e[1])):
+        event = entry[2]
+        if event.get("kind") == ev.START_TASK:
+            ms = id_order(entry[1])[0]
+            answered = (event.get("key"), event.get("attempt"))
+            index = len(ordered)
+            while index and id_order(ordered[index - 1][1])[0] == ms:
+                index -= 1
+                earlier = ordered[index][2]
+                if earlier.get("kind") == ev.END_TASK and answered == (
+                    earlier.get("key"),
+                    earlier.get("attempt"),
+                ):
+                    ordered.insert(index, entry)
+                    break
+            else:
+                ordered.append(entry)
+            continue
+        ordered.append(entry)
+    return ordered
 
 
 def format_timeline(rows: list[dict[str, Any]]) -> list[str]:
@@ -75,46 +118,170 @@ def format_timeline(rows: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def engine_streams(client: redis.Redis, keys: Keys) -> list[str]:
+    """The lifecycle stream and every task kind's stream (a workflow's events)."""
+    members: Any = client.smembers(keys.kinds)
+    kinds = sorted(k.decode("utf-8", "replace") for k in members)
+    return [keys.lifecycle] + [keys.tasks(kind) for kind in kinds]
+
+
 def live_history(client: redis.Redis, keys: Keys, workflow_id: str) -> dict[str, Any]:
     """The workflow's record plus its timeline from the entries the streams still hold.
 
-    Streams are trimmed once archived, so an old workflow's timeline may be
-    partial here (``complete`` False when a stream lost entries from around the
-    workflow's start on); ``replay`` on the archive always has all of it. Fields
-    of the record or of an entry that cannot be read are listed under ``corrupt``.
+    Streams are trimmed once archived, so a workflow's timeline may be partial
+    here: ``complete`` is False when part of it is gone (:func:`lost_streams`);
+    ``lost`` names those streams and ``rest`` says where the whole timeline is
+    (``replay`` on the archive has all of it). Fields of the record or of an entry
+    that cannot be read are listed under ``corrupt``.
     """
     record = read_workflow(client, keys, workflow_id)
     problems = [str(p) for p in record.problems]
-    members: Any = client.smembers(keys.kinds)
-    kinds = sorted(k.decode("utf-8", "replace") for k in members)
-    streams = [keys.lifecycle] + sorted(keys.tasks(kind) for kind in kinds)
     needle = orjson.dumps(workflow_id)
     entries: list[Entry] = []
-    complete = True
-    for stream in streams:
-        if not client.exists(stream):
-            continue
-        # Trimmed entries this workflow may have had: deleted ones at or after its start.
-        deleted = client.xinfo_stream(stream).get("max-deleted-entry-id", b"0-0")
-        deleted_ms = id_order(deleted.decode() if isinstance(deleted, bytes) else deleted)[0]
-        if deleted_ms and deleted_ms >= (record.created or 0) - 1000:
-            complete = False
+    for stream in engine_streams(client, keys):
         for raw_id, fields in _scan(client, stream):
             if fields.get(b"workflow") == needle:
                 entry_id = raw_id.decode()
                 event, bad = _decode(fields)
                 problems += [f"corrupt entry {stream} {entry_id}: {b}" for b in bad]
                 entries.append((stream, entry_id, event))
+    entries = _current_run(entries, keys)
+    lost = lost_streams(client, keys, record, entries)
     return {
         "workflow": workflow_id,
         "graph": record.graph,
-        "state": record.status,
+        "state": record.shown_state,
         "output": record.output,
         "error": record.error,
-        "complete": complete,
+        "complete": not lost,
+        "lost": lost,
+        "rest": where_the_rest_is(client, keys, workflow_id) if lost else None,
         "timeline": timeline(entries),
         "corrupt": problems,
     }
+
+
+def _current_run(entries: list[Entry], keys: Keys) -> list[Entry]:
+    """The entries of the workflow's latest run: an id deleted and then started again
+    has the old run's entries in the streams too (the archive keeps both; ``replay``
+    starts a deleted id afresh as well). The run starts at the first start-workflow
+    after a delete-workflow: lifecycle entries from its id on, task entries from its
+    millisecond on (ids of two streams compare only by time)."""
+    deleted, start = False, None
+    for stream, entry_id, event in sorted(entries, key=lambda e: id_order(e[1])):
+        if stream != keys.lifecycle:
+            continue
+        if event.get("kind") == ev.DELETE_WORKFLOW:
+            deleted = True
+        elif deleted and event.get("kind") == ev.START_WORKFLOW:
+            deleted, start = False, id_order(entry_id)
+    if start is None:
+        return entries
+    return [
+        e
+        for e in entries
+        if (id_order(e[1]) >= start if e[0] == keys.lifecycle else id_order(e[1])[0] >= start[0])
+    ]
+
+
+def lost_streams(
+    client: redis.Redis,
+    keys: Keys,
+    record: StoredWorkflow,
+    entries: list[Entry] | None = None,
+) -> list[str]:
+    """The engine streams that lost entries of this workflow (empty: Redis still holds
+    its whole timeline). ``entries``: the workflow's entries already read from every
+    engine stream (``history``); without them they are read only when needed.
+
+    Trimming removes a stream's oldest entries and leaves no trace of which, so:
+
+    * a stream that never lost an entry (XINFO STREAM's entries-added equals its
+      length, no XDEL) lost none of this workflow's: one XINFO per stream, and
+      most of the time that is all;
+    * the lifecycle stream lost part of it when its start-workflow is not there
+      (every later event of the workflow follows it, and trimming only removes
+      a prefix);
+    * the task streams lost part of it when a task instance's record counts
+      attempts whose start-task is in no stream.
+
+    The last two read the streams that lost entries (and, when a task stream did,
+    every task stream), which the receipts worker keeps short by trimming them.
+    """
+    streams = engine_streams(client, keys)
+    trimmed = [s for s in streams if _lost_entries(client, s)]
+    if not trimmed and entries is not None:
+        return [] if any(_is_start(e, keys) for e in entries) else [keys.lifecycle]
+    if not trimmed:
+        return []
+    if entries is None:
+        # The lifecycle stream if it lost entries; every task stream if one did (which
+        # stream a task instance's start-tasks went to is not in its record).
+        read = [keys.lifecycle] if keys.lifecycle in trimmed else []
+        if any(s != keys.lifecycle for s in trimmed):
+            read += streams[1:]
+        needle = orjson.dumps(record.id)
+        entries = [
+            (stream, raw_id.decode(), _decode(fields)[0])
+            for stream in read
+            for raw_id, fields in _scan(client, stream)
+            if fields.get(b"workflow") == needle
+        ]
+    lost = []
+    if keys.lifecycle in trimmed and not any(_is_start(e, keys) for e in entries):
+        lost.append(keys.lifecycle)
+    started: dict[str, set[Any]] = {}
+    for stream, _, event in entries:
+        if stream != keys.lifecycle and event.get("kind") == ev.START_TASK:
+            started.setdefault(str(event.get("key")), set()).add(event.get("attempt"))
+    held = set(map(str, record.paused or []))
+    for key, (attempt, _, _) in record.starts.items():
+        if not isinstance(attempt, int):
+            continue
+        wanted = set(range(1, attempt + (0 if key in held else 1)))
+        if not wanted <= started.get(key, set()):
+            lost += [s for s in trimmed if s != keys.lifecycle]
+            break
+    return lost
+
+
+def _is_start(entry: Entry, keys: Keys) -> bool:
+    return entry[0] == keys.lifecycle and entry[2].get("kind") == ev.START_WORKFLOW
+
+
+def _lost_entries(client: redis.Redis, stream: str) -> bool:
+    """Whether ``stream`` ever lost an entry (trimmed or deleted)."""
+    try:
+        info: Any = client.xinfo_stream(stream)
+    except redis.ResponseError:  # no such key (or not a stream): nothing there to lose
+        return False
+    added = info.get("entries-added")
+    if added is None:  # before Redis 7.0: the first entry cannot tell; assume it may have
+        return True
+    deleted = _text(info.get("max-deleted-entry-id") or "0-0")
+    return int(added) > int(info.get("length", 0)) or deleted != "0-0"
+
+
+def where_the_rest_is(client: redis.Redis, keys: Keys, workflow_id: str) -> str:
+    """Where a timeline no longer in Redis is: the receipts archive, when a receipts
+    worker archives these streams (its group is on the lifecycle stream)."""
+    replay = f"python -m lifecycle replay ARCHIVE --workflow {workflow_id} --offline"
+    try:
+        groups: Any = client.xinfo_groups(keys.lifecycle)
+    except redis.exceptions.NoPermissionError:  # a user that may not ask: say both cases
+        return f"if a receipts worker archives these streams, its archive has it: {replay}"
+    except redis.ResponseError:
+        groups = []
+    if any(_text(g.get("name", b"")) == RECEIPTS_GROUP for g in groups):
+        return f"the receipts archive has all of it: {replay}"
+    return (
+        f"no receipts worker archives these streams (no group {RECEIPTS_GROUP!r} on "
+        f"{keys.lifecycle}): the removed events are not kept anywhere"
+    )
+
+
+def _text(value: Any) -> str:
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
 
 
 def _decode(fields: dict[bytes, bytes]) -> tuple[dict[str, Any], list[str]]:

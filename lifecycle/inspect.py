@@ -4,17 +4,27 @@ These readers never trust what they read: a stored field that is not JSON, nests
 too deep, has the wrong type or is missing is reported as a :class:`Problem`
 (``corrupt record: field s: ...`` with its raw value) and the rest of the record,
 and every other workflow, is shown all the same.
+
+A workflow whose hash is gone (never submitted, deleted, or removed by retention)
+is :class:`UnknownWorkflow` for ``inspect`` and ``history``, and left out of
+``list`` even while its id is still in ``{flow}:workflows``.
+
+States shown: the machine's ``running``, ``finished``, ``failed``, ``terminated``,
+and ``paused`` for a running workflow whose hash holds the paused field
+(:data:`lifecycle.records.PAUSED`); ``corrupt`` when the state cannot be read.
 """
 
 from __future__ import annotations
 
 import base64
+import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
 import redis
 
+from flowlang.graph import Graph, NodeKind
 from flowlang.limits import DEFAULT_LIMITS, loads_value
 from flowlang.machine import parse_key
 from lifecycle import records as rec
@@ -24,6 +34,8 @@ from lifecycle.keys import Keys
 
 __all__ = [
     "CORRUPT",
+    "LIST_STATES",
+    "PAUSED",
     "Problem",
     "StoredWorkflow",
     "describe_workflow",
@@ -34,8 +46,17 @@ __all__ = [
 ]
 
 CORRUPT = "corrupt"  # the state shown for a workflow whose state field cannot be read
-UNKNOWN = "unknown"  # listed, but its record is gone
+PAUSED = rec.PAUSED_STATE  # shown for a running workflow whose hash has the paused field
+# What ``list --state`` accepts: every state a workflow is shown in.
+LIST_STATES = (*rec.SHOWN_STATES, CORRUPT)
 RAW_SHOWN = 200  # characters of a corrupt value shown
+LIST_PAGE = 500  # ids read per round trip by list_workflows
+
+# Task instances of a finished workflow that never started, by why (see _unstarted).
+SKIPPED_GUARD = "skipped (guard)"
+SKIPPED_SUBFLOW_GUARD = "skipped (subflow guard)"
+NOT_STARTED = "not started"
+HELD = "held (paused)"  # started while paused: recorded, sent by the resume
 
 
 def iso(ms: int | None) -> str | None:
@@ -88,7 +109,15 @@ class StoredWorkflow:
     running: dict[str, Any] = field(default_factory=dict)
     starts: dict[str, list[Any]] = field(default_factory=dict)  # key -> [attempt, t0, input]
     ends: dict[str, list[Any]] = field(default_factory=dict)  # key -> [t1, ok, output, error, w]
+    paused: list[Any] | None = None  # held task keys while paused, else None
     problems: list[Problem] = field(default_factory=list)
+
+    @property
+    def shown_state(self) -> str:
+        """The state as shown: ``paused`` for a running workflow that is paused."""
+        if self.status == rec.RUNNING and self.paused is not None:
+            return PAUSED
+        return self.status
 
 
 class _Bad(Exception):
@@ -157,11 +186,27 @@ def _end(raw: bytes) -> list[Any]:
     return value
 
 
+def _paused(raw: bytes) -> list[Any]:
+    value = _json(raw)
+    if not isinstance(value, list):
+        raise _Bad(f"is {type(value).__name__}, expected a list of task keys")
+    return value
+
+
+def unknown_workflow(workflow_id: str) -> UnknownWorkflow:
+    """The error for an id with no hash, saying where its history may still be."""
+    return UnknownWorkflow(
+        f"no workflow {workflow_id!r} in Redis (never started, deleted, or removed by "
+        f"retention; an archive keeps its history: python -m lifecycle replay ARCHIVE "
+        f"--workflow {workflow_id} --offline)"
+    )
+
+
 def read_workflow(client: redis.Redis, keys: Keys, workflow_id: str) -> StoredWorkflow:
     """The workflow's hash, every field checked; UnknownWorkflow when there is none."""
     raw: dict[bytes, bytes] = client.hgetall(keys.workflow(workflow_id))  # type: ignore[assignment]
     if not raw:
-        raise UnknownWorkflow(f"no workflow {workflow_id!r}")
+        raise unknown_workflow(workflow_id)
     return parse_workflow(workflow_id, raw)
 
 
@@ -185,6 +230,9 @@ def parse_workflow(workflow_id: str, raw: dict[bytes, bytes]) -> StoredWorkflow:
     found.created = read(rec.CREATED, _int)
     found.ended = read(rec.ENDED, _int)
     found.input = read(rec.INPUT, _json)
+    found.paused = read(rec.PAUSED, _paused)
+    if found.paused is None and rec.PAUSED.encode() in raw:
+        found.paused = []  # paused all the same; the field's problem is listed
     if rec.STATE.encode() not in raw:
         found.problems.append(Problem(rec.STATE, "missing"))
     state = read(rec.STATE, _state)
@@ -212,9 +260,20 @@ def parse_workflow(workflow_id: str, raw: dict[bytes, bytes]) -> StoredWorkflow:
     return found
 
 
-def describe_workflow(client: redis.Redis, keys: Keys, workflow_id: str) -> dict[str, Any]:
-    """State, every task instance with its times, attempts, input and output; ``corrupt``
-    lists the fields that could not be read (shown, not raised)."""
+def describe_workflow(
+    client: redis.Redis, keys: Keys, workflow_id: str, now_ms: int | None = None
+) -> dict[str, Any]:
+    """State, every task instance with its times, duration, attempts, input and output;
+    ``corrupt`` lists the fields that could not be read (shown, not raised).
+
+    Steps of the graph without a record are listed too: in a finished workflow a
+    guarded step (or one in a guarded subflow) that never started was skipped by
+    its guard; any other step without a record, and every step without one in a
+    workflow still running, failed or terminated, is ``not started`` (a skipped
+    guard leaves no record, so while the workflow runs it cannot be told from a
+    step whose turn has not come). ``duration_ms`` of a running task counts up to
+    ``now_ms`` (default: this host's clock, as the worker's that stamped the start).
+    """
     record = read_workflow(client, keys, workflow_id)
     graph = None
     if record.graph:  # a workflow terminated before it started has no graph
@@ -222,17 +281,24 @@ def describe_workflow(client: redis.Redis, keys: Keys, workflow_id: str) -> dict
             graph = GraphCache(client, keys).machine(record.graph).graph
         except Exception as error:  # noqa: BLE001 - an unreadable graph is shown, not raised
             record.problems.append(Problem(rec.GRAPH, f"graph {record.graph}: {error}"))
+    if now_ms is None and record.running:
+        now_ms = int(time.time() * 1000)
+    held = set(map(str, record.paused or []))
     nodes = []
     for key in sorted(set(record.starts) | set(record.ends), key=_key_order):
         attempt, started, task_input = record.starts.get(key, [None, None, None])
         ended, ok, output, failure, worker = record.ends.get(key, [None] * 5)
-        if key in record.running:
+        if key in held:
+            state = HELD  # its start-task waits for the resume
+            ended = output = failure = None
+        elif key in record.running:
             state = "running"
             ended = output = failure = None
         elif ok is None:
             state = "abandoned"  # the workflow ended (failed, terminated) while it ran
         else:
             state = "ended" if ok else "failed"
+        until = ended if ended is not None else now_ms if state == "running" else None
         name, kind = None, "?"
         index = parse_key(key)[0]
         if graph is not None and 0 <= index < len(graph.nodes):
@@ -246,17 +312,21 @@ def describe_workflow(client: redis.Redis, keys: Keys, workflow_id: str) -> dict
                 "attempts": attempt,
                 "started": iso(started),
                 "ended": iso(ended),
+                "duration_ms": until - started if until is not None and started else None,
                 "worker": worker,
                 "input": task_input,
                 "output": output,
                 "error": failure,
             }
         )
+    if graph is not None:
+        nodes += _unstarted(graph, record)
     return {
         "id": record.id,
         "flow": record.name,
         "graph": record.graph,
-        "state": record.status,
+        "state": record.shown_state,
+        "paused": record.paused,
         "created": iso(record.created),
         "ended": iso(record.ended),
         "input": record.input,
@@ -267,40 +337,106 @@ def describe_workflow(client: redis.Redis, keys: Keys, workflow_id: str) -> dict
     }
 
 
+def _unstarted(graph: Graph, record: StoredWorkflow) -> list[dict[str, Any]]:
+    """A row per step of the graph that has no record at all, with why (see
+    :func:`describe_workflow`). Keyed by node index alone: an iterated step with no
+    instance never had its items."""
+    seen = {parse_key(key)[0] for key in set(record.starts) | set(record.ends)}
+    rows = []
+    for index, node in enumerate(graph.nodes):
+        if index in seen or not _makes_records(node.kind, node.name):
+            continue
+        state = NOT_STARTED
+        if record.status == rec.FINISHED:
+            if node.guard is not None:
+                state = SKIPPED_GUARD
+            elif _in_guarded_subflow(graph, node.parent):
+                state = SKIPPED_SUBFLOW_GUARD
+        rows.append(
+            {
+                "key": str(index),
+                "name": node.name,
+                "kind": str(node.kind),
+                "state": state,
+                "attempts": None,
+                "started": None,
+                "ended": None,
+                "duration_ms": None,
+                "worker": None,
+                "input": None,
+                "output": None,
+                "error": None,
+            }
+        )
+    return rows
+
+
+def _makes_records(kind: NodeKind, name: str | None) -> bool:
+    """Whether a node runs as a task (and so leaves n:/o: records): tasks, named
+    sources (URIs) and sinks; literals and subflow brackets never do."""
+    return (
+        kind is NodeKind.TASK or kind is NodeKind.SINK or (kind is NodeKind.SOURCE and bool(name))
+    )
+
+
+def _in_guarded_subflow(graph: Graph, parent: int | None) -> bool:
+    while parent is not None and 0 <= parent < len(graph.nodes):
+        if graph.nodes[parent].guard is not None:
+            return True
+        parent = graph.nodes[parent].parent
+    return False
+
+
 def _key_order(key: str) -> tuple[int, ...]:
     node, path = parse_key(key)
     return (node, *path)
 
 
 def list_workflows(
-    client: redis.Redis, keys: Keys, state: str | None = None, flow: str | None = None
+    client: redis.Redis,
+    keys: Keys,
+    state: str | None = None,
+    flow: str | None = None,
+    limit: int | None = 50,
 ) -> list[dict[str, Any]]:
-    """One summary per workflow, oldest first, filtered by state and flow name. A
-    workflow whose record cannot be read is listed in state ``corrupt`` with its
-    problems under ``corrupt``; one whose record is gone, in state ``unknown``."""
-    listed: Any = client.zrange(keys.workflows, 0, -1)
-    ids = [i.decode("utf-8", "replace") for i in listed]
-    fields = (rec.NAME, rec.STATE, rec.CREATED, rec.ENDED)
-    pipe = client.pipeline(transaction=False)
-    for workflow_id in ids:
-        pipe.hmget(keys.workflow(workflow_id), *fields)
-    rows = []
-    for workflow_id, values in zip(ids, pipe.execute(), strict=True):
-        if all(v is None for v in values):
-            record = StoredWorkflow(workflow_id, status=UNKNOWN)
-        else:
+    """Up to ``limit`` summaries (None or 0: all), newest first (by creation time),
+    filtered by shown state (:data:`LIST_STATES`) and flow name.
+
+    Ids whose hash is gone (retention or delete removed it and the id's entry in
+    ``{flow}:workflows`` is not swept yet) are skipped. A workflow whose record
+    cannot be read is listed in state ``corrupt`` with its problems under
+    ``corrupt``. Reads :data:`LIST_PAGE` ids per round trip until ``limit`` rows
+    match, so a filter that matches few workflows reads them all.
+    """
+    fields = (rec.NAME, rec.STATE, rec.CREATED, rec.ENDED, rec.PAUSED)
+    rows: list[dict[str, Any]] = []
+    offset = 0
+    while not limit or len(rows) < limit:
+        listed: Any = client.zrevrange(keys.workflows, offset, offset + LIST_PAGE - 1)
+        if not listed:
+            break
+        offset += len(listed)
+        ids = [i.decode("utf-8", "replace") for i in listed]
+        pipe = client.pipeline(transaction=False)
+        for workflow_id in ids:
+            pipe.hmget(keys.workflow(workflow_id), *fields)
+        for workflow_id, values in zip(ids, pipe.execute(), strict=True):
+            if all(v is None for v in values):
+                continue  # its hash is gone: no such workflow any more
             raw = {n.encode(): v for n, v in zip(fields, values, strict=True) if v is not None}
             record = parse_workflow(workflow_id, raw)
-        if (state and record.status != state) or (flow and record.name != flow):
-            continue
-        row: dict[str, Any] = {
-            "id": workflow_id,
-            "flow": record.name,
-            "state": record.status,
-            "created": iso(record.created),
-            "ended": iso(record.ended),
-        }
-        if record.problems:
-            row["corrupt"] = [str(p) for p in record.problems]
-        rows.append(row)
+            if (state and record.shown_state != state) or (flow and record.name != flow):
+                continue
+            row: dict[str, Any] = {
+                "id": workflow_id,
+                "flow": record.name,
+                "state": record.shown_state,
+                "created": iso(record.created),
+                "ended": iso(record.ended),
+            }
+            if record.problems:
+                row["corrupt"] = [str(p) for p in record.problems]
+            rows.append(row)
+            if limit and len(rows) >= limit:
+                break
     return rows

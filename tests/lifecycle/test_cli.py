@@ -60,7 +60,7 @@ def test_inspect_and_list_show_a_finished_workflow(engine, redis_url, flow_file,
     rows = orjson.loads(capsys.readouterr().out)
     assert [r["id"] for r in rows] == ["wf-1"]
     assert main(["list", "--state", "running", "--redis-url", redis_url]) == EXIT_OK
-    assert capsys.readouterr().out == ""
+    assert capsys.readouterr().out == "ID\tFLOW\tSTATE\tCREATED\tENDED\n"
     assert main(["inspect", "wf-1", "--redis-url", redis_url]) == EXIT_OK
     assert "finished" in capsys.readouterr().out
 
@@ -74,7 +74,8 @@ def test_a_bad_flow_is_one_line_with_its_position(redis_url, flow_file, capsys) 
 
 def test_an_unknown_workflow_is_one_line(redis_url, capsys) -> None:
     assert main(["inspect", "nope", "--redis-url", redis_url]) == EXIT_ERROR
-    assert capsys.readouterr().err == "error: no workflow 'nope'\n"
+    err = capsys.readouterr().err
+    assert err.startswith("error: no workflow 'nope' in Redis (") and err.count("\n") == 1
 
 
 def test_unreachable_redis_is_one_line_without_the_password(capsys) -> None:

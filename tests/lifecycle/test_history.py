@@ -30,3 +30,21 @@ def test_a_malformed_key_is_shown_as_it_is() -> None:
     rows = timeline(entries)
     assert [row["key"] for row in rows] == [["1"], {"x": 1}]
     assert len(format_timeline(rows)) == 2
+
+
+def test_an_answer_in_the_same_millisecond_as_its_start_task_comes_after_it() -> None:
+    entries = [
+        ("{flow}:lifecycle", "5-0", {"kind": "start-workflow"}),
+        ("{flow}:lifecycle", "7-1", {"kind": "end-task", "key": "1", "attempt": 1}),
+        ("{flow}:lifecycle", "7-2", {"kind": "end-workflow"}),
+        ("{flow}:tasks:default", "7-0", {"kind": "start-task", "key": "2", "attempt": 1}),
+        ("{flow}:tasks:default", "7-1", {"kind": "start-task", "key": "1", "attempt": 1}),
+    ]
+    rows = timeline(entries)
+    assert [(row["event"], row.get("key")) for row in rows] == [
+        ("start-workflow", None),
+        ("start-task", "2"),
+        ("start-task", "1"),
+        ("end-task", "1"),
+        ("end-workflow", None),
+    ]

@@ -1,0 +1,171 @@
+"""``python -m lifecycle dead-letters list | show | requeue | purge``.
+
+Dead letters of the lifecycle stream and of every task kind, each with its reason
+(:mod:`lifecycle.dead_letters`). Exit codes: 0 done; 2 an unknown id or kind, a
+dead letter that cannot be requeued, ``purge`` without ``--yes``.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from lifecycle.cli.support import EXIT_OK, CliError, Context, print_json
+from lifecycle.dead_letters import (
+    DeadLetter,
+    find_dead_letter,
+    list_dead_letters,
+    purge,
+    requeue,
+)
+
+__all__ = ["add_commands"]
+
+EXAMPLES = """\
+examples:
+  python -m lifecycle dead-letters list --kind ml
+  python -m lifecycle dead-letters show 1700000000000-0
+  python -m lifecycle dead-letters requeue --all --kind ml   # each delivered again once
+  python -m lifecycle dead-letters purge --kind ml --yes
+"""
+
+
+def add_commands(commands: Any, common: argparse.ArgumentParser) -> None:
+    dead = commands.add_parser(
+        "dead-letters",
+        help="entries a worker gave up on, with the reason: list, show, requeue, purge",
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    actions = dead.add_subparsers(dest="action", required=True, metavar="ACTION")
+    kind = argparse.ArgumentParser(add_help=False)
+    kind.add_argument(
+        "--kind", help="only this source: 'lifecycle' or a task kind (default: every one)"
+    )
+
+    listing = actions.add_parser("list", parents=[common, kind], help="one line each")
+    listing.add_argument("--limit", type=int, default=0, help="at most this many (0: all)")
+    listing.add_argument("--json", action="store_true", help="print JSON")
+    listing.set_defaults(func=_list)
+
+    show = actions.add_parser("show", parents=[common, kind], help="one in full")
+    show.add_argument("id", help="the dead letter's id (from list)")
+    show.add_argument("--json", action="store_true", help="print JSON")
+    show.set_defaults(func=_show)
+
+    again = actions.add_parser(
+        "requeue",
+        parents=[common, kind],
+        help="deliver to its stream again (once: the dead letter goes in the same step)",
+    )
+    again.add_argument("ids", nargs="*", metavar="ID", help="dead letter ids")
+    again.add_argument("--all", action="store_true", help="every one (of --kind)")
+    again.set_defaults(func=_requeue)
+
+    remove = actions.add_parser(
+        "purge",
+        parents=[common, kind],
+        help="delete them for good (the receipts archive keeps what it archived)",
+    )
+    remove.add_argument("--yes", action="store_true", help="really delete")
+    remove.set_defaults(func=_purge)
+
+
+def _list(args: argparse.Namespace, context: Context) -> int:
+    if args.limit < 0:
+        raise CliError(f"--limit {args.limit}: expected 0 (all) or more")
+    letters = list_dead_letters(context.client, context.keys, args.kind, args.limit)
+    if args.json:
+        print_json([letter.summary() for letter in letters])
+        return EXIT_OK
+    print("\t".join(("ID", "KIND", "AT", "REASON", "EVENT", "WORKFLOW", "ERROR")))
+    for letter in letters:
+        event = letter.event
+        what = str(event.get("kind", "-"))
+        if "key" in event:
+            what += f" {event.get('name') or ''}({event['key']})"
+        print(
+            "\t".join(
+                (
+                    letter.id,
+                    letter.source,
+                    letter.at or "-",
+                    letter.reason or "-",
+                    what,
+                    str(event.get("workflow", "-")),
+                    _one_line(letter.error or "-"),
+                )
+            )
+        )
+    return EXIT_OK
+
+
+def _show(args: argparse.Namespace, context: Context) -> int:
+    letter = find_dead_letter(context.client, context.keys, args.id, args.kind)
+    if args.json:
+        print_json(letter.summary())
+        return EXIT_OK
+    _print_letter(letter)
+    return EXIT_OK
+
+
+def _print_letter(letter: DeadLetter) -> None:
+    print(f"dead letter {letter.id} of {letter.source} (dead-lettered {letter.at})")
+    print(f"  reason: {letter.reason or '-'}")
+    print(f"  error: {letter.error or '-'}")
+    print(f"  entry: {letter.original_id or '-'} of {letter.stream or '-'}")
+    times = "?" if letter.deliveries is None else letter.deliveries
+    print(
+        f"  given up by: consumer {letter.consumer or '-'} of group {letter.group or '-'} "
+        f"after {times} {'delivery' if times == 1 else 'deliveries'}"
+    )
+    if letter.fields is None:
+        print(f"  fields: not kept ({letter.size} bytes)")
+    else:
+        print("  fields:")
+        for name, value in letter.fields.items():
+            print(f"    {name}: {value}")
+    if letter.traceback:
+        print("  traceback:")
+        for line in letter.traceback.splitlines():
+            print(f"    {line}")
+
+
+def _requeue(args: argparse.Namespace, context: Context) -> int:
+    client, keys = context.client, context.keys
+    if args.all == bool(args.ids):
+        raise CliError("requeue: give dead letter ids or --all (not both)")
+    if args.all:
+        letters = list_dead_letters(client, keys, args.kind)
+    else:  # every id checked first: a typo requeues none of them
+        letters = [find_dead_letter(client, keys, dead_id, args.kind) for dead_id in args.ids]
+    again = 0
+    for letter in letters:
+        done = requeue(client, letter)
+        if done.new_id is None:
+            print(f"{done.id}: no longer there (requeued or purged meanwhile): not sent")
+        else:
+            again += 1
+            print(f"{done.id}: requeued to {done.stream} as {done.new_id}")
+    print(f"{again} requeued")
+    return EXIT_OK
+
+
+def _purge(args: argparse.Namespace, context: Context) -> int:
+    client, keys = context.client, context.keys
+    if not args.yes:
+        count = len(list_dead_letters(client, keys, args.kind))
+        if not count:
+            print("no dead letters")
+            return EXIT_OK
+        raise CliError(f"purge deletes {count} dead letters for good: add --yes to do it")
+    removed = purge(client, keys, args.kind)
+    for source, count in removed.items():
+        print(f"{source}: {count} deleted")
+    print(f"{sum(removed.values())} deleted")
+    return EXIT_OK
+
+
+def _one_line(text: str, limit: int = 120) -> str:
+    line = " ".join(text.split())
+    return line if len(line) <= limit else line[: limit - 1] + "…"

@@ -1,0 +1,111 @@
+"""``python -m lifecycle status [--json]``: streams, workers, workflows, and warnings.
+
+Exit codes: 0 nothing to warn about; 1 at least one warning (a health check:
+``python -m lifecycle status >/dev/null || alert``); 2 an error (Redis
+unreachable, ...). The data is :func:`lifecycle.status.read_status`'s.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from lifecycle.cli.support import EXIT_FAILED, EXIT_OK, CliError, Context, print_json
+from lifecycle.inspect import iso
+from lifecycle.status import COUNT_LIMIT, STALE_S, Status, StreamInfo, format_ms, read_status
+
+__all__ = ["add_commands"]
+
+EXAMPLES = """\
+examples:
+  python -m lifecycle status              # exit 1 when something needs attention
+  python -m lifecycle status --json | jq .warnings
+"""
+
+
+def add_commands(commands: Any, common: argparse.ArgumentParser) -> None:
+    status = commands.add_parser(
+        "status",
+        parents=[common],
+        help="streams, workers, workflows by state, and what is wrong (exit 1 on a warning)",
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    status.add_argument("--json", action="store_true", help="print JSON")
+    status.add_argument(
+        "--stale",
+        type=float,
+        default=STALE_S,
+        metavar="SECONDS",
+        help=f"a consumer silent this long is taken for gone (default {STALE_S:g})",
+    )
+    status.add_argument(
+        "--count-limit",
+        type=int,
+        default=COUNT_LIMIT,
+        metavar="N",
+        help=f"count the states of the newest N workflows (default {COUNT_LIMIT})",
+    )
+    status.set_defaults(func=_status)
+
+
+def _status(args: argparse.Namespace, context: Context) -> int:
+    if args.stale <= 0:
+        raise CliError(f"--stale {args.stale:g}: expected seconds above 0")
+    if args.count_limit < 0:
+        raise CliError(f"--count-limit {args.count_limit}: expected 0 or more")
+    found = read_status(
+        context.client, context.keys, stale_s=args.stale, count_limit=args.count_limit
+    )
+    if args.json:
+        print_json(found.to_dict())
+    else:
+        _print(found)
+    return EXIT_FAILED if found.warnings else EXIT_OK
+
+
+def _print(found: Status) -> None:
+    server = found.server
+    memory = server.get("used_memory_human") or "?"
+    print(
+        f"redis {server.get('version')}  memory {memory}  "
+        f"maxmemory-policy {server.get('maxmemory_policy')}"
+    )
+    workers = ", ".join(found.lifecycle_workers) or "none"
+    print(f"lifecycle workers alive: {len(found.lifecycle_workers)} ({workers})")
+    counts = found.workflows
+    shown = "  ".join(
+        f"{state} {n}" for state, n in counts.states.items() if n or state != "corrupt"
+    )
+    scope = f" (the newest {counts.scanned} of {counts.listed})" if counts.partial else ""
+    print(f"workflows{scope}: {shown}")
+    if counts.expiring:
+        due = counts.next_removal_ms or 0
+        when = iso(due) if due else "-"
+        print(f"retention: {counts.expiring} ended workflows to remove, the next at {when}")
+    if counts.ended_since_start:
+        ended = "  ".join(f"{k} {v}" for k, v in sorted(counts.ended_since_start.items()))
+        print(f"ended since the start: {ended}")
+    print()
+    print("\t".join(("STREAM", "LENGTH", "LAG", "PENDING", "DEAD", "CONSUMERS (idle)")))
+    for info in [found.lifecycle, *found.kinds]:
+        print(_stream_line(info))
+    print()
+    if found.warnings:
+        for warning in found.warnings:
+            print(f"WARNING: {warning}")
+    else:
+        print("no warnings")
+
+
+def _stream_line(info: StreamInfo) -> str:
+    group = info.group
+    if group is None:
+        lag, pending, consumers = str(info.length), "0", "no group yet"
+    else:
+        lag = f"{group.lag}{'+' if group.lag_capped else ''}"
+        pending = str(group.pending)
+        consumers = ", ".join(f"{c.name} ({format_ms(c.idle_ms)})" for c in group.consumers)
+    return "\t".join(
+        (info.source, str(info.length), lag, pending, str(info.dead_letters), consumers or "none")
+    )
