@@ -47,6 +47,8 @@ def documented_commands() -> list[tuple[str, str]]:
                 command = re.sub(r"^\.venv/bin/", "", command.split(" && ")[-1])
                 if not command.startswith("python -m ") or "──" in command:
                     continue  # a diagram, a flow, a config line
+                if re.search(r"(^|\s)\[|\.\.\.|\s\|\s", command):
+                    continue  # a synopsis ([--option X], ID..., a | b), not a command
                 words = shlex.split(command)
                 if words[:2] == ["python", "-m"] and words[2] in PARSERS:
                     found.append((f"{page.relative_to(ROOT)}:{line}", command))
