@@ -121,11 +121,13 @@ class StallWatch:
             kinds[kind] = min(since, kinds.get(kind, since))
         return kinds
 
-    def _unserved(self, stream: str, group: str) -> int | None:
+    def _unserved(self, stream: str, group: str, held: bool = False) -> int | None:
         """How many entries of ``stream`` wait for ``group`` when nobody serves it (no
-        group, or entries not yet delivered and no consumer that touched the group
-        within ``after`` s); None when it is served. Entries delivered and pending are
-        not a stall: a worker holds them (a dead one's are claimed by the others)."""
+        group, or entries waiting and no consumer that touched the group within
+        ``after`` s); None when it is served. Entries delivered and pending count as
+        waiting only when ``held``: a task worker holds one for as long as the task
+        runs, reading nothing meanwhile, while a lifecycle worker that holds events
+        for seconds without reading is gone."""
         try:
             groups: Any = self.client.xinfo_groups(stream)
         except redis.exceptions.NoPermissionError:
@@ -140,6 +142,8 @@ class StallWatch:
         if not isinstance(lag, int):  # Redis cannot tell after deletions: count (up to 1000)
             after_last = "(" + _text(found.get("last-delivered-id"))
             lag = len(self.client.xrange(stream, after_last, "+", count=1000))  # type: ignore[arg-type]
+        if held:
+            lag += int(found.get("pending") or 0)
         if not lag:
             return None
         consumers: Any = self.client.xinfo_consumers(stream, group)
@@ -149,7 +153,7 @@ class StallWatch:
         return int(lag)
 
     def _lifecycle_warning(self) -> str | None:
-        if self._unserved(self.keys.lifecycle, LIFECYCLE_GROUP) is None:
+        if self._unserved(self.keys.lifecycle, LIFECYCLE_GROUP, held=True) is None:
             return None
         return (
             f"still waiting: no lifecycle worker has read {self.keys.lifecycle} "

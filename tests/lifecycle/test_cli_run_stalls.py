@@ -197,3 +197,17 @@ def test_a_submitter_that_may_not_look_at_groups_waits_without_warnings_or_error
     assert code == EXIT_ERROR  # no lifecycle worker: it waited out its timeout
     err = capsys.readouterr().err
     assert err.endswith("did not end within 2.5s\n") and err.count("\n") == 1, err
+
+
+def test_a_lifecycle_worker_that_took_the_start_and_went_silent_is_no_worker(
+    redis_client: redis.Redis, redis_url: str, tmp_path: Path, capsys: Any
+) -> None:
+    lifecycle = "{flow}:lifecycle"
+    redis_client.xgroup_create(lifecycle, "lifecycle", id="$", mkstream=True)
+    # A consumer that reads the start-workflow and is never heard of again.
+    taker = threading.Timer(0.5, redis_client.xreadgroup, ("lifecycle", "gone", {lifecycle: ">"}))
+    taker.start()
+    assert run_wait(redis_url, write_flow(tmp_path, "A"), 3.5) == EXIT_ERROR
+    taker.join()
+    assert redis_client.xpending(lifecycle, "lifecycle")["pending"] == 1  # it took it
+    assert "still waiting: no lifecycle worker has read" in capsys.readouterr().err
