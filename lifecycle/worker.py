@@ -16,6 +16,7 @@ from typing import Any
 
 from flowlang.limits import DEFAULT_LIMITS, Limits
 from lifecycle.engine.advance import Advancer
+from lifecycle.engine.dead_tasks import DeadTasks, DeadTasksThread
 from lifecycle.engine.retention import DEFAULT_RETENTION, parse_duration, retention_pump
 from lifecycle.engine.timers import timer_pump
 from lifecycle.keys import Keys
@@ -34,6 +35,7 @@ class LifecycleWorker(EventListener):
         keys: Keys | None = None,
         *,
         timers: bool = True,
+        dead_tasks: bool = True,
         untokened_answers: bool = False,
         limits: Limits = DEFAULT_LIMITS,
         retain: float = parse_duration(DEFAULT_RETENTION),
@@ -58,16 +60,34 @@ class LifecycleWorker(EventListener):
         self.timers = timer_pump(self.connection, self.keys) if timers else None
         # Always on: workflows a worker with a retention scheduled are removed on time.
         self.retention = retention_pump(self.connection, self.keys)
+        # Dead-lettered start-tasks answered as failures (lifecycle.engine.dead_tasks).
+        self.dead_tasks = (
+            DeadTasksThread(
+                DeadTasks(
+                    self.keys,
+                    pool=self.connection.connection_pool,
+                    consumer=f"{self.consumer}-dead-tasks",
+                    claim_idle=options["claim_idle"],
+                    block_ms=options.get("block_ms", 1000),
+                )
+            )
+            if dead_tasks
+            else None
+        )
 
     def onStart(self) -> None:  # noqa: N802 - rqse hook name
         if self.timers is not None:
             self.timers.start()
         self.retention.start()
+        if self.dead_tasks is not None:
+            self.dead_tasks.start()
 
     def onStop(self) -> None:  # noqa: N802
         if self.timers is not None:
             self.timers.stop()
         self.retention.stop()
+        if self.dead_tasks is not None:
+            self.dead_tasks.stop()
 
     def process_batch(self, batch: list[tuple[str, dict[str, Any]]]) -> list[str]:
         """Advance; return the ids the advance acknowledged with its commits."""

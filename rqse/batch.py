@@ -1,6 +1,8 @@
 """Handling one batch of entries: the per-entry decisions of a listener.
 
-For each entry, in order: deleted while pending -> acknowledge; delivered
+First ``prepare_batch()`` sees the raw entries once (ids it returns are
+acknowledged unseen). Then for each entry, in order: deleted while pending ->
+acknowledge; set aside by ``prepare_batch()`` -> acknowledge; delivered
 more than ``max_deliveries`` times -> dead letter; malformed -> dead letter;
 kind not selected -> acknowledge (ignored); else ``process()``: truthy ->
 acknowledge (processed), falsy -> acknowledge (declined), exception -> stays
@@ -29,7 +31,7 @@ from __future__ import annotations
 import logging
 import threading
 import traceback
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -120,6 +122,15 @@ class BatchHandler:
     # reject() dead-letters one of them.
     process_batch: Any = None
 
+    def prepare_batch(self, stream: str, entries: Sequence[Entry]) -> Collection[bytes] | None:
+        """Called once per batch read from ``stream``, before any of its ``entries``
+        (``(id, {field: raw value})``, as Redis gave them) is handled: to look something
+        up for the whole batch in one round trip. The entry ids it returns are
+        acknowledged without ``process()`` (counted as ignored). Raising leaves the
+        whole batch pending: Redis weather is waited out as anywhere in the loop, any
+        other exception ends ``listen()``, as a hook's does."""
+        return None
+
     def reject(self, event_id: str, reason: str) -> None:
         """From process_batch(): move one event of the batch to the dead-letter stream."""
         entry_id, fields, deliveries = self._batch_entries[event_id]
@@ -133,6 +144,7 @@ class BatchHandler:
     ) -> None:
         """Handle ``entries`` of ``stream`` and flush; ``counts`` are delivery counts
         (None: first delivery of every entry)."""
+        set_aside = self.prepare_batch(stream, entries) or None
         stats = self.stats
         stats.received += len(entries)
         acks = self._outbox.acks_for(stream)
@@ -156,6 +168,10 @@ class BatchHandler:
                 if stopping.is_set():
                     break  # the rest stays pending on this consumer
                 if not fields:  # deleted (XDEL) while pending: nothing left to do
+                    acks.append(entry_id)
+                    continue
+                if set_aside is not None and entry_id in set_aside:
+                    stats.ignored += 1
                     acks.append(entry_id)
                     continue
                 if counts is None:

@@ -11,9 +11,10 @@ One loop, one thread (``listen()``):
 3. read new entries (XREADGROUP ``>`` COUNT ``batch_size`` BLOCK ``block_ms``);
    the read returns as soon as an entry arrives, so an idle listener costs one
    command per ``block_ms`` and wakes at once;
-4. per entry: decode (malformed -> dead letter), skip kinds not in ``select``,
-   call ``process()``; then acknowledge the batch, with whatever ``emit()``
-   queued, in one transaction (:mod:`rqse.outbox`).
+4. per batch, ``prepare_batch()`` on the raw entries (ids it returns are
+   acknowledged unseen); per entry: decode (malformed -> dead letter), skip kinds
+   not in ``select``, call ``process()``; then acknowledge the batch, with
+   whatever ``emit()`` queued, in one transaction (:mod:`rqse.outbox`).
 
 ``process()`` returning truthy acknowledges (processed), falsy acknowledges as
 declined ("not mine"), raising leaves the entry pending: it is retried after
@@ -25,6 +26,12 @@ loading, MISCONF, busy) never ends the loop: it backs off (capped, jittered),
 logs one line when a spell starts or changes and one when Redis is back, and
 re-establishes. No entry is lost, since nothing is acknowledged before it was
 handled, and none is dead-lettered for it (see :mod:`rqse.batch`).
+
+Streams that appear later: :meth:`EventListener.add_streams`, or a ``discover``
+callable the loop itself calls every ``discover_every`` seconds (no other thread
+reads). A new stream gets the group at id 0 (MKSTREAM), so entries already in it
+are served, and joins the next read; when ``discover`` names nothing new, the
+cost is that call alone.
 
 Stopping: ``stop()`` or a first SIGINT/SIGTERM ends the loop after the entry in
 hand; a blocking read is cut short (CLIENT UNBLOCK, or by closing its socket
@@ -42,7 +49,7 @@ import signal
 import socket
 import threading
 import warnings
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from time import monotonic
 from typing import Any, cast
 
@@ -95,6 +102,13 @@ class EventListener(Recovery, EventClient):
     ``reconnect``        :class:`rqse.backoff.Backoff` between retries while Redis is away
     ``handle_signals``   install SIGINT/SIGTERM handlers when listening in the main thread
     ``drain_timeout``    seconds a signalled listener may take to finish; then it exits
+    ``discover``         callable returning every stream to follow (those already
+                         followed included): streams it names that are new are added as
+                         by :meth:`add_streams`. Called from the loop when establishing and
+                         every ``discover_every`` seconds; a non-Redis exception it raises
+                         is logged and the call tried again next time. Streams are never
+                         dropped.
+    ``discover_every``   seconds between two ``discover`` calls
     """
 
     def __init__(
@@ -119,6 +133,8 @@ class EventListener(Recovery, EventClient):
         reconnect: Backoff | None = None,
         handle_signals: bool = True,
         drain_timeout: float = 10.0,
+        discover: Callable[[], Iterable[str]] | None = None,
+        discover_every: float = 5.0,
         **legacy: Any,
     ) -> None:
         streams = (key,) if isinstance(key, str) else tuple(key)
@@ -140,6 +156,10 @@ class EventListener(Recovery, EventClient):
         self._check_options(batch_size, block_ms, max_deliveries, claim_idle, max_entry_bytes)
         if not drain_timeout > 0:
             raise ConfigurationError(f"drain_timeout must be positive, got {drain_timeout!r}")
+        if not discover_every > 0:
+            raise ConfigurationError(f"discover_every must be positive, got {discover_every!r}")
+        if discover is not None and not callable(discover):
+            raise ConfigurationError(f"discover must be callable, got {discover!r}")
         self._streams = streams
         self._group = group
         self._consumer = consumer or default_consumer_name()
@@ -174,6 +194,13 @@ class EventListener(Recovery, EventClient):
         self._claim_cursors = {stream: "0-0" for stream in streams}
         self._new_offsets: dict[Any, Any] = {stream: ">" for stream in streams}
         self._names = {stream.encode(): stream for stream in streams}
+        self._discover = discover
+        self._discover_every = discover_every
+        self._next_discover = 0.0
+        # Streams handed to add_streams() from any thread, joined by the loop's own
+        # thread between two reads (the reads' arguments are that thread's alone).
+        self._added: list[str] = []
+        self._added_lock = threading.Lock()
 
     def _check_options(
         self,
@@ -317,6 +344,65 @@ class EventListener(Recovery, EventClient):
         self._stopping.set()
         self._start_waking()
 
+    def add_streams(self, streams: str | Iterable[str]) -> None:
+        """Follow ``streams`` too (those already followed are left as they are).
+
+        Thread-safe and cheap: the names are queued, and the loop joins them before
+        its next read (a read already blocking finishes first, within ``block_ms``):
+        it creates the group at id 0 (MKSTREAM), so what the streams already hold is
+        served, and re-processes this consumer's own pending entries of them.
+        Before ``listen()``, the streams simply join the others.
+        """
+        names = (streams,) if isinstance(streams, str) else tuple(streams)
+        for name in names:
+            if not isinstance(name, str) or not name:
+                raise ValueError(f"a stream name must be a non-empty string, got {name!r}")
+        with self._added_lock:
+            self._added.extend(names)
+
+    def _join_added(self) -> list[str]:
+        """Take the queued streams in (loop thread only); return those that are new."""
+        with self._added_lock:
+            added, self._added = self._added, []
+        new = [s for s in dict.fromkeys(added) if s not in self._claim_cursors]
+        for stream in new:
+            self._claim_cursors[stream] = "0-0"
+            self._new_offsets[stream] = ">"
+            self._names[stream.encode()] = stream
+        if new:
+            self._streams = (*self._streams, *new)
+        return new
+
+    def _discover_streams(self) -> None:
+        """Call ``discover`` (when due) and queue what it names."""
+        if self._discover is None:
+            return
+        self._next_discover = monotonic() + self._discover_every
+        try:
+            found = list(self._discover())
+            new = [s for s in found if s not in self._claim_cursors]
+            self.add_streams(new)
+        except redis.RedisError:
+            raise  # Redis weather or worse: the loop's own handling
+        except Exception:
+            logger.warning(
+                "consumer %s: discovering streams failed; tried again in %.1fs",
+                self._consumer,
+                self._discover_every,
+                exc_info=True,
+            )
+            return
+
+    def _follow_new(self) -> None:
+        """Join queued streams while established: group first, then own pending."""
+        new = self._join_added()
+        if not new:
+            return
+        for stream in new:
+            self._create_group(stream)
+        logger.info("consumer %s: now also listening to %s", self._consumer, ", ".join(new))
+        self._recover_own(new)
+
     # -- the loop ------------------------------------------------------------------
     def listen(self, max_events: int | None = None, idle_timeout: float | None = None) -> int:
         """Process events until stopped; return how many were handled.
@@ -377,6 +463,10 @@ class EventListener(Recovery, EventClient):
                 if not self._established:
                     self._establish()
                 else:
+                    if self._discover is not None and monotonic() >= self._next_discover:
+                        self._discover_streams()
+                    if self._added:
+                        self._follow_new()
                     if monotonic() >= self._next_claim:
                         self._claim()
                     else:
@@ -405,6 +495,8 @@ class EventListener(Recovery, EventClient):
         deadline is due; None means do not block."""
         now = monotonic()
         limit = min(self._block_ms / 1000, self._next_claim - now)
+        if self._discover is not None:
+            limit = min(limit, self._next_discover - now)
         if idle_timeout is not None:
             limit = min(limit, last_entry + idle_timeout - now)
         block = int(limit * 1000)
@@ -446,12 +538,10 @@ class EventListener(Recovery, EventClient):
             # Its own connection, held for the blocking reads (CLIENT UNBLOCK needs its id);
             # created here, inside the retry loop, as connecting may fail.
             self._reader = redis.Redis(connection_pool=self._pool, single_connection_client=True)
+        self._discover_streams()
+        self._join_added()
         for stream in self._streams:
-            try:
-                self._redis.xgroup_create(stream, self._group, id="0", mkstream=True)
-            except redis.ResponseError as e:
-                if not str(e).startswith("BUSYGROUP"):  # a concurrent creator won: fine
-                    raise
+            self._create_group(stream)
         self._established = True
         logger.info("consumer %s: group %s established", self._consumer, self._group)
         if not self._checked_server:
@@ -460,6 +550,13 @@ class EventListener(Recovery, EventClient):
                 logger.warning("consumer %s: %s (at %s)", self._consumer, warning, self.location)
         self.onEstablished()
         self._recover_own()
+
+    def _create_group(self, stream: str) -> None:
+        try:
+            self._redis.xgroup_create(stream, self._group, id="0", mkstream=True)
+        except redis.ResponseError as e:
+            if not str(e).startswith("BUSYGROUP"):  # a concurrent creator won: fine
+                raise
 
     def _read_new(self, block_ms: int | None) -> None:
         reader = self._reader

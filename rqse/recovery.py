@@ -43,10 +43,11 @@ class Recovery(BatchHandler):
     def _room(self) -> int:
         raise NotImplementedError
 
-    def _recover_own(self) -> None:
-        """Re-process what this consumer held when it last stopped (or lost Redis)."""
+    def _recover_own(self, streams: Sequence[str] | None = None) -> None:
+        """Re-process what this consumer held when it last stopped (or lost Redis), on
+        ``streams`` (default: all of them)."""
         assert self._reader is not None
-        for stream in self._streams:
+        for stream in self._streams if streams is None else streams:
             cursor: str | bytes = "0"
             while not self._stopping.is_set() and self._room() > 0:
                 reply = self._reader.xreadgroup(

@@ -31,7 +31,8 @@ examples:
   python -m workers noop                       # end every task at once (benchmarks, tests)
   python -m workers simulate --delay-max 2 --failures 10
 
-noop/simulate without --kinds serve every kind known when they start except built-in ones (wait).
+noop/simulate without --kinds serve every kind except built-in ones (wait), also the kinds that
+appear while they run.
 exit codes: 0 stopped cleanly, 1 a worker died or did not drain in time, 2 error (bad arguments,
 class not loadable, Redis unreachable).
 Redis: --redis-url or --redis-url-file, else REDIS_URL or REDIS_URL_FILE, else
@@ -116,9 +117,9 @@ def main(argv: list[str] | None = None) -> int:
 def _command(args: argparse.Namespace, keys: Keys, pool: redis.ConnectionPool) -> int:
     options: dict[str, Any] = {"consumer": args.consumer, "claim_idle": args.claim_idle}
     if args.command in ("noop", "simulate"):
-        from workers.noop import NoopWorker, SimulatedWorker, served_kinds
+        from workers.noop import NoopWorker, SimulatedWorker
 
-        kinds = served_kinds(redis.Redis(connection_pool=pool), keys, args.kinds)
+        kinds = sorted(set(args.kinds)) if args.kinds else None  # None: every kind, as they appear
         if args.command == "noop":
             worker: NoopWorker = NoopWorker(kinds, keys, pool=pool, **options)
         else:

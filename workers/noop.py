@@ -1,24 +1,32 @@
 """Workers that do no real work: for tests, benchmarks and the demo.
 
 :class:`NoopWorker` ends every task at once with its input as output;
-:class:`SimulatedWorker` waits a random delay and fails a given share of tasks.
+:class:`SimulatedWorker` waits a random delay and fails a given share of tasks, its
+outputs shaped for what follows in the flow (every flow runs to its end). Both serve
+the kinds they are given, or every kind, following those that appear while they run.
 """
 
 from __future__ import annotations
 
+import logging
 import random
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import orjson
 
+from flowlang.graph import Graph, NodeKind
 from lifecycle.events import START_TASK, end_task, end_task_template, is_start_task
 from lifecycle.keys import DEFAULT_KIND, TASK_GROUP, Keys
+from lifecycle.records import GRAPH
 from rqse import EventListener
 from rqse.deadletter import REJECTED
 from rqse.errors import MalformedEntry
+from workers.task import StoppedWorkflows
 
 __all__ = ["NoopWorker", "SimulatedWorker", "served_kinds"]
+
+log = logging.getLogger(__name__)
 
 BUILT_IN_KINDS = frozenset({"wait"})
 
@@ -38,22 +46,45 @@ _loads = orjson.loads
 class NoopWorker(EventListener):
     """Ends every start-task of ``kinds`` at once: output = input.
 
+    ``kinds`` None serves every kind but the built-in ones, those that appear while
+    it runs included: it follows ``{flow}:kinds`` (one SMEMBERS every
+    ``discover_every`` seconds, from its own loop; a new kind's waiting tasks are
+    served too).
+
     An engine start-task is answered without decoding it: the end-task's
     ``workflow``, ``key``, ``attempt``, ``token`` and ``output`` are the start-task's own JSON
     bytes (a benchmark measures the engine, not a worker's JSON round trip). Any
     other entry takes the ordinary path: decoded, and answered by ``end_task()``.
     """
 
-    def __init__(self, kinds: Iterable[str], keys: Keys | None = None, **options: Any) -> None:
+    def __init__(
+        self, kinds: Iterable[str] | None = None, keys: Keys | None = None, **options: Any
+    ) -> None:
         self.keys = keys or Keys()
-        streams = [self.keys.tasks(kind) for kind in kinds]
+        if kinds is None:
+            streams = [self.keys.tasks(DEFAULT_KIND)]
+            options.setdefault("discover", self._every_kind)
+            options.setdefault("discover_every", 2.0)
+        else:
+            streams = [self.keys.tasks(kind) for kind in kinds]
         options.setdefault("batch_size", 200)
         super().__init__(streams, TASK_GROUP, [START_TASK], **options)
         self._end_task = end_task_template(self.keys.lifecycle, self.consumer)
+        self._stopped = StoppedWorkflows(self.connection, self.keys, self.consumer)
         # The echo is this class's own: a subclass that computes its output or handles
         # tasks itself gets decoded events.
         cls = type(self)
         self._passes_through = cls.output is NoopWorker.output and cls.process is NoopWorker.process
+
+    def _every_kind(self) -> list[str]:
+        """The task streams of every known kind but the built-in ones."""
+        return [self.keys.tasks(kind) for kind in served_kinds(self.connection, self.keys)]
+
+    def prepare_batch(
+        self, stream: str, entries: Sequence[tuple[bytes, dict[bytes, bytes]]]
+    ) -> set[bytes] | None:
+        """Start-tasks of workflows that have ended are not answered (one SMISMEMBER)."""
+        return self._stopped(entries)
 
     def decode_entry(self, fields: dict[bytes, bytes], event_id: str) -> dict[str, Any]:
         if not self._passes_through or not is_start_task(fields.get(b"kind")):
@@ -114,7 +145,7 @@ class SimulatedWorker(NoopWorker):
 
     def __init__(
         self,
-        kinds: Iterable[str],
+        kinds: Iterable[str] | None = None,
         keys: Keys | None = None,
         delay_max: float = 0.5,
         failures: float = 0.0,
@@ -126,6 +157,7 @@ class SimulatedWorker(NoopWorker):
         self.delay_max = delay_max
         self.failures = failures
         self.random = random.Random(seed)
+        self._graphs: dict[bytes, Graph] = {}  # by content hash: a graph never changes
 
     def process(self, event_id: str, event: dict[str, Any]) -> bool:
         if self.delay_max > 0 and self.sleep(self.random.uniform(0, self.delay_max)):
@@ -140,8 +172,101 @@ class SimulatedWorker(NoopWorker):
         return True
 
     def output(self, event: dict[str, Any]) -> Any:
-        """The input, with an object's ``done`` list extended by this task's name."""
+        """Shaped as the flow's next steps need, so that every flow runs to its end.
+
+        An object: itself, its ``done`` list extended by this task's name. Before a
+        ``*`` (``A → * B``): a list — the input's own, else the first list the object
+        holds, each object in it given the object's other fields (``{batch: 42,
+        items: [{sku: a1}]}`` → ``[{batch: 42, sku: a1}]``), else ``[input]``. Right
+        after a fan-out's join (``{ A  B } → C``): one object with the fields of every
+        object the branches gave, later ones winning, as a summarizing step would
+        give. Anything else (an iteration's list of results included): the input.
+        The graph is read to know: one HGET per task, the graph once per flow.
+        """
         value = event.get("input")
+        graph = self._graph(event)
+        node = event.get("index")
+        if graph is not None and type(node) is int and 0 <= node < len(graph.nodes):
+            if _iterates_next(graph, node):
+                return _items(value)
+            if isinstance(value, list) and _joins_branches(graph, node):
+                value = _merged(value)
         if isinstance(value, dict):
-            return {**value, "done": [*value.get("done", []), event.get("name")]}
+            done = value.get("done")
+            return {**value, "done": [*(done if isinstance(done, list) else ()), event.get("name")]}
         return value
+
+    def _graph(self, event: dict[str, Any]) -> Graph | None:
+        """The graph of the event's workflow (None when unknown or unreadable)."""
+        workflow = event.get("workflow")
+        if not isinstance(workflow, str):
+            return None
+        digest = self.connection.hget(self.keys.workflow(workflow), GRAPH)
+        if not isinstance(digest, bytes):
+            return None
+        graph = self._graphs.get(digest)
+        if graph is None:
+            raw = self.connection.get(self.keys.graph(digest.decode()))
+            if raw is None:
+                return None
+            try:
+                graph = Graph.from_json(raw)
+            except (ValueError, KeyError, TypeError) as error:
+                log.debug("workflow %s: graph %s unreadable: %s", workflow, digest, error)
+                return None
+            if len(self._graphs) >= 64:
+                self._graphs.clear()
+            self._graphs[digest] = graph
+        return graph
+
+
+def _iterates_next(graph: Graph, node: int) -> bool:
+    """Whether a successor of ``node`` iterates, looking through fan-outs (``{ * B  C }``)."""
+    seen: set[int] = set()
+    frontier = list(graph.successors(node))
+    while frontier:
+        target = frontier.pop()
+        if target in seen:
+            continue
+        seen.add(target)
+        found = graph.nodes[target]
+        if found.iterate:
+            return True
+        if found.kind == NodeKind.SUBFLOW_START:
+            frontier.extend(graph.successors(target))
+    return False
+
+
+def _joins_branches(graph: Graph, node: int) -> bool:
+    """Whether ``node`` comes right after the join of a fan-out (not of an iteration)."""
+    for source in graph.predecessors(node):
+        pair = graph.nodes[source].pair
+        if graph.nodes[source].kind == NodeKind.SUBFLOW_END and pair is not None:
+            return not graph.nodes[pair].iterate
+    return False
+
+
+def _items(value: Any) -> list[Any]:
+    """What a ``*`` after this task iterates over (:meth:`SimulatedWorker.output`)."""
+    if isinstance(value, list):
+        return value
+    if isinstance(value, dict):
+        for name, items in value.items():
+            if name != "done" and isinstance(items, list):
+                shared = {k: v for k, v in value.items() if k not in (name, "done")}
+                return [{**shared, **item} if isinstance(item, dict) else item for item in items]
+    return [value]
+
+
+def _merged(values: list[Any]) -> Any:
+    """The fields of every object in ``values`` (nested lists included), later ones
+    winning; ``values`` itself when it holds no object."""
+    merged: dict[str, Any] | None = None
+    stack = list(reversed(values))
+    while stack:
+        value = stack.pop()
+        if isinstance(value, dict):
+            merged = {**(merged or {}), **value}
+        elif isinstance(value, list):
+            stack.extend(reversed(value))
+    return values if merged is None else merged

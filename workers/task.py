@@ -27,24 +27,26 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from time import monotonic
 from typing import Any, ClassVar
 
+import orjson
 import redis
 
 from flowlang.limits import DEFAULT_LIMITS, LimitExceeded, Limits, encode_value
-from lifecycle.events import START_TASK, end_task
+from lifecycle.events import START_TASK, end_task, is_start_task
 from lifecycle.keys import TASK_GROUP, Keys
 from rqse import EventListener
 from rqse.events import encode_event
 from workers.errors import BadTask
 from workers.scripts import load_script
 
-__all__ = ["HandBack", "Task", "TaskListener", "encode_output", "error_text"]
+__all__ = ["HandBack", "StoppedWorkflows", "Task", "TaskListener", "encode_output", "error_text"]
 
 log = logging.getLogger(__name__)
+_loads = orjson.loads
 
 _ENDED = frozenset({"finished", "failed", "terminated", "missing", "replaced"})
 # An error text is the task's, sent as is, but a task's exception can carry
@@ -159,6 +161,77 @@ class Task:
         )
 
 
+class StoppedWorkflows:
+    """Sets aside the start-tasks of a batch whose workflow has ended failed or
+    terminated (``Keys.stopped``): one SMISMEMBER per batch, for the listener's
+    ``prepare_batch``. Nobody takes their answers, so they are acknowledged without
+    running and without an answer, one INFO line each.
+
+    The check saves work, it does not make anything correct (the lifecycle refuses
+    late answers anyway): when Redis refuses it, the batch runs as it would without.
+    A user not allowed SMISMEMBER on the set is said once, then never asked again.
+    """
+
+    def __init__(self, client: redis.Redis, keys: Keys, consumer: str) -> None:
+        self._client = client
+        self._key = keys.stopped
+        self._consumer = consumer
+        self._checking = True
+
+    def __call__(self, entries: Sequence[tuple[bytes, Mapping[bytes, bytes]]]) -> set[bytes] | None:
+        """The ids of ``entries`` (raw, as read) not to run; None when there are none."""
+        if not self._checking:
+            return None
+        starts: list[tuple[bytes, str, Mapping[bytes, bytes]]] = []
+        for entry_id, fields in entries:
+            if not fields or not is_start_task(fields.get(b"kind")):
+                continue
+            try:
+                workflow = _loads(fields.get(b"workflow") or b"null")
+            except orjson.JSONDecodeError:
+                continue  # the decoding path dead-letters it
+            if isinstance(workflow, str):
+                starts.append((entry_id, workflow, fields))
+        if not starts:
+            return None
+        workflows = list(dict.fromkeys(workflow for _, workflow, _ in starts))
+        try:
+            flags = self._client.smismember(self._key, workflows)
+        except redis.exceptions.NoPermissionError as error:
+            self._checking = False
+            log.warning(
+                "consumer %s: cannot check %s (%s); tasks of ended workflows will run",
+                self._consumer,
+                self._key,
+                error,
+            )
+            return None
+        except redis.RedisError as error:
+            log.debug("consumer %s: %s not checked: %s", self._consumer, self._key, error)
+            return None
+        ended = {workflow for workflow, flag in zip(workflows, flags, strict=True) if flag}
+        if not ended:
+            return None
+        skipped = set()
+        for entry_id, workflow, fields in starts:
+            if workflow in ended:
+                log.info("task %s not started: workflow %s has ended", _task_id(fields), workflow)
+                skipped.add(entry_id)
+        return skipped
+
+
+def _task_id(fields: Mapping[bytes, bytes]) -> str:
+    """A start-task's ``id`` (``<workflow>/<key>/<attempt>``), from its raw fields."""
+    try:
+        value = _loads(fields.get(b"id") or b"null")
+        if isinstance(value, str):
+            return value
+        parts = [_loads(fields.get(name) or b"null") for name in (b"workflow", b"key", b"attempt")]
+    except orjson.JSONDecodeError:
+        return "?"
+    return "/".join(map(str, parts))
+
+
 class TaskListener(EventListener):
     """An :class:`rqse.EventListener` bound to one task kind: ``{flow}:tasks:<kind>``,
     group ``workers`` (shared by every worker of the kind, so each task goes to one).
@@ -188,6 +261,13 @@ class TaskListener(EventListener):
         options.setdefault("batch_size", 1)
         super().__init__(self.keys.tasks(kind), TASK_GROUP, [START_TASK], **options)
         self._attempt_state = load_script(self.connection, "attempt_state")
+        self._stopped = StoppedWorkflows(self.connection, self.keys, self.consumer)
+
+    def prepare_batch(
+        self, stream: str, entries: Sequence[tuple[bytes, dict[bytes, bytes]]]
+    ) -> set[bytes] | None:
+        """Start-tasks of workflows that have ended are not run (:class:`StoppedWorkflows`)."""
+        return self._stopped(entries)
 
     def run(self, task: Task) -> Any:
         """Do the task; return its output (None means ``{}``). Raise to fail it."""

@@ -37,10 +37,17 @@ def test_exit_usage_is_the_historical_exit_error() -> None:
 
 
 def test_every_command_dispatches_through_its_func() -> None:
+    def leaves(parser: argparse.ArgumentParser, name: str) -> Any:
+        nested = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+        if not nested:
+            yield name, parser
+        for action in nested:  # a command with its own subcommands (dead-letters list)
+            for sub_name, sub in action.choices.items():
+                yield from leaves(sub, f"{name} {sub_name}".strip())
+
     for parser in (build_parser(), build_parser(_composed())):
-        [commands] = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
-        for name, sub in commands.choices.items():
-            assert callable(sub.get_default("func")), name
+        for name, command in leaves(parser, ""):
+            assert callable(command.get_default("func")), name
 
 
 def _composed() -> Any:
