@@ -84,6 +84,8 @@ def test_running_it_for_real_runs_orders_under_the_simulator(
             "/run/secrets/redis-url": str(url_file),
             "/var/lib/flow/receipts": str(archive),
         },
+        # status exits 1 on a warning, and the test's Redis runs without persistence.
+        expect={"-m lifecycle status": 1},
     )
     try:
         ran = {
@@ -99,6 +101,8 @@ def test_running_it_for_real_runs_orders_under_the_simulator(
     assert [[o["id"] for o in branch] for branch in orders] == [[1, 2, 3]] * 2
     inspect = next(r for c, r in ran.items() if " inspect " in c)
     assert f"{workflow_id}  flow orders  state finished" in inspect.out
+    status = next(r for c, r in ran.items() if " status" in c)
+    assert "lifecycle workers alive: 1" in status.out and "persistence" in status.out
     replay = next(r for c, r in ran.items() if " replay " in c)
     assert f"workflow {workflow_id}: finished, replay equal, live equal" in replay.out
     assert codes == [0, 0, 0], shell.background_logs()  # each worker stopped cleanly
