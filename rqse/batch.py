@@ -340,7 +340,11 @@ class BatchHandler:
     ) -> bool:
         """Log a failure; dead-letter on the last delivery (True: acknowledge it)."""
         last = deliveries >= self._max_deliveries
-        logger.warning(
+        # A handler cut short by stop() (EventListener.sleep returned True) leaves the
+        # entry for another consumer: expected at every shutdown, so no traceback.
+        expected = isinstance(error, InterruptedError) and self._stopping.is_set()
+        logger.log(
+            logging.DEBUG if expected else logging.WARNING,
             "consumer %s: %s %s: process() failed on delivery %d of %d%s",
             self._consumer,
             stream,

@@ -189,6 +189,9 @@ class RedisServer:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             env=env,
+            # Its own session: a Ctrl-C at the terminal reaches the owner, which stops
+            # its workers and then the server, rather than the server going first.
+            start_new_session=True,
         )
         self._wait_ready(timeout)
         return self

@@ -24,10 +24,10 @@ EXIT_ERROR = 2  # bad arguments, a class that cannot be loaded, Redis unreachabl
 
 EPILOG = """\
 examples:
-  python -m workers run examples.upper:Upper --concurrency 8   # your TaskListener, 8 threads
-  python -m workers run examples.seed_worker:CountWorker --kind count
+  python -m workers run examples.tutorial.shop:Shop --concurrency 8   # a TaskListener, 8 threads
+  python -m workers run examples.seed_worker:StockListener --kind stock   # seed-style listener
   python -m workers wait                       # the built-in wait: kind (delay, event, latches)
-  python -m workers resource --base-dir flows/ --allow-network 10.0.0.0/8   # URI sources, sinks
+  python -m workers resource --base-dir examples/ --allow-network 10.0.0.0/8   # URI sources, sinks
   python -m workers noop                       # end every task at once (benchmarks, tests)
   python -m workers simulate --delay-max 2 --failures 10
 
@@ -96,16 +96,21 @@ def main(argv: list[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     keys = Keys(args.prefix)
+    where = "Redis"
     try:
         settings = resolve_url(args.redis_url, args.redis_url_file)
+        where = f"Redis at {settings.masked_url} ({settings.origin})"
         pool = settings.pool()
         redis.Redis(connection_pool=pool).ping()
         return _command(args, keys, pool)
     except (RqseError, WorkerError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)
         return EXIT_ERROR
+    except (redis.ConnectionError, redis.TimeoutError) as error:
+        print(f"error: cannot reach {where}: {error}", file=sys.stderr)
+        return EXIT_ERROR
     except redis.RedisError as error:
-        print(f"error: Redis: {error}", file=sys.stderr)
+        print(f"error: {where}: {error}", file=sys.stderr)
         return EXIT_ERROR
 
 

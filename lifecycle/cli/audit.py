@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from pathlib import Path
 from typing import Any
 
 import redis
@@ -65,6 +66,8 @@ def add_commands(commands: Any, common: argparse.ArgumentParser) -> None:
 
 
 def _replay_command(args: argparse.Namespace, context: Context) -> int:
+    if not Path(args.archive).is_dir():  # said before anything about Redis
+        raise CliError(f"{args.archive}: no such archive directory")
     client = None
     if not args.offline:
         try:

@@ -16,20 +16,34 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from flowlang.graph import Graph, NodeKind
 from lifecycle import events as ev
 from lifecycle import records as rec
+from lifecycle.cli.stalls import DEFAULT_WARN_AFTER, StallWatch
 from lifecycle.cli.support import (
     EXIT_ERROR,
     EXIT_FAILED,
     EXIT_OK,
+    CliError,
     Context,
     compile_file,
     print_json,
     read_input,
 )
+from lifecycle.errors import NotAllowed
 from lifecycle.keys import Keys
 from lifecycle.submit import start_workflow
 from rqse.keys import dead_letter_key
 
-__all__ = ["DEAD_LETTERED", "Ending", "Since", "add_commands", "last_id", "wait_for_end"]
+__all__ = [
+    "DEAD_LETTERED",
+    "Ending",
+    "Since",
+    "add_commands",
+    "last_id",
+    "wait_for_end",
+    "workflow_state",
+]
+
+
+IF_EXISTS = ("return", "fail")
 
 
 def add_commands(commands: Any, common: argparse.ArgumentParser) -> None:
@@ -39,22 +53,83 @@ def add_commands(commands: Any, common: argparse.ArgumentParser) -> None:
     run.add_argument("--id", help="workflow id (default: <flow name>-<uuid>)")
     run.add_argument("--wait", action="store_true", help="wait for the end, print the output")
     run.add_argument("--timeout", type=float, help="with --wait: give up after this many seconds")
+    run.add_argument(
+        "--if-exists",
+        choices=IF_EXISTS,
+        help="when --id names a workflow that exists: 'return' treats it as the one started "
+        "(its id; with --wait, its result), 'fail' exits 1; without it: exit 2",
+    )
+    run.add_argument(
+        "--warn-after",
+        type=float,
+        default=DEFAULT_WARN_AFTER,
+        metavar="SECONDS",
+        help="with --wait: say once on stderr what the workflow waits for (no lifecycle "
+        f"worker, no worker for a kind) after this long without progress, default "
+        f"{DEFAULT_WARN_AFTER:g}; 0: never",
+    )
     run.set_defaults(func=_run)
+
+
+def workflow_state(client: redis.Redis, keys: Keys, workflow_id: str) -> str | None:
+    """The state ``inspect`` shows for an existing workflow, as
+    :meth:`lifecycle.client.Client.status` reads it (``paused`` while a running one's
+    record holds the paused field); None when its record does not exist."""
+    # HGET alone: the documented ACL of `run` (docs/security.md) grants no HMGET.
+    key = keys.workflow(workflow_id)
+    pipe = client.pipeline(transaction=False)
+    for field in (rec.STATE, rec.PAUSED, rec.VERSION):
+        pipe.hget(key, field)
+    raw, paused, version = pipe.execute()
+    if raw is None and version is None:
+        return None
+    state = _loads(raw)
+    if not isinstance(state, dict) or not isinstance(state.get("status", rec.RUNNING), str):
+        return "corrupt"
+    status = str(state.get("status", rec.RUNNING))
+    return rec.PAUSED_STATE if paused is not None and status == rec.RUNNING else status
+
+
+def _exists(args: argparse.Namespace, context: Context) -> bool:
+    """Whether ``--id`` names a workflow that exists and ``--if-exists return`` says to
+    take it as the one started; raises (exit 2, or 1 for ``fail``) when it exists
+    otherwise."""
+    if args.id is None:
+        return False
+    state = workflow_state(context.client, context.keys, args.id)
+    if state is None:
+        return False
+    if args.if_exists == "fail":
+        raise NotAllowed(f"workflow {args.id} exists (state {state})")
+    if args.if_exists is None:
+        raise CliError(f"workflow {args.id} exists (state {state}); --if-exists return|fail")
+    return True
 
 
 def _run(args: argparse.Namespace, context: Context) -> int:
     graph = compile_file(args.file)
     value = read_input(args.input)
     client, keys = context.client, context.keys
+    # Checked before the start: the engine would take a second start of the same id as
+    # the first one's redelivery and say nothing.
+    exists = _exists(args, context)
     if not args.wait:  # a submitter need not read the lifecycle stream (docs/security.md)
-        print(start_workflow(client, graph, value, args.id, keys), flush=True)
+        print(args.id if exists else start_workflow(client, graph, value, args.id, keys))
         return EXIT_OK
     since = Since.now(client, keys)
-    workflow_id = start_workflow(client, graph, value, args.id, keys)
-    print(workflow_id, flush=True)
-    ending = wait_for_end(
-        client, keys, workflow_id, graph, since, args.timeout, Console(stderr=True)
-    )
+    workflow_id = args.id if exists else start_workflow(client, graph, value, args.id, keys)
+    try:
+        print(workflow_id, flush=True)
+        console = Console(stderr=True)
+        watch = StallWatch(client, keys, graph, args.warn_after)
+        ending = wait_for_end(client, keys, workflow_id, graph, since, args.timeout, console, watch)
+    except KeyboardInterrupt:  # the workflow is the engine's: it goes on without us
+        print(
+            f"stopped waiting; workflow {workflow_id} goes on "
+            f"(python -m lifecycle inspect {workflow_id})",
+            file=sys.stderr,
+        )
+        return EXIT_FAILED
     if ending is None:
         print(f"error: workflow {workflow_id} did not end within {args.timeout}s", file=sys.stderr)
         return EXIT_ERROR
@@ -116,10 +191,11 @@ def wait_for_end(
     since: Since,
     timeout: float | None,
     console: Console,
+    watch: StallWatch | None = None,
 ) -> Ending | None:
     """Follow the lifecycle stream and its dead letters from ``since`` until the workflow
     ends or its start-workflow is dead-lettered, showing ended/started tasks; None on
-    timeout."""
+    timeout. ``watch``'s warnings go to ``console`` as they come."""
     deadline = None if timeout is None else time.monotonic() + timeout
     dead = dead_letter_key(keys.lifecycle)
     cursors = {keys.lifecycle: since.lifecycle, dead: since.dead}
@@ -131,7 +207,9 @@ def wait_for_end(
         MofNCompleteColumn(),
         TimeElapsedColumn(),
     )
-    with Progress(*columns, console=console, transient=True) as progress:
+    # Off the terminal (a pipe, a log) the bar would leave only an empty line behind.
+    shows_bar = console.is_terminal
+    with Progress(*columns, console=console, transient=True, disable=not shows_bar) as progress:
         bar = progress.add_task(workflow_id[:40], total=_task_total(graph))
         while deadline is None or time.monotonic() < deadline:
             reply: Any = client.xread(cursors, count=500, block=200)  # type: ignore[arg-type]
@@ -151,6 +229,8 @@ def wait_for_end(
             started = sum(1 for n in names if n.startswith(rec.START_PREFIX.encode()))
             ended = sum(1 for n in names if n.startswith(rec.END_PREFIX.encode()))
             progress.update(bar, completed=ended, total=max(started, _task_total(graph), 1))
+            for line in watch.check(names) if watch is not None else ():
+                console.print(line, markup=False, highlight=False, soft_wrap=True)
             final = _ending_from_record(client, keys, workflow_id)
             if final is not None:  # the end event was trimmed away before we read it
                 return final
