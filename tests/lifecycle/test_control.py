@@ -425,7 +425,6 @@ def test_a_start_held_and_resumed_in_one_batch_is_sent_with_its_input(harness: H
 def test_a_start_sent_terminated_and_restarted_in_one_batch_keeps_its_input(
     harness: Harness,
 ) -> None:
-    client = Client(harness.client, KEYS)
     harness.submit(compile_text("A → B"), {"x": 1}, workflow_id="wf")
     harness.advance()
     harness.work(ok)  # A's end (B starts), a terminate and a restart: one batch
