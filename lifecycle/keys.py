@@ -93,6 +93,12 @@ class Keys:
         return f"{self.prefix}:expiring"
 
     @property
+    def retention(self) -> str:
+        """String: the lifecycle workers' retention in ms (0: kept until deleted), set by
+        each at start; replay tells a workflow removed on time from one Redis lost."""
+        return f"{self.prefix}:retention"
+
+    @property
     def timers(self) -> str:
         """Sorted set of durable timers, scored by due time (ms)."""
         return f"{self.prefix}:timers"

@@ -76,6 +76,7 @@ class LifecycleWorker(EventListener):
         )
 
     def onStart(self) -> None:  # noqa: N802 - rqse hook name
+        self.connection.set(self.keys.retention, self.advancer.transition.retain_ms)
         if self.timers is not None:
             self.timers.start()
         self.retention.start()

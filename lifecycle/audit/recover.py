@@ -109,6 +109,7 @@ def _restore(
                 pipe.zadd(keys.timers, item.timers)
             if item.live == NOT_IN_REDIS and item.state.status != rec.RUNNING:
                 pipe.hincrby(keys.outcomes, item.state.status, 1)
+                _ended_again(client, pipe, keys, item)
             for stream, event in running:
                 fields = {name: orjson.dumps(value) for name, value in event.items()}
                 fields[ev.RECOVERED] = b"true"  # replay: the same start-task, sent again
@@ -117,6 +118,17 @@ def _restore(
         except redis.WatchError:
             return None
     return len(running)
+
+
+def _ended_again(client: redis.Redis, pipe: Any, keys: Keys, item: WorkflowReplay) -> None:
+    """What the commit that ended a restored workflow did besides its record: its place
+    in retention's schedule, and in the stopped set unless it finished."""
+    assert item.state is not None
+    retain, ended = client.get(keys.retention), item.fields.get(rec.ENDED)
+    if retain and int(retain) > 0 and ended is not None:
+        pipe.zadd(keys.expiring, {item.workflow: int(ended) + int(retain)})
+    if item.state.status != rec.FINISHED:
+        pipe.sadd(keys.stopped, item.workflow)
 
 
 def _running_start_tasks(item: WorkflowReplay) -> list[tuple[str, dict[str, Any]]]:

@@ -44,7 +44,9 @@ from lifecycle.keys import Keys
 
 __all__ = [
     "BEHIND",
+    "DELETED",
     "NOT_IN_REDIS",
+    "REMOVED",
     "ArchiveGraphs",
     "WorkflowReplay",
     "compare_live",
@@ -54,6 +56,9 @@ __all__ = [
 # What compare_live finds (WorkflowReplay.live), besides "equal" and "different":
 NOT_IN_REDIS = "not in Redis"
 BEHIND = "lost in Redis"  # Redis holds it at an older point than the archive
+# Not in Redis, and rightly so: nothing to recover.
+DELETED = "deleted"  # its last archived event is a delete-workflow
+REMOVED = "removed after it ended"  # it had ended: retention (or Redis) removed its record
 
 _START_FIELDS = ("name", "index", "key", "attempt", "token", "role", "input", "parameters")
 
@@ -94,7 +99,9 @@ class WorkflowReplay:
     state: State | None = None
     fields: dict[str, Any] = field(default_factory=dict)  # the hash fields live would hold
     divergence: Finding | None = None
-    live: str = "not checked"  # "equal", "different", NOT_IN_REDIS, BEHIND, "not checked"
+    # "equal", "different", NOT_IN_REDIS, BEHIND, DELETED, REMOVED, "not checked"
+    live: str = "not checked"
+    deleted: bool = False  # the replay ends with a delete-workflow
     live_version: str | None = None  # the version (field v) compare_live saw
     rejected: list[str] = field(default_factory=list)  # inputs live dead-lettered too
     timers: dict[str, int] = field(default_factory=dict)  # member -> due ms, still pending
@@ -107,6 +114,12 @@ class WorkflowReplay:
         value = self.fields.get("g")
         return value.decode() if isinstance(value, bytes) else value
 
+    @property
+    def shown_state(self) -> str:
+        if self.deleted:
+            return DELETED
+        return self.state.status if self.state else "never started"
+
     def diverge(self, entry_id: str, stream: str | None, message: str) -> None:
         if self.divergence is None:  # the first one is the one that matters
             self.divergence = Finding(message, self.workflow, entry_id, stream)
@@ -116,7 +129,7 @@ class WorkflowReplay:
         return {
             "workflow": self.workflow,
             "graph": self.graph,
-            "state": state.status if state else "never started",
+            "state": self.shown_state,
             "output": state.output if state and state.status == "finished" else None,
             "error": state.error if state else None,
             "equal": self.divergence is None,
@@ -178,7 +191,9 @@ def replay_workflow(item: WorkflowReplay, graphs: ArchiveGraphs, keys: Keys) -> 
             item.timers[member] = due
         if commit.deleted:  # an id deleted, then started again, starts afresh
             item.fields, item.state, item.timers, version = {}, None, {}, 0
+            item.deleted = True
             continue
+        item.deleted = False
         names, values = commit.fields[::2], commit.fields[1::2]
         item.fields.update(zip(names, values, strict=True))
         for name in commit.removed:
@@ -269,7 +284,12 @@ def compare_live(client: redis.Redis, keys: Keys, item: WorkflowReplay) -> None:
     try:
         record = load_workflow(client, keys, item.workflow)
     except UnknownWorkflow:
-        item.live = NOT_IN_REDIS
+        if item.deleted:
+            item.live = DELETED
+        elif _removed_on_time(client, keys, item):
+            item.live = REMOVED
+        else:
+            item.live = NOT_IN_REDIS
         return
     replayed = item.state.to_dict() if item.state else {}
     conflicts, missing = [], []
@@ -296,6 +316,19 @@ def compare_live(client: redis.Redis, keys: Keys, item: WorkflowReplay) -> None:
         last = item.inputs[-1][1] if item.inputs else None
         problem = (conflicts + missing)[0]
         item.diverge(last or "", None, f"workflow {item.workflow}: live differs: {problem}")
+
+
+def _removed_on_time(client: redis.Redis, keys: Keys, item: WorkflowReplay) -> bool:
+    """Whether ``item`` ended long enough ago for retention to have removed it, by the
+    retention the lifecycle workers last recorded (none recorded: Redis lost it)."""
+    ended = item.fields.get(rec.ENDED)
+    if item.state is None or item.state.status not in rec.ENDED_STATES or ended is None:
+        return False
+    retain = client.get(keys.retention)
+    if not retain or int(retain) <= 0:
+        return False
+    seconds, micros = client.time()
+    return int(ended) + int(retain) <= seconds * 1000 + micros // 1000
 
 
 def _older(live_ends: dict[str, Any], item: WorkflowReplay) -> bool:

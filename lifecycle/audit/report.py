@@ -72,7 +72,7 @@ class AuditReport:
 
     def add(self, item: WorkflowReplay, keep: bool) -> None:
         self.replayed += 1
-        self.states[item.state.status if item.state else "never started"] += 1
+        self.states[item.shown_state] += 1
         self.live[item.live] += 1
         if keep or item.divergence is not None or item.live in (NOT_IN_REDIS, BEHIND):
             self.workflows.append(item)
