@@ -174,11 +174,12 @@ def _replay(args: argparse.Namespace, client: redis.Redis | None, keys: Keys) ->
             for line in format_timeline(summary["timeline"]):
                 print(f"  {line}")
         totals = report.summary()
+        workflows, chain = totals["workflows"], len(report.chain)
         print(
-            f"{totals['workflows']} workflows, {totals['records']} records, "
-            f"{totals['diverged']} diverged, {totals['lost_in_redis']} lost in Redis "
-            f"(python -m lifecycle recover), {len(report.chain)} chain problems; "
-            f"head {report.head}"
+            f"{workflows} workflow{'' if workflows == 1 else 's'} replayed "
+            f"({totals['records']} archive records read), {totals['diverged']} diverged, "
+            f"{totals['lost_in_redis']} lost in Redis (python -m lifecycle recover), "
+            f"{chain} chain problem{'' if chain == 1 else 's'}; head {report.head}"
         )
     problem = report.first_problem
     if problem is not None:
