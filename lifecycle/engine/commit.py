@@ -173,6 +173,14 @@ class Commit:
     def set(self, name: str, value: Any) -> None:
         self.fields += (name, value)
 
+    def delete(self) -> None:
+        """The workflow's record goes: whatever this commit was to write to it, too (the
+        events it sends and its acknowledgements stay). advance.lua and :meth:`commands`
+        delete before they write, so a start later in the same batch writes the id anew."""
+        self.deleted = True
+        self.fields, self.removed, self.timers = [], [], []
+        self.created, self.expire_at, self.stopped = "", "", ""
+
     def end(self, now: int, status: str) -> None:
         """The workflow ends with this commit: its end time, and one more of ``status``."""
         self.set(rec.ENDED, now)
@@ -203,7 +211,17 @@ class Commit:
         MULTI/EXEC whose WATCH stands for the version check. Acknowledgements excluded:
         the caller sends one XACK for all the commits of a transaction."""
         key = self.keys.workflow(self.workflow)
-        commands: list[Any] = [("HSET", key, *self.fields)] if self.fields else []
+        commands: list[Any] = []
+        if self.deleted:  # first: a start later in the same batch writes the id anew
+            _, _, workflows, _, expiring, stopped = self.shared
+            commands += [
+                ("DEL", key),
+                ("ZREM", workflows, self.workflow),
+                ("ZREM", expiring, self.workflow),
+                ("SREM", stopped, self.workflow),
+            ]
+        if self.fields:
+            commands.append(("HSET", key, *self.fields))
         if self.removed:
             commands.append(("HDEL", key, *self.removed))
         for stream, fields, template in self.events:
@@ -228,14 +246,6 @@ class Commit:
             elif self.stopped == "remove":
                 commands.append(("SREM", stopped, self.workflow))
                 commands.append(("ZREM", expiring, self.workflow))
-        if self.deleted:
-            _, _, workflows, _, expiring, stopped = self.shared
-            commands += [
-                ("DEL", key),
-                ("ZREM", workflows, self.workflow),
-                ("ZREM", expiring, self.workflow),
-                ("SREM", stopped, self.workflow),
-            ]
         return commands
 
     def script_call(self, group: str, version: str) -> tuple[list[str], list[Any]]:
@@ -256,6 +266,7 @@ class Commit:
             version,
             rec.VERSION,
             self.workflow,
+            "1" if self.deleted else "",
             len(self.acks),
             *self.acks,
             len(self.fields) // 2,
@@ -272,5 +283,4 @@ class Commit:
             self.outcome,
             self.expire_at,
             self.stopped,
-            "1" if self.deleted else "",
         ]

@@ -94,6 +94,8 @@ class Transition:
         """Apply ``item.events`` to ``item.state``; return what to commit, or None when
         nothing changes. Events that change nothing go to ``result.duplicates``, events
         refused (with the reason) to ``result.rejected``."""
+        if item.corrupt is not None and any(k == ev.DELETE_WORKFLOW for _, k, _ in item.events):
+            return self._delete_corrupt(item, result)
         if item.corrupt is not None or item.refused is not None:
             reason = item.corrupt or item.refused or ""
             return self.failure(item, result, now, item.events[0][0], reason)
@@ -131,6 +133,20 @@ class Transition:
         result.rejected.append((event_id, f"workflow {item.workflow} failed: {reason}"))
         return commit
 
+    def _delete_corrupt(self, item: Pending, result: BatchResult | Said) -> Commit:
+        """An operator deletes a record no reader can use: it goes, with every event of the
+        batch for it (the others could only have failed it)."""
+        commit = Commit(self.keys, item.workflow, self._shared)
+        commit.delete()
+        for event_id, kind, _ in item.events:
+            if kind == ev.DELETE_WORKFLOW:
+                commit.acks.append(event_id)
+            else:
+                result.rejected.append(
+                    (event_id, f"event {event_id}: workflow {item.workflow}: {item.corrupt}")
+                )
+        return commit
+
     def _end(self, commit: Commit, now: int, status: str) -> None:
         """The workflow ends with ``commit``: counted, due for retention, and, unless it
         finished, in the stopped set its workers check."""
@@ -159,6 +175,8 @@ class Transition:
                     if state is not None:
                         result.duplicates.append(event_id)
                         continue
+                    # (after a delete earlier in this batch the id starts afresh: the
+                    # commit deletes the old record before it writes this one)
                     state = State()
                     item.state, item.digest, item.salt = state, event.graph, event.salt
                     commit.created = str(now)
@@ -170,26 +188,16 @@ class Transition:
                     if machine.graph.name:
                         commit.set(rec.NAME, machine.graph.name)
                     actions: list[Any] = machine.start(state, event.input)
-                elif state is None and kind == ev.TERMINATE_WORKFLOW:
-                    # Terminated before its start-workflow was applied (that event may be in
-                    # another worker's hands): record it terminated, so the start changes
-                    # nothing. (lifecycle.client sends controls only for workflows it finds.)
-                    state = item.state = State(status=rec.TERMINATED, error=event.reason)
-                    commit.created = str(now)
-                    commit.set(rec.CREATED, now)
-                    self._end(commit, now, rec.TERMINATED)
-                    commit.append(
-                        self.keys.lifecycle,
-                        ev.failed_workflow(item.workflow, event.reason, rec.TERMINATED),
-                    )
-                    commit.acks.append(event_id)
-                    changed = True
-                    continue
-                elif commit.deleted:
-                    result.rejected.append(
-                        (event_id, f"event {event_id}: workflow {item.workflow} was deleted")
-                    )
-                    continue
+                elif (
+                    kind == ev.DELETE_WORKFLOW
+                    and state is not None
+                    and (item.digest is None or item.corrupt is not None)
+                ):
+                    # A record no machine can run (no graph): deleting it needs none.
+                    applied = self._control(None, state, item, event_id, event, commit, now, result)
+                    if applied is None:
+                        continue
+                    actions = applied
                 else:
                     if state is None or item.digest is None:
                         result.rejected.append(
@@ -205,11 +213,14 @@ class Transition:
                     actions = applied
                 commit.acks.append(event_id)
                 changed = True
+                if item.state is None:  # deleted
+                    state, machine = None, None
+                    continue
+                assert machine is not None
                 self._carry_out(machine, state, item, actions, commit, now)
             except Exception as error:  # noqa: BLE001 - one workflow's data fails it alone
                 raise _EventFailed(event_id, _reason(error)) from error
-        if commit.deleted:
-            commit.fields, commit.removed = [], []
+        if commit.deleted and state is None:
             return commit
         if not changed or state is None:
             return None
@@ -305,7 +316,7 @@ class Transition:
 
     def _control(
         self,
-        machine: Machine,
+        machine: Machine | None,
         state: State,
         item: Pending,
         event_id: str,
@@ -328,6 +339,7 @@ class Transition:
                 )
             return None
         if kind == ev.TERMINATE_WORKFLOW:
+            assert machine is not None
             machine.terminate(state, event.reason)
             if paused:  # what was held is part of what a restart starts again
                 commit.removed.append(rec.PAUSED)
@@ -342,6 +354,7 @@ class Transition:
             item.held = []
             return []
         if kind == ev.RESUME_WORKFLOW:
+            assert machine is not None
             held, item.held = item.held or [], None
             commit.removed.append(rec.PAUSED)
             running = state.running
@@ -351,11 +364,13 @@ class Transition:
                 if key in running
             ]
         if kind == ev.RESTART_WORKFLOW:
+            assert machine is not None
             actions: list[Any] = machine.restart(state, item.inputs)
             commit.removed.append(rec.ENDED)
             commit.stopped = "remove"
             return actions
-        commit.deleted = True  # DELETE_WORKFLOW
+        commit.delete()  # DELETE_WORKFLOW: what this batch wrote before goes too
+        item.state, item.digest, item.held = None, None, None
         return []
 
     def _carry_out(

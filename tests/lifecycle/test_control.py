@@ -449,3 +449,41 @@ def test_a_paused_workflow_whose_last_task_ends_finishes_and_is_no_longer_paused
     harness.pump(ok)
     assert state(harness.client, "wf") == "finished"
     assert harness.client.hget(KEYS.workflow("wf"), "p") is None
+
+
+def raw(harness: Harness, *events: dict[str, Any]) -> None:
+    """Lifecycle events as any writer could send them: no client check first."""
+    for event in events:
+        harness.client.xadd(KEYS.lifecycle, {k: orjson.dumps(v) for k, v in event.items()})
+
+
+def test_a_terminate_for_an_id_with_no_record_creates_nothing(harness: Harness) -> None:
+    raw(harness, {"kind": "terminate-workflow", "workflow": "gone", "reason": "late"})
+    harness.advance()
+    assert not harness.client.exists(KEYS.workflow("gone"))
+    assert harness.client.zscore(KEYS.workflows, "gone") is None
+
+
+def test_a_start_after_a_delete_in_one_batch_runs_the_id_afresh(harness: Harness) -> None:
+    from lifecycle.events import start_workflow as start_event
+
+    harness.submit(compile_text("A"), {"run": 1}, workflow_id="wf")
+    harness.pump(ok)
+    graph = harness.client.hget(KEYS.workflow("wf"), "g").decode()
+    raw(
+        harness, {"kind": "delete-workflow", "workflow": "wf"}, start_event("wf", graph, {"run": 2})
+    )
+    harness.advance()
+    assert state(harness.client, "wf") == "running"
+    assert load_workflow(harness.client, KEYS, "wf").input == {"run": 2}
+    harness.pump(ok)
+    assert state(harness.client, "wf") == "finished"
+
+
+def test_a_corrupt_record_can_be_deleted(harness: Harness) -> None:
+    key = KEYS.workflow("bad")
+    harness.client.hset(key, mapping={"s": "not json", "v": "3", "ended": "1"})
+    harness.client.zadd(KEYS.workflows, {"bad": 5})
+    Client(harness.client, KEYS).delete("bad")
+    harness.advance()
+    assert not harness.client.exists(key) and harness.client.zscore(KEYS.workflows, "bad") is None

@@ -48,16 +48,20 @@ def test_a_receipts_batch_interrupted_before_its_fsync_is_archived_later(redis_u
     assert kinds == ["start-workflow"]
 
 
-def test_a_terminate_applied_before_its_start_wins(redis_client) -> None:
+def test_a_terminate_applied_before_its_start_creates_nothing_and_the_start_runs(
+    redis_client,
+) -> None:
+    # lifecycle.client sends a terminate only for a workflow it finds in Redis; one that
+    # arrives for an id with no record (deleted, removed, never started) must not leave
+    # a record behind that blocks the id.
     redis_client.xgroup_create(KEYS.lifecycle, KEYS.lifecycle_group, id="0", mkstream=True)
     start_workflow(redis_client, compile_text("A → B"), None, "wf-1", KEYS)
     terminate_workflow(redis_client, "wf-1", "user cancelled", KEYS)
     start, terminate = read_one(redis_client, "w1"), read_one(redis_client, "w2")
-    assert not Advancer(redis_client, KEYS).apply(terminate).rejected
+    assert "no workflow" in Advancer(redis_client, KEYS).apply(terminate).rejected[0][1]
+    assert not redis_client.exists(KEYS.workflow("wf-1"))
     Advancer(redis_client, KEYS).apply(start)
-    record = load_workflow(redis_client, KEYS, "wf-1")
-    assert (record.status, record.error) == ("terminated", "user cancelled")
-    assert redis_client.xlen(KEYS.tasks("default")) == 0
+    assert load_workflow(redis_client, KEYS, "wf-1").status == "running"
 
 
 def test_a_delayed_retry_due_after_the_workflow_failed_starts_nothing(harness: Harness) -> None:

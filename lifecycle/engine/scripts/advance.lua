@@ -13,6 +13,8 @@
 -- ARGV[2]  the version the transition was computed from ('' = the workflow must not exist)
 -- ARGV[3]  the name of the version field of KEYS[1]
 -- ARGV[4]  the workflow id (the member of KEYS[4])
+-- ARGV[5]  '1' to delete the workflow's record first (KEYS[1] and its members of KEYS[4],
+--          [6], [7]), before anything below writes: a start after a delete writes anew
 -- then six sections, each led by its count:
 --   acks    n, entry id × n                          XACK on KEYS[2]
 --   fields  n, (field, value) × n                    HSET on KEYS[1] (includes the new version)
@@ -23,8 +25,7 @@
 -- and last: the creation time for KEYS[4], or '' when the workflow already exists;
 -- the status the workflow ends with (counted in KEYS[5]), or '' while it runs;
 -- when retention removes it (ms, score in KEYS[6]), or '';
--- 'add' to KEYS[7] (it ended failed or terminated), 'remove' (it runs again), or '';
--- '1' to delete the workflow's record (KEYS[1] and its members of KEYS[4], [6], [7]).
+-- 'add' to KEYS[7] (it ended failed or terminated), 'remove' (it runs again), or ''.
 --
 -- Returns 1 when committed, 0 when the version moved (another worker advanced
 -- the workflow first: nothing is written, the caller reloads and recomputes).
@@ -61,7 +62,14 @@ local function sliced(head, from, count, width)
   return from + count * width
 end
 
-local i = 5
+if ARGV[5] ~= '' then
+  redis.call('DEL', KEYS[1])
+  redis.call('ZREM', KEYS[4], ARGV[4])
+  redis.call('ZREM', KEYS[6], ARGV[4])
+  redis.call('SREM', KEYS[7], ARGV[4])
+end
+
+local i = 6
 local n = tonumber(ARGV[i]); i = i + 1
 i = sliced({'XACK', KEYS[2], ARGV[1]}, i, n, 1)
 
@@ -99,11 +107,5 @@ if ARGV[i + 3] == 'add' then
 elseif ARGV[i + 3] == 'remove' then
   redis.call('SREM', KEYS[7], ARGV[4])
   redis.call('ZREM', KEYS[6], ARGV[4])
-end
-if ARGV[i + 4] ~= '' then
-  redis.call('DEL', KEYS[1])
-  redis.call('ZREM', KEYS[4], ARGV[4])
-  redis.call('ZREM', KEYS[6], ARGV[4])
-  redis.call('SREM', KEYS[7], ARGV[4])
 end
 return 1
