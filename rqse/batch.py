@@ -96,6 +96,7 @@ class BatchHandler:
     _select_attribute: str
     _max_deliveries: int
     _max_entry_bytes: int
+    _own_garbage: bool
     _in_batch: bool
     _current_stream: str | None
     # (stream, entry id) -> deliveries lost to Redis weather, not yet made up for
@@ -196,7 +197,10 @@ class BatchHandler:
                 try:
                     event = decode(fields, event_id)
                 except MalformedEntry as e:
-                    self._dead_letter(stream, entry_id, fields, e.reason, str(e), deliveries)
+                    if self._own_garbage:
+                        self._dead_letter(stream, entry_id, fields, e.reason, str(e), deliveries)
+                    else:  # the stream's owner dead-letters it
+                        stats.ignored += 1
                     acks.append(entry_id)
                     continue
                 except Exception as e:  # a decode_entry override tripping on garbage

@@ -109,6 +109,10 @@ class EventListener(Recovery, EventClient):
                          is logged and the call tried again next time. Streams are never
                          dropped.
     ``discover_every``   seconds between two ``discover`` calls
+    ``own_garbage``      dead-letter entries that cannot be decoded (the default); a
+                         reader that shares a stream another group owns passes False:
+                         it acknowledges them unseen, and the owner's dead letter is the
+                         only one
     """
 
     def __init__(
@@ -135,6 +139,7 @@ class EventListener(Recovery, EventClient):
         drain_timeout: float = 10.0,
         discover: Callable[[], Iterable[str]] | None = None,
         discover_every: float = 5.0,
+        own_garbage: bool = True,
         **legacy: Any,
     ) -> None:
         streams = (key,) if isinstance(key, str) else tuple(key)
@@ -173,6 +178,7 @@ class EventListener(Recovery, EventClient):
         self._reconnect = reconnect or Backoff()
         self._handle_signals = handle_signals
         self._drain_timeout = drain_timeout
+        self._own_garbage = own_garbage
         self._drain_timer: threading.Timer | None = None
         self._forecast = Forecast(f"consumer {self._consumer}", logger)
         self._weathered: dict[tuple[str, bytes], int] = {}

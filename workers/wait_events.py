@@ -187,6 +187,8 @@ class EventWatcher(EventListener):
         self.keys = keys or Keys()
         options.setdefault("batch_size", 200)
         options.setdefault("claim_idle", 10.0)
+        # The lifecycle group owns the stream: it dead-letters what cannot be decoded.
+        options.setdefault("own_garbage", False)
         super().__init__(self.keys.lifecycle, WAIT_EVENTS_GROUP, **options)
         self._complete = load_script(self.connection, "wait_complete")
         self.ended = 0  # waits this watcher ended

@@ -83,3 +83,27 @@ def test_an_entry_delivered_too_often_is_dead_lettered_without_processing(
     [(_, letter)] = EventClient("jobs:dead", url=redis_url).range()
     assert letter["reason"] == "max-deliveries"
     assert letter["deliveries"] == 4
+
+
+def test_a_reader_that_does_not_own_the_stream_acknowledges_garbage_without_a_dead_letter(
+    redis_client,
+) -> None:
+    from rqse import EventListener
+    from rqse.keys import dead_letter_key
+
+    redis_client.xadd("shared", {"kind": "not json {"})
+    seen: list[str] = []
+
+    class Reader(EventListener):
+        def process(self, event_id, event):  # type: ignore[no-untyped-def]
+            seen.append(event_id)
+            return True
+
+    reader = Reader(
+        "shared", "second", pool=redis_client.connection_pool, handle_signals=False,
+        block_ms=50, own_garbage=False,
+    )  # fmt: skip
+    reader.listen(idle_timeout=0.3)
+    assert seen == [] and reader.stats.ignored == 1
+    assert redis_client.xlen(dead_letter_key("shared")) == 0
+    assert redis_client.xpending("shared", "second")["pending"] == 0
