@@ -91,6 +91,8 @@ def _print(found: Status) -> None:
     for info in [found.lifecycle, *found.kinds]:
         print(_stream_line(info))
     print()
+    for note in found.notes:
+        print(f"note: {note}")
     if found.warnings:
         for warning in found.warnings:
             print(f"WARNING: {warning}")
