@@ -10,6 +10,7 @@ Redis and where it is.
 from __future__ import annotations
 
 import argparse
+import os
 from typing import Any
 
 from rich.cells import cell_len, set_cell_size
@@ -19,7 +20,13 @@ from rich.table import Table
 
 from lifecycle.cli.support import EXIT_OK, CliError, Context, dumps_text, print_json
 from lifecycle.history import format_timeline, live_history, lost_streams, where_the_rest_is
-from lifecycle.inspect import LIST_STATES, describe_workflow, list_workflows, read_workflow
+from lifecycle.inspect import (
+    LIST_STATES,
+    archive_record,
+    describe_workflow,
+    list_workflows,
+    read_workflow,
+)
 
 __all__ = ["add_commands", "show_workflow"]
 
@@ -41,10 +48,32 @@ def add_commands(commands: Any, common: argparse.ArgumentParser) -> None:
     listing.add_argument("--json", action="store_true", help="print JSON")
     listing.set_defaults(func=_list)
 
-    history = commands.add_parser("history", parents=[common], help="one workflow's timeline")
+    history = commands.add_parser(
+        "history",
+        parents=[common],
+        help="one workflow's timeline",
+        epilog=HISTORY_EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     history.add_argument("id")
     history.add_argument("--json", action="store_true", help="print JSON")
+    source = history.add_mutually_exclusive_group()
+    source.add_argument(
+        "--archive",
+        metavar="DIR",
+        help="read the part of the timeline no longer in Redis from this receipts archive "
+        "(default: the one the receipts worker recorded, when it is on this host; it reads "
+        "the whole archive)",
+    )
+    source.add_argument("--no-archive", action="store_true", help="only what Redis still holds")
     history.set_defaults(func=_history)
+
+
+HISTORY_EXAMPLES = """\
+examples:
+  python -m lifecycle history order-2
+  python -m lifecycle history order-2 --archive /var/lib/flow/receipts
+"""
 
 
 def _inspect(args: argparse.Namespace, context: Context) -> int:
@@ -211,7 +240,13 @@ def _list(args: argparse.Namespace, context: Context) -> int:
 
 
 def _history(args: argparse.Namespace, context: Context) -> int:
-    data = live_history(context.client, context.keys, args.id)
+    archive: str | None = args.archive
+    if archive is not None and not os.path.isdir(archive):
+        raise CliError(f"--archive {archive}: no such directory (a receipts worker's --archive)")
+    if archive is None and not args.no_archive:
+        recorded = archive_record(context.client, context.keys)
+        archive = recorded.path if recorded is not None and recorded.here() else None
+    data = live_history(context.client, context.keys, args.id, archive)
     if args.json:
         print_json(data)
         return EXIT_OK
@@ -222,6 +257,9 @@ def _history(args: argparse.Namespace, context: Context) -> int:
         print(f"  error: {data['error']}")
     for problem in data["corrupt"]:
         print(f"  {problem}")
+    if data["archive"] is not None:
+        archived = sum(1 for row in data["timeline"] if row.get("archived"))
+        print(f"  {archived} events read from the archive {data['archive']}: marked (archive)")
     if not data["complete"]:
         print(
             f"  part of this timeline is no longer in Redis ({', '.join(data['lost'])} "
