@@ -47,6 +47,8 @@ from rqse.durability import server_warnings
 
 __all__ = [
     "COUNT_LIMIT",
+    "QUEUED_CHECK",
+    "READ_GAP_S",
     "STALE_S",
     "ConsumerInfo",
     "GroupInfo",
@@ -90,14 +92,20 @@ class GroupInfo:
     # (None: none waiting).
     oldest_waiting_ms: int | None = None
 
-    def alive(self, stale_ms: int, gap_ms: int | None = None) -> list[ConsumerInfo]:
+    def alive(
+        self, stale_ms: int, gap_ms: int | None = None, *, busy: bool = True
+    ) -> list[ConsumerInfo]:
         """The consumers that talked to Redis within ``stale_ms``; with ``gap_ms``, while
-        entries wait undelivered, only those that read within ``gap_ms`` or hold
-        pending entries (busy with them, renewing their leases)."""
+        entries wait undelivered, only those that read within ``gap_ms`` or (``busy``)
+        hold pending entries: a task worker busy with long tasks renews their leases
+        but reads nothing new. The lifecycle's events are short: not ``busy`` there,
+        so one killed with entries pending is not taken for busy."""
         if gap_ms is None or not self.lag:
             return [c for c in self.consumers if c.idle_ms < stale_ms]
         return [
-            c for c in self.consumers if c.idle_ms < stale_ms and (c.idle_ms < gap_ms or c.pending)
+            c
+            for c in self.consumers
+            if c.idle_ms < stale_ms and (c.idle_ms < gap_ms or (busy and c.pending))
         ]
 
     def last_read_ms(self) -> int | None:
@@ -186,7 +194,7 @@ def read_status(
     for info in streams:
         _check_queued(client, keys, info)
     stale_ms, gap_ms = int(stale_s * 1000), int(read_gap_s * 1000)
-    alive = lifecycle.group.alive(stale_ms, gap_ms) if lifecycle.group else []
+    alive = lifecycle.group.alive(stale_ms, gap_ms, busy=False) if lifecycle.group else []
     counts = count_workflows(client, keys, count_limit)
     warnings = _warnings(lifecycle, streams, stale_ms, gap_ms)
     warnings += server_warnings(client)
@@ -395,7 +403,11 @@ def _warnings(
     found = []
     group = lifecycle.group
     last = group.last_read_ms() if group else None
-    if group is not None and group.alive(stale_ms) and not group.alive(stale_ms, gap_ms):
+    if (
+        group is not None
+        and group.alive(stale_ms)
+        and not group.alive(stale_ms, gap_ms, busy=False)
+    ):
         # Talked to Redis lately, but events wait and none of them reads: stopped.
         events = "event" if group.lag == 1 else "events"
         found.append(

@@ -307,3 +307,32 @@ def test_a_kind_whose_workers_stopped_reading_is_a_warning_before_they_go_stale(
     time.sleep(0.6)
     found = read_status(redis_client, KEYS, read_gap_s=0.5)
     assert [w for w in found.warnings if "`ml`" in w] == []
+
+
+def test_a_stopped_task_worker_is_a_warning_once_its_kind_has_tasks_waiting(
+    redis_client: redis.Redis, redis_url: str, harness: Any, persistent: None
+) -> None:
+    import threading
+
+    from lifecycle.status import read_status
+    from workers.noop import NoopWorker
+
+    harness.submit(compile_text("ml:A"))  # the ml group exists before the worker reads
+    harness.advance()
+    pool = redis.ConnectionPool.from_url(redis_url)
+    worker = NoopWorker(["ml"], pool=pool, handle_signals=False, block_ms=100)
+    thread = threading.Thread(target=worker.listen, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while harness.advance() == 0:  # its answer to A
+        assert time.monotonic() < deadline, "the ml worker did not answer"
+        time.sleep(0.02)
+    worker.stop()
+    thread.join(timeout=10)
+    pool.disconnect()
+    harness.submit(compile_text("ml:B"))
+    harness.advance()
+    time.sleep(0.6)
+    found = read_status(redis_client, KEYS, read_gap_s=0.5)
+    [warning] = [w for w in found.warnings if "`ml`" in w]
+    assert warning.startswith("1 task of kind `ml` waiting, no worker is reading kind `ml` (")
