@@ -31,6 +31,13 @@ from lifecycle.inspect import (
 __all__ = ["add_commands", "show_workflow"]
 
 
+HISTORY_EXAMPLES = """\
+examples:
+  python -m lifecycle history order-2
+  python -m lifecycle history order-2 --archive /var/lib/flow/receipts
+"""
+
+
 def add_commands(commands: Any, common: argparse.ArgumentParser) -> None:
     inspect = commands.add_parser("inspect", parents=[common], help="show one workflow")
     inspect.add_argument("id")
@@ -67,13 +74,6 @@ def add_commands(commands: Any, common: argparse.ArgumentParser) -> None:
     )
     source.add_argument("--no-archive", action="store_true", help="only what Redis still holds")
     history.set_defaults(func=_history)
-
-
-HISTORY_EXAMPLES = """\
-examples:
-  python -m lifecycle history order-2
-  python -m lifecycle history order-2 --archive /var/lib/flow/receipts
-"""
 
 
 def _inspect(args: argparse.Namespace, context: Context) -> int:
