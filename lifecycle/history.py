@@ -12,18 +12,28 @@ lost entries of one workflow, and :func:`where_the_rest_is` where they are.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import orjson
 import redis
 
 from lifecycle import events as ev
-from lifecycle.audit.archive import id_order
-from lifecycle.inspect import StoredWorkflow, iso, read_workflow, shown_raw
+from lifecycle.audit.archive import ArchivedEvent, id_order, iter_archive
+from lifecycle.inspect import (
+    StoredWorkflow,
+    archive_record,
+    iso,
+    read_workflow,
+    replay_command,
+    shown_raw,
+)
 from lifecycle.keys import RECEIPTS_GROUP, Keys
+from rqse.keys import DEAD_LETTER_SUFFIX
 
 __all__ = [
     "Entry",
+    "archived_entries",
     "engine_streams",
     "format_timeline",
     "live_history",
@@ -47,8 +57,11 @@ _SHOWN = {
 }
 
 
-def timeline(entries: list[Entry]) -> list[dict[str, Any]]:
-    """One row per workflow event, in time order: who started/ended which attempt, when."""
+def timeline(
+    entries: list[Entry], from_archive: set[tuple[str, str]] | None = None
+) -> list[dict[str, Any]]:
+    """One row per workflow event, in time order: who started/ended which attempt, when;
+    ``archived: true`` on the rows of ``from_archive`` (stream, entry id) pairs."""
     rows = []
     names: dict[str, Any] = {}  # key -> task name, from its start-task (end-tasks omit it)
     for stream, entry_id, event in in_time_order(entries):
@@ -56,6 +69,8 @@ def timeline(entries: list[Entry]) -> list[dict[str, Any]]:
         if kind not in _SHOWN:
             continue
         row: dict[str, Any] = {"at": iso(id_order(entry_id)[0]), "event": kind, "entry": entry_id}
+        if from_archive and (stream, entry_id) in from_archive:
+            row["archived"] = True
         for name in ("key", "attempt", "name", "status", "worker", "error", "reason"):
             if event.get(name) is not None:
                 row[name] = event[name]
@@ -114,7 +129,8 @@ def format_timeline(rows: list[dict[str, Any]]) -> list[str]:
             what += f" by {row['worker']}"
         if row.get("error") or row.get("reason"):
             what += f": {row.get('error') or row.get('reason')}"
-        lines.append(f"{at}  {what}  [{row['entry']}]")
+        mark = "  (archive)" if row.get("archived") else ""
+        lines.append(f"{at}  {what}  [{row['entry']}]{mark}")
     return lines
 
 
@@ -125,28 +141,43 @@ def engine_streams(client: redis.Redis, keys: Keys) -> list[str]:
     return [keys.lifecycle] + [keys.tasks(kind) for kind in kinds]
 
 
-def live_history(client: redis.Redis, keys: Keys, workflow_id: str) -> dict[str, Any]:
-    """The workflow's record plus its timeline from the entries the streams still hold.
+def live_history(
+    client: redis.Redis, keys: Keys, workflow_id: str, archive: str | Path | None = None
+) -> dict[str, Any]:
+    """The workflow's record plus its timeline from the entries the streams still hold
+    and, when part of it is gone and ``archive`` names a receipts archive directory,
+    from the archive (:func:`archived_entries`: it reads the whole archive).
 
     Streams are trimmed once archived, so a workflow's timeline may be partial
     here: ``complete`` is False when part of it is gone (:func:`lost_streams`);
     ``lost`` names those streams and ``rest`` says where the whole timeline is
-    (``replay`` on the archive has all of it). Fields of the record or of an entry
-    that cannot be read are listed under ``corrupt``.
+    (``replay`` on the archive has all of it). Rows read from the archive have
+    ``archived: true``; ``archive`` is the directory read (None: none). Fields of
+    the record or of an entry that cannot be read are listed under ``corrupt``.
     """
     record = read_workflow(client, keys, workflow_id)
     problems = [str(p) for p in record.problems]
     needle = orjson.dumps(workflow_id)
-    entries: list[Entry] = []
+    live: list[Entry] = []
     for stream in engine_streams(client, keys):
         for raw_id, fields in _scan(client, stream):
             if fields.get(b"workflow") == needle:
                 entry_id = raw_id.decode()
                 event, bad = _decode(fields)
                 problems += [f"corrupt entry {stream} {entry_id}: {b}" for b in bad]
-                entries.append((stream, entry_id, event))
-    entries = _current_run(entries, keys)
+                live.append((stream, entry_id, event))
+    entries = _current_run(live, keys)
     lost = lost_streams(client, keys, record, entries)
+    read, from_archive = None, set()
+    if lost and archive is not None:
+        held = {(stream, entry_id) for stream, entry_id, _ in live}
+        extra = [
+            e for e in archived_entries(archive, keys, workflow_id) if (e[0], e[1]) not in held
+        ]
+        from_archive = {(stream, entry_id) for stream, entry_id, _ in extra}
+        entries = _current_run(live + extra, keys)
+        lost = lost_streams(client, keys, record, entries)
+        read = str(archive)
     return {
         "workflow": workflow_id,
         "graph": record.graph,
@@ -156,7 +187,8 @@ def live_history(client: redis.Redis, keys: Keys, workflow_id: str) -> dict[str,
         "complete": not lost,
         "lost": lost,
         "rest": where_the_rest_is(client, keys, workflow_id) if lost else None,
-        "timeline": timeline(entries),
+        "archive": read,
+        "timeline": timeline(entries, from_archive),
         "corrupt": problems,
     }
 
@@ -264,8 +296,15 @@ def _lost_entries(client: redis.Redis, stream: str) -> bool:
 
 def where_the_rest_is(client: redis.Redis, keys: Keys, workflow_id: str) -> str:
     """Where a timeline no longer in Redis is: the receipts archive, when a receipts
-    worker archives these streams (its group is on the lifecycle stream)."""
-    replay = f"python -m lifecycle replay ARCHIVE --workflow {workflow_id} --offline"
+    worker archives these streams (its group is on the lifecycle stream), named by
+    the path and host it recorded (``Keys.archive``)."""
+    archive = archive_record(client, keys)
+    replay = replay_command(workflow_id, archive)
+    if archive is not None:
+        history = f"python -m lifecycle history {workflow_id}"
+        if not archive.here():
+            history += " --archive DIR"
+        replay = f"{history}, or {replay}"
     try:
         groups: Any = client.xinfo_groups(keys.lifecycle)
     except redis.exceptions.NoPermissionError:  # a user that may not ask: say both cases
@@ -273,11 +312,33 @@ def where_the_rest_is(client: redis.Redis, keys: Keys, workflow_id: str) -> str:
     except redis.ResponseError:
         groups = []
     if any(_text(g.get("name", b"")) == RECEIPTS_GROUP for g in groups):
-        return f"the receipts archive has all of it: {replay}"
+        where = f" at {archive.place()}" if archive else ""
+        return f"the receipts archive{where} has all of it: {replay}"
     return (
         f"no receipts worker archives these streams (no group {RECEIPTS_GROUP!r} on "
         f"{keys.lifecycle}): the removed events are not kept anywhere"
     )
+
+
+def archived_entries(directory: str | Path, keys: Keys, workflow_id: str) -> list[Entry]:
+    """The workflow's entries in the receipts archive at ``directory`` (engine streams,
+    not their dead letters). Streams the archive a line at a time: it reads every
+    segment, so it costs time in proportion to the archive's size (the segments are
+    not indexed by workflow) and memory in proportion to this workflow's entries."""
+    # A bytes test skips most lines; not for an id a writer may have escaped otherwise.
+    needle = orjson.dumps(workflow_id) if workflow_id.isascii() else b""
+    found: list[Entry] = []
+    for item in iter_archive(directory):
+        if not isinstance(item, ArchivedEvent) or needle not in item.line:
+            continue
+        stream, entry_id, event = item.stream, item.id, item.event
+        if stream is None or entry_id is None or event is None:
+            continue
+        if stream.endswith(DEAD_LETTER_SUFFIX) or not stream.startswith(keys.prefix + ":"):
+            continue
+        if event.get("workflow") == workflow_id:
+            found.append((stream, entry_id, event))
+    return found
 
 
 def _text(value: Any) -> str:

@@ -17,11 +17,15 @@ and ``paused`` for a running workflow whose hash holds the paused field
 from __future__ import annotations
 
 import base64
+import os
+import shlex
+import socket
 import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+import orjson
 import redis
 
 from flowlang.graph import Graph, NodeKind
@@ -33,16 +37,20 @@ from lifecycle.errors import UnknownWorkflow
 from lifecycle.keys import Keys
 
 __all__ = [
+    "ArchiveRecord",
     "CORRUPT",
     "LIST_STATES",
     "PAUSED",
     "Problem",
     "StoredWorkflow",
+    "archive_record",
     "describe_workflow",
     "iso",
     "list_workflows",
     "read_workflow",
+    "replay_command",
     "shown_raw",
+    "unknown_workflow",
 ]
 
 CORRUPT = "corrupt"  # the state shown for a workflow whose state field cannot be read
@@ -193,12 +201,54 @@ def _paused(raw: bytes) -> list[Any]:
     return value
 
 
-def unknown_workflow(workflow_id: str) -> UnknownWorkflow:
+@dataclass(frozen=True)
+class ArchiveRecord:
+    """Where the receipts worker archives (``Keys.archive``, set at its start)."""
+
+    path: str
+    host: str
+
+    def here(self) -> bool:
+        """Whether the archive is a directory of this host (history can read it)."""
+        return self.host == socket.gethostname() and os.path.isdir(self.path)
+
+    def place(self) -> str:
+        """``/var/lib/flow/receipts on host worker-3`` (``on this host`` when it is)."""
+        host = "this host" if self.host == socket.gethostname() else f"host {self.host}"
+        return f"{self.path} on {host}"
+
+
+def archive_record(client: redis.Redis, keys: Keys) -> ArchiveRecord | None:
+    """The recorded archive, or None: none recorded (no receipts worker ran since it
+    records, or a sink without a directory), unreadable, or not allowed to read."""
+    try:
+        raw: Any = client.get(keys.archive)
+        value = orjson.loads(raw) if raw else None
+    except (redis.ResponseError, orjson.JSONDecodeError):
+        return None
+    if not isinstance(value, dict):
+        return None
+    path, host = value.get("path"), value.get("host")
+    if not isinstance(path, str) or not isinstance(host, str):
+        return None
+    return ArchiveRecord(path, host)
+
+
+def replay_command(workflow_id: str, archive: ArchiveRecord | None) -> str:
+    """The command that shows a workflow's history from the archive: with the recorded
+    archive's path (and host, when not this one), else the ``ARCHIVE`` placeholder."""
+    path = shlex.quote(archive.path) if archive else "ARCHIVE"
+    command = f"python -m lifecycle replay {path} --workflow {shlex.quote(workflow_id)} --offline"
+    if archive and archive.host != socket.gethostname():
+        command += f" (on host {archive.host})"
+    return command
+
+
+def unknown_workflow(workflow_id: str, archive: ArchiveRecord | None = None) -> UnknownWorkflow:
     """The error for an id with no hash, saying where its history may still be."""
     return UnknownWorkflow(
         f"no workflow {workflow_id!r} in Redis (never started, deleted, or removed by "
-        f"retention; an archive keeps its history: python -m lifecycle replay ARCHIVE "
-        f"--workflow {workflow_id} --offline)"
+        f"retention; an archive keeps its history: {replay_command(workflow_id, archive)})"
     )
 
 
@@ -206,7 +256,7 @@ def read_workflow(client: redis.Redis, keys: Keys, workflow_id: str) -> StoredWo
     """The workflow's hash, every field checked; UnknownWorkflow when there is none."""
     raw: dict[bytes, bytes] = client.hgetall(keys.workflow(workflow_id))  # type: ignore[assignment]
     if not raw:
-        raise unknown_workflow(workflow_id)
+        raise unknown_workflow(workflow_id, archive_record(client, keys))
     return parse_workflow(workflow_id, raw)
 
 

@@ -99,6 +99,13 @@ class Keys:
         return f"{self.prefix}:retention"
 
     @property
+    def archive(self) -> str:
+        """String: where the receipts worker archives, JSON ``{"path": absolute
+        directory, "host": hostname}``, set by it at start; ``history`` and
+        ``inspect`` name it, and ``history --archive`` reads it by default."""
+        return f"{self.prefix}:archive"
+
+    @property
     def timers(self) -> str:
         """Sorted set of durable timers, scored by due time (ms)."""
         return f"{self.prefix}:timers"

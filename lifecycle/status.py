@@ -6,7 +6,9 @@
   consumer group the lag (entries not yet delivered to the group), the pending
   entries (delivered, not acknowledged), each consumer's idle time; its dead letters;
 * the lifecycle workers alive: consumers of the ``lifecycle`` group that talked to
-  Redis within ``stale_s`` seconds;
+  Redis within ``stale_s`` seconds (within ``read_gap_s`` while events wait);
+* per task kind, the undelivered start-tasks whose workflow has ended (failed,
+  terminated, deleted): workers skip them, so they are a note, not work waiting;
 * workflows by state (see :func:`count_workflows`) and how many ended since the
   start (``{flow}:outcomes``);
 * warnings in words: work waiting that nobody reads, no lifecycle worker, dead
@@ -19,6 +21,12 @@ waiting on an idle system re-reads every ``block_ms`` (1 s by default), and one 
 with a long task renews its lease (an XCLAIM) every ``claim_idle / 3``. So a live
 consumer's idle stays under ``max(block_ms, claim_idle / 3)``; a dead one's grows.
 ``stale_s`` (60 s by default) must stay above that.
+
+That bound also tells a stopped consumer from a live one sooner: a live reader
+blocks at most ``block_ms``, so entries left undelivered (lag > 0) while every
+consumer has been idle more than ``read_gap_s`` (5 s) mean nobody reads, whatever
+``stale_s`` says. A task worker whose every slot runs a long task does not read
+either, but it holds pending entries and renews their leases: it is busy, not gone.
 """
 
 from __future__ import annotations
@@ -33,11 +41,14 @@ import redis
 from lifecycle import records as rec
 from lifecycle.audit.archive import id_order
 from lifecycle.dead_letters import LIFECYCLE_SOURCE, dead_letter_count
+from lifecycle.events import START_TASK
 from lifecycle.keys import LIFECYCLE_GROUP, RECEIPTS_GROUP, TASK_GROUP, Keys
 from rqse.durability import server_warnings
 
 __all__ = [
     "COUNT_LIMIT",
+    "QUEUED_CHECK",
+    "READ_GAP_S",
     "STALE_S",
     "ConsumerInfo",
     "GroupInfo",
@@ -52,6 +63,12 @@ __all__ = [
 STALE_S = 60.0  # a consumer idle longer than this is taken for gone
 COUNT_LIMIT = 100_000  # workflows count_workflows reads at most (the newest)
 LAG_LIMIT = 10_000  # entries counted one by one when Redis does not keep a group's lag
+# Undelivered start-tasks per kind whose workflows are checked (the oldest): one XRANGE
+# and one pipelined HMGET per distinct workflow, so status stays cheap on a long queue.
+QUEUED_CHECK = 1000
+# A live reader re-reads every block_ms (1 s by default): idle longer than this while
+# entries wait undelivered means nobody is reading.
+READ_GAP_S = 5.0
 _PAGE = 1000  # workflow ids per round trip
 
 
@@ -75,8 +92,21 @@ class GroupInfo:
     # (None: none waiting).
     oldest_waiting_ms: int | None = None
 
-    def alive(self, stale_ms: int) -> list[ConsumerInfo]:
-        return [c for c in self.consumers if c.idle_ms < stale_ms]
+    def alive(
+        self, stale_ms: int, gap_ms: int | None = None, *, busy: bool = True
+    ) -> list[ConsumerInfo]:
+        """The consumers that talked to Redis within ``stale_ms``; with ``gap_ms``, while
+        entries wait undelivered, only those that read within ``gap_ms`` or (``busy``)
+        hold pending entries: a task worker busy with long tasks renews their leases
+        but reads nothing new. The lifecycle's events are short: not ``busy`` there,
+        so one killed with entries pending is not taken for busy."""
+        if gap_ms is None or not self.lag:
+            return [c for c in self.consumers if c.idle_ms < stale_ms]
+        return [
+            c
+            for c in self.consumers
+            if c.idle_ms < stale_ms and (c.idle_ms < gap_ms or (busy and c.pending))
+        ]
 
     def last_read_ms(self) -> int | None:
         """Since the most recent read of any consumer (None: no consumer ever)."""
@@ -91,14 +121,21 @@ class StreamInfo:
     dead_letters: int
     group: GroupInfo | None  # the engine's group: lifecycle, or workers on a task stream
     others: list[GroupInfo] = field(default_factory=list)  # receipts, wait, ...
+    # Undelivered start-tasks whose workflow ended (failed, terminated) or is gone
+    # (deleted, removed by retention): not work waiting. Counted among the oldest
+    # ``queued_checked`` undelivered entries; ``queued_capped``: there were more.
+    ended_queued: int = 0
+    queued_checked: int = 0
+    queued_capped: bool = False
 
     @property
     def waiting(self) -> int:
-        """Entries not acknowledged by the engine's group: undelivered plus pending
-        (the whole stream when the group is not there yet)."""
+        """Entries not acknowledged by the engine's group that still matter:
+        undelivered plus pending (the whole stream when the group is not there yet),
+        less the undelivered start-tasks of ended workflows."""
         if self.group is None:
-            return self.length
-        return self.group.lag + self.group.pending
+            return self.length - self.ended_queued
+        return self.group.lag + self.group.pending - self.ended_queued
 
 
 @dataclass
@@ -126,6 +163,7 @@ class Status:
     workflows: WorkflowCounts
     warnings: list[str]
     stale_s: float
+    notes: list[str] = field(default_factory=list)  # worth knowing, not a warning
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -143,17 +181,22 @@ def read_status(
     *,
     stale_s: float = STALE_S,
     count_limit: int = COUNT_LIMIT,
+    read_gap_s: float = READ_GAP_S,
 ) -> Status:
-    """Everything ``status`` shows; read only. Costs a few commands per stream and
-    :func:`count_workflows`'s (one command per workflow counted, pipelined)."""
+    """Everything ``status`` shows; read only. Costs a few commands per stream,
+    :func:`count_workflows`'s (one command per workflow counted, pipelined) and, per
+    kind with undelivered start-tasks, one XRANGE of at most :data:`QUEUED_CHECK`
+    entries plus one pipelined HMGET per distinct workflow among them."""
     members: Any = client.smembers(keys.kinds)
     kinds = sorted(k.decode("utf-8", "replace") for k in members)
     lifecycle = _stream(client, LIFECYCLE_SOURCE, keys.lifecycle, LIFECYCLE_GROUP)
     streams = [_stream(client, kind, keys.tasks(kind), TASK_GROUP) for kind in kinds]
-    stale_ms = int(stale_s * 1000)
-    alive = lifecycle.group.alive(stale_ms) if lifecycle.group else []
+    for info in streams:
+        _check_queued(client, keys, info)
+    stale_ms, gap_ms = int(stale_s * 1000), int(read_gap_s * 1000)
+    alive = lifecycle.group.alive(stale_ms, gap_ms, busy=False) if lifecycle.group else []
     counts = count_workflows(client, keys, count_limit)
-    warnings = _warnings(lifecycle, streams, stale_ms)
+    warnings = _warnings(lifecycle, streams, stale_ms, gap_ms)
     warnings += server_warnings(client)
     return Status(
         server=_server(client),
@@ -163,7 +206,77 @@ def read_status(
         workflows=counts,
         warnings=warnings,
         stale_s=stale_s,
+        notes=_notes(streams),
     )
+
+
+def _check_queued(client: redis.Redis, keys: Keys, info: StreamInfo) -> None:
+    """Count the undelivered start-tasks of ``info`` whose workflow no longer runs.
+
+    A terminated or failed workflow's queued start-task stays on its kind's stream
+    until a worker reads (and skips) it; without a worker of that kind it would be
+    counted as work waiting forever. Reads the oldest :data:`QUEUED_CHECK`
+    undelivered entries; the rest, if any, count as waiting.
+    """
+    group = info.group
+    lag = info.length if group is None else group.lag
+    if not lag:
+        return
+    start = "-" if group is None else f"({group.last_delivered}"
+    entries: Any = client.xrange(info.stream, start, "+", count=QUEUED_CHECK)
+    owners: list[str | None] = []
+    for _, fields in entries:
+        owner = None
+        if _is_start_task(fields.get(b"kind")):
+            try:
+                value = orjson.loads(fields.get(b"workflow") or b"null")
+            except orjson.JSONDecodeError:
+                value = None
+            owner = value if isinstance(value, str) else None
+        owners.append(owner)
+    ids = list(dict.fromkeys(o for o in owners if o is not None))
+    if not ids:
+        return
+    pipe = client.pipeline(transaction=False)
+    for workflow_id in ids:
+        pipe.hmget(keys.workflow(workflow_id), rec.CREATED, rec.ENDED, rec.STATE)
+    pipe.smismember(keys.stopped, ids)
+    *fields_of, stopped = pipe.execute()
+    ended = {
+        workflow_id
+        for workflow_id, (created, ended_at, state), is_stopped in zip(
+            ids, fields_of, stopped, strict=True
+        )
+        if is_stopped or ended_at is not None or (created is None and state is None)
+    }
+    info.ended_queued = sum(1 for o in owners if o in ended)
+    info.queued_checked = len(entries)
+    info.queued_capped = lag > len(entries)
+
+
+def _is_start_task(kind: bytes | None) -> bool:
+    try:
+        return kind is not None and orjson.loads(kind) == START_TASK
+    except orjson.JSONDecodeError:
+        return False
+
+
+def _notes(streams: list[StreamInfo]) -> list[str]:
+    found = []
+    for info in streams:
+        if not info.ended_queued:
+            continue
+        tasks = "task" if info.ended_queued == 1 else "tasks"
+        checked = (
+            f"; only the oldest {info.queued_checked} undelivered were checked"
+            if info.queued_capped
+            else ""
+        )
+        found.append(
+            f"kind `{info.source}`: {info.ended_queued} queued {tasks} of ended workflows "
+            f"(skipped when a worker reads them){checked}"
+        )
+    return found
 
 
 def count_workflows(client: redis.Redis, keys: Keys, limit: int = COUNT_LIMIT) -> WorkflowCounts:
@@ -284,13 +397,27 @@ def _inactive(value: Any) -> int | None:
     return int(value)
 
 
-def _warnings(lifecycle: StreamInfo, streams: list[StreamInfo], stale_ms: int) -> list[str]:
+def _warnings(
+    lifecycle: StreamInfo, streams: list[StreamInfo], stale_ms: int, gap_ms: int
+) -> list[str]:
     found = []
     group = lifecycle.group
-    if group is None or not group.alive(stale_ms):
+    last = group.last_read_ms() if group else None
+    if (
+        group is not None
+        and group.alive(stale_ms)
+        and not group.alive(stale_ms, gap_ms, busy=False)
+    ):
+        # Talked to Redis lately, but events wait and none of them reads: stopped.
+        events = "event" if group.lag == 1 else "events"
+        found.append(
+            f"{group.lag} lifecycle {events} waiting, no lifecycle worker has read for "
+            f"{format_ms(last or 0)} (a live one reads every second): start one with "
+            "python -m lifecycle worker"
+        )
+    elif group is None or not group.alive(stale_ms):
         events = "event" if lifecycle.waiting == 1 else "events"
         waiting = f", {lifecycle.waiting} {events} waiting" if lifecycle.waiting else ""
-        last = group.last_read_ms() if group else None
         since = (
             "none has ever read the lifecycle stream"
             if last is None
@@ -300,18 +427,25 @@ def _warnings(lifecycle: StreamInfo, streams: list[StreamInfo], stale_ms: int) -
             f"no lifecycle worker{waiting} ({since}): start one with python -m lifecycle worker"
         )
     for info in streams:
-        if not info.waiting:
+        if info.waiting <= 0:
             continue
         group = info.group
-        if group is not None and group.alive(stale_ms):
+        undelivered = group is not None and group.lag > info.ended_queued
+        if group is not None and group.alive(stale_ms, gap_ms if undelivered else None):
             continue
         last = group.last_read_ms() if group else None
+        tasks = "task" if info.waiting == 1 else "tasks"
+        if group is not None and group.alive(stale_ms):
+            found.append(
+                f"{info.waiting} {tasks} of kind `{info.source}` waiting, no worker is "
+                f"reading kind `{info.source}` (the last read {format_ms(last or 0)} ago)"
+            )
+            continue
         nobody = (
             f"no worker has ever read `{info.source}`"
             if last is None
             else f"no consumer has read `{info.source}` for {format_ms(last)}"
         )
-        tasks = "task" if info.waiting == 1 else "tasks"
         found.append(f"{info.waiting} {tasks} of kind `{info.source}` waiting, {nobody}")
     for info in [lifecycle, *streams]:
         if info.dead_letters:

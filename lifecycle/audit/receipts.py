@@ -35,10 +35,12 @@ The line format, including the fast path that copies values as written, is
 from __future__ import annotations
 
 import logging
+import socket
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -149,6 +151,7 @@ class ReceiptsWorker:
         self._deadline = float("inf")  # once stopping: when the batch in hand is given up
         self._signals = SignalHandlers(self._on_signal)
         self._said: set[str] = set()  # keys whose problem was logged (_say_once)
+        self._recorded = False  # whether keys.archive names this worker's archive yet
 
     # -- control -------------------------------------------------------------------
     def stop(self) -> None:
@@ -272,6 +275,8 @@ class ReceiptsWorker:
         pending in the group, then read on from the archive's last id (or the group's,
         if further: an archive started after the group sees what comes next)."""
         keys = self.keys
+        if not self._recorded:
+            self._record_archive()
         try:
             kinds = self.client.smembers(keys.kinds)
         except redis.ResponseError as error:  # not a set: the task streams wait for one
@@ -312,6 +317,21 @@ class ReceiptsWorker:
                 archived if archived and id_order(archived) >= id_order(delivered) else delivered
             )
         self.streams.extend(new)
+
+    def _record_archive(self) -> None:
+        """Say where this worker archives (``keys.archive``), for ``history`` and
+        ``inspect`` to name instead of a placeholder. Only a sink on a directory has a
+        place to name; a user not allowed SET only loses that (said once)."""
+        directory = getattr(self.sink, "directory", None)
+        if directory is None:
+            self._recorded = True
+            return
+        record = {"path": str(Path(directory).resolve()), "host": socket.gethostname()}
+        try:
+            self.client.set(self.keys.archive, orjson.dumps(record))
+        except redis.ResponseError as error:  # no right to SET it: archiving goes on
+            self._say_once(self.keys.archive, f"{self.keys.archive}: not recorded ({error})")
+        self._recorded = True
 
     def _say_once(self, key: str, message: str) -> None:
         """Log a problem with a key once (it is met again at every rescan)."""

@@ -1,13 +1,15 @@
-"""``python -m lifecycle dead-letters list | show | requeue | purge``.
+"""``python -m lifecycle dead-letters [list | show | requeue | purge]``.
 
-Dead letters of the lifecycle stream and of every task kind, each with its reason
-(:mod:`lifecycle.dead_letters`). Exit codes: 0 done; 2 an unknown id or kind, a
-dead letter that cannot be requeued, ``purge`` without ``--yes``.
+``dead-letters`` alone lists them. Dead letters of the lifecycle stream and of
+every task kind, each with its reason (:mod:`lifecycle.dead_letters`). Exit
+codes: 0 done; 2 an unknown id or kind, a dead letter that cannot be requeued,
+``purge`` without ``--yes``.
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 from typing import Any
 
 from lifecycle.cli.support import EXIT_OK, CliError, Context, print_json
@@ -21,42 +23,77 @@ from lifecycle.dead_letters import (
 
 __all__ = ["add_commands"]
 
+LIST_LIMIT = 0  # list's default --limit: every dead letter
+
 EXAMPLES = """\
 examples:
-  python -m lifecycle dead-letters list --kind ml
+  python -m lifecycle dead-letters                # the same as: dead-letters list
   python -m lifecycle dead-letters show 1700000000000-0
-  python -m lifecycle dead-letters requeue --all --kind ml   # each delivered again once
+  python -m lifecycle restart order-1             # a dead-lettered start-task: run it again
   python -m lifecycle dead-letters purge --kind ml --yes
 """
 
+REQUEUE_HELP = """\
+A dead-lettered start-task has already failed its task: the lifecycle worker
+answered it with a failure, so the workflow retried it or failed. To run that
+task again once its worker is fixed, restart the workflow
+(python -m lifecycle restart ID): requeuing the start-task runs the old attempt,
+whose answer the lifecycle refuses as stale. Requeue is for dead-lettered
+lifecycle events (a lifecycle worker that could not read them).
+"""
+
+
+def _without_defaults(parent: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """A copy of ``parent`` whose options set nothing unless given: an action's parser
+    would otherwise overwrite, with its defaults, what was given before the action
+    (``dead-letters --redis-url X list``). ``dead-letters`` itself holds the defaults."""
+    quiet = copy.deepcopy(parent)
+    for action in quiet._actions:
+        action.default = argparse.SUPPRESS
+    return quiet
+
 
 def add_commands(commands: Any, common: argparse.ArgumentParser) -> None:
-    dead = commands.add_parser(
-        "dead-letters",
-        help="entries a worker gave up on, with the reason: list, show, requeue, purge",
-        epilog=EXAMPLES,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    actions = dead.add_subparsers(dest="action", required=True, metavar="ACTION")
     kind = argparse.ArgumentParser(add_help=False)
     kind.add_argument(
         "--kind", help="only this source: 'lifecycle' or a task kind (default: every one)"
     )
+    listed = argparse.ArgumentParser(add_help=False)
+    listed.add_argument(
+        "--limit",
+        type=int,
+        default=LIST_LIMIT,
+        help=f"list at most this many (default {LIST_LIMIT}: all)",
+    )
+    listed.add_argument("--json", action="store_true", help="print JSON")
+    # Bare ``dead-letters`` lists: it takes list's options and holds every default.
+    dead = commands.add_parser(
+        "dead-letters",
+        parents=[common, kind, listed],
+        help="entries a worker gave up on, with the reason: list (default), show, requeue, purge",
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    dead.set_defaults(func=_list)
+    common, kind = _without_defaults(common), _without_defaults(kind)
+    actions = dead.add_subparsers(dest="action", metavar="ACTION")
 
-    listing = actions.add_parser("list", parents=[common, kind], help="one line each")
-    listing.add_argument("--limit", type=int, default=0, help="at most this many (0: all)")
-    listing.add_argument("--json", action="store_true", help="print JSON")
+    listing = actions.add_parser(
+        "list", parents=[common, kind, _without_defaults(listed)], help="one line each (default)"
+    )
     listing.set_defaults(func=_list)
 
     show = actions.add_parser("show", parents=[common, kind], help="one in full")
     show.add_argument("id", help="the dead letter's id (from list)")
-    show.add_argument("--json", action="store_true", help="print JSON")
+    show.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="print JSON")
     show.set_defaults(func=_show)
 
     again = actions.add_parser(
         "requeue",
         parents=[common, kind],
         help="deliver to its stream again (once: the dead letter goes in the same step)",
+        description=REQUEUE_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     again.add_argument("ids", nargs="*", metavar="ID", help="dead letter ids")
     again.add_argument("--all", action="store_true", help="every one (of --kind)")
@@ -77,6 +114,9 @@ def _list(args: argparse.Namespace, context: Context) -> int:
     letters = list_dead_letters(context.client, context.keys, args.kind, args.limit)
     if args.json:
         print_json([letter.summary() for letter in letters])
+        return EXIT_OK
+    if not letters:
+        print("no dead letters")
         return EXIT_OK
     print("\t".join(("ID", "KIND", "AT", "REASON", "EVENT", "WORKFLOW", "ERROR")))
     for letter in letters:

@@ -10,17 +10,32 @@ Redis and where it is.
 from __future__ import annotations
 
 import argparse
+import os
 from typing import Any
 
+from rich.cells import cell_len, set_cell_size
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
 from lifecycle.cli.support import EXIT_OK, CliError, Context, dumps_text, print_json
 from lifecycle.history import format_timeline, live_history, lost_streams, where_the_rest_is
-from lifecycle.inspect import LIST_STATES, describe_workflow, list_workflows, read_workflow
+from lifecycle.inspect import (
+    LIST_STATES,
+    archive_record,
+    describe_workflow,
+    list_workflows,
+    read_workflow,
+)
 
 __all__ = ["add_commands", "show_workflow"]
+
+
+HISTORY_EXAMPLES = """\
+examples:
+  python -m lifecycle history order-2
+  python -m lifecycle history order-2 --archive /var/lib/flow/receipts
+"""
 
 
 def add_commands(commands: Any, common: argparse.ArgumentParser) -> None:
@@ -40,9 +55,24 @@ def add_commands(commands: Any, common: argparse.ArgumentParser) -> None:
     listing.add_argument("--json", action="store_true", help="print JSON")
     listing.set_defaults(func=_list)
 
-    history = commands.add_parser("history", parents=[common], help="one workflow's timeline")
+    history = commands.add_parser(
+        "history",
+        parents=[common],
+        help="one workflow's timeline",
+        epilog=HISTORY_EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     history.add_argument("id")
     history.add_argument("--json", action="store_true", help="print JSON")
+    source = history.add_mutually_exclusive_group()
+    source.add_argument(
+        "--archive",
+        metavar="DIR",
+        help="read the part of the timeline no longer in Redis from this receipts archive "
+        "(default: the one the receipts worker recorded, when it is on this host; it reads "
+        "the whole archive)",
+    )
+    source.add_argument("--no-archive", action="store_true", help="only what Redis still holds")
     history.set_defaults(func=_history)
 
 
@@ -57,7 +87,7 @@ def _inspect(args: argparse.Namespace, context: Context) -> int:
     else:
         console = Console()
         show_workflow(data, console)
-        console.print("output: " + escape(_short(data["output"], 2000)))
+        console.print("output: " + escape(_short(data["output"], 2000)), soft_wrap=True)
         if lost:
             console.print(
                 escape(
@@ -66,55 +96,102 @@ def _inspect(args: argparse.Namespace, context: Context) -> int:
                 ),
                 soft_wrap=True,
             )
+        console.print("(--json for every field)")
     return EXIT_OK
 
 
+COLUMNS = ("key", "task", "state", "attempts", "started", "took", "worker", "input", "output")
+_GAP = 2  # spaces between two columns of the table
+_PLAIN_LIMIT = 100  # characters of an input or output on a plain (piped) line
+_MIN_VALUE = 10  # narrower than this, an input or output column says nothing
+
+
 def show_workflow(data: dict[str, Any], console: Console) -> None:
-    """The workflow's state, what of it is corrupt, and a table of its task instances
-    (``took``: from start to end, or to now while running; ``--json`` has the ends)."""
+    """The workflow's state, what of it is corrupt, and its task instances (``took``:
+    from start to end, or to now while running; ``--json`` has the ends).
+
+    On a terminal, a table as wide as the terminal: every cell on one line, the
+    state, attempts, key and duration never shortened, the input and output (then
+    the task and worker names) shortened with an ellipsis to fit, the input left
+    out first. Otherwise (piped) tab-separated lines, values up to 100 characters.
+    """
     console.print(
         f"[bold]{escape(data['id'])}[/]  flow {escape(data['flow'] or '-')}  "
         f"state [bold]{escape(data['state'])}[/]"
     )
-    console.print(f"created {data['created'] or '-'}  ended {data['ended'] or '-'}")
+    console.print(f"created {data['created'] or '-'}  ended {data['ended'] or '-'}", soft_wrap=True)
     if data["error"]:
-        console.print(f"[red]error:[/] {escape(data['error'])}")
+        console.print(f"[red]error:[/] {escape(one_line(data['error']))}", soft_wrap=True)
     if data.get("paused") is not None:
-        held = ", ".join(map(str, data["paused"])) or "none"
-        console.print(f"paused: held start-tasks {escape(held)} (resume releases them)")
+        console.print(escape(paused_line(data)), soft_wrap=True)
     for problem in data.get("corrupt", []):
         console.print(f"[red]{escape(problem)}[/]", soft_wrap=True)
-    table = Table(
-        "key",
-        "task",
-        "state",
-        "attempts",
-        "started",
-        "took",
-        "worker",
-        "input",
-        "output",
-    )
-    for task in data["tasks"]:
-        ran = task["attempts"] is not None or task["started"] is not None
-        table.add_row(
-            *(
-                escape(str(cell))
-                for cell in (
-                    task["key"],
-                    task["name"] or task["kind"],
-                    task["state"],
-                    "" if task["attempts"] is None else task["attempts"],
-                    task["started"] or "",
-                    duration(task.get("duration_ms")),
-                    task["worker"] or "",
-                    _short(task["input"]) if ran else "",
-                    _short(task["output"] if task["error"] is None else task["error"])
-                    if ran
-                    else "",
-                )
-            )
-        )
+    if console.is_terminal:
+        _table([_cells(task, data["created"]) for task in data["tasks"]], console)
+        return
+    # Tab-separated for grep, cut and awk: written as is (rich would expand the tabs).
+    for row in [[c.upper() for c in COLUMNS], *(_cells(t, None) for t in data["tasks"])]:
+        cells = (cell if i < 7 else _short(cell, _PLAIN_LIMIT) for i, cell in enumerate(row))
+        console.file.write("\t".join(cells) + "\n")
+
+
+def paused_line(data: dict[str, Any]) -> str:
+    """What a paused workflow holds, each step by name and key: ``B (6)``."""
+    names = {task["key"]: task["name"] for task in data["tasks"]}
+    held = [f"{names[k]} ({k})" if names.get(k) else k for k in map(str, data["paused"])]
+    if not held:
+        return "paused: no start-task held yet (the next one to start waits for resume)"
+    return f"paused: held start-tasks {', '.join(held)} (resume releases them)"
+
+
+def _cells(task: dict[str, Any], created: str | None) -> list[str]:
+    ran = task["attempts"] is not None or task["started"] is not None
+    started = task["started"] or "-"
+    if created and started[:10] == created[:10]:
+        started = started[11:19]  # the day is the created line's; --json has the ms
+    value = task["output"] if task["error"] is None else task["error"]
+    return [
+        str(task["key"]),
+        str(task["name"] or task["kind"]),
+        str(task["state"]),
+        "-" if task["attempts"] is None else str(task["attempts"]),
+        started,
+        duration(task.get("duration_ms")) or "-",
+        task["worker"] or "-",
+        one_line(task["input"]) if ran else "-",
+        one_line(value) if ran and (value is not None or task["state"] == "ended") else "-",
+    ]
+
+
+def _table(rows: list[list[str]], console: Console) -> None:
+    """``rows`` as a table that fits ``console.width`` (see :func:`show_workflow`)."""
+    columns = list(range(len(COLUMNS)))
+    widths = [max([len(COLUMNS[i]), *(cell_len(r[i]) for r in rows)]) for i in columns]
+
+    def excess() -> int:
+        return sum(widths[i] for i in columns) + _GAP * (len(columns) - 1) - console.width
+
+    io = (7, 8)  # input, output: share what is left, the output first
+    if excess() > 0:
+        room = sum(widths[i] for i in io) - excess()
+        if room >= 2 * _MIN_VALUE:
+            widths[8] = min(widths[8], max(room // 2, room - widths[7]))
+            widths[7] = room - widths[8]
+        else:
+            columns.remove(7)
+    # Still too wide: the output, then the names, shortened by turns.
+    for i, least in ((8, 2 * _MIN_VALUE), (1, 12), (6, 12), (8, _MIN_VALUE), (1, 8), (6, 8)):
+        over = excess()
+        if over > 0 and i in columns:
+            widths[i] = max(min(least, widths[i]), widths[i] - over)
+    for i in (8, 4, 6):  # narrower yet: the output, start and worker left out (--json)
+        if excess() > 0:
+            columns.remove(i)
+    table = Table(box=None, pad_edge=False, padding=(0, _GAP // 2), header_style="bold")
+    for i in columns:
+        table.add_column(COLUMNS[i], no_wrap=True, width=widths[i], overflow="ellipsis")
+    for row in rows:
+        table.add_row(*(escape(_short(row[i], widths[i])) for i in columns))
     console.print(table)
 
 
@@ -133,9 +210,15 @@ def duration(ms: int | None) -> str:
     return f"{hours} h {minutes} min"
 
 
+def one_line(value: Any) -> str:
+    """``value`` as one line: a string's runs of white space (newlines too) as one
+    space, anything else as compact JSON."""
+    return " ".join(value.split()) if isinstance(value, str) else dumps_text(value)
+
+
 def _short(value: Any, limit: int = 60) -> str:
-    text = value if isinstance(value, str) else dumps_text(value)
-    return text if len(text) <= limit else text[: limit - 1] + "…"
+    text = one_line(value)
+    return text if cell_len(text) <= limit else set_cell_size(text, limit - 1) + "…"
 
 
 def _list(args: argparse.Namespace, context: Context) -> int:
@@ -157,7 +240,13 @@ def _list(args: argparse.Namespace, context: Context) -> int:
 
 
 def _history(args: argparse.Namespace, context: Context) -> int:
-    data = live_history(context.client, context.keys, args.id)
+    archive: str | None = args.archive
+    if archive is not None and not os.path.isdir(archive):
+        raise CliError(f"--archive {archive}: no such directory (a receipts worker's --archive)")
+    if archive is None and not args.no_archive:
+        recorded = archive_record(context.client, context.keys)
+        archive = recorded.path if recorded is not None and recorded.here() else None
+    data = live_history(context.client, context.keys, args.id, archive)
     if args.json:
         print_json(data)
         return EXIT_OK
@@ -168,6 +257,9 @@ def _history(args: argparse.Namespace, context: Context) -> int:
         print(f"  error: {data['error']}")
     for problem in data["corrupt"]:
         print(f"  {problem}")
+    if data["archive"] is not None:
+        archived = sum(1 for row in data["timeline"] if row.get("archived"))
+        print(f"  {archived} events read from the archive {data['archive']}: marked (archive)")
     if not data["complete"]:
         print(
             f"  part of this timeline is no longer in Redis ({', '.join(data['lost'])} "

@@ -12,7 +12,15 @@ from typing import Any
 
 from lifecycle.cli.support import EXIT_FAILED, EXIT_OK, CliError, Context, print_json
 from lifecycle.inspect import iso
-from lifecycle.status import COUNT_LIMIT, STALE_S, Status, StreamInfo, format_ms, read_status
+from lifecycle.status import (
+    COUNT_LIMIT,
+    READ_GAP_S,
+    STALE_S,
+    Status,
+    StreamInfo,
+    format_ms,
+    read_status,
+)
 
 __all__ = ["add_commands"]
 
@@ -37,7 +45,8 @@ def add_commands(commands: Any, common: argparse.ArgumentParser) -> None:
         type=float,
         default=STALE_S,
         metavar="SECONDS",
-        help=f"a consumer silent this long is taken for gone (default {STALE_S:g})",
+        help=f"a consumer silent this long is taken for gone (default {STALE_S:g}; "
+        f"{READ_GAP_S:g} while entries wait undelivered and it holds none)",
     )
     status.add_argument(
         "--count-limit",
@@ -91,6 +100,8 @@ def _print(found: Status) -> None:
     for info in [found.lifecycle, *found.kinds]:
         print(_stream_line(info))
     print()
+    for note in found.notes:
+        print(f"note: {note}")
     if found.warnings:
         for warning in found.warnings:
             print(f"WARNING: {warning}")

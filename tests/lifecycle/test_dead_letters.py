@@ -208,3 +208,42 @@ def test_purge_asks_for_yes_then_deletes_the_dead_letters_of_its_kind(
     )
     assert (code, out) == (EXIT_OK, "ml: 1 deleted\n1 deleted\n")
     assert [letter.source for letter in list_dead_letters(redis_client, KEYS)] == ["gpu"]
+
+
+def test_dead_letters_alone_lists_them_and_none_says_so(
+    redis_url: str, capsys: Any, harness: Any
+) -> None:
+    harness.submit(compile_text("ml:A"))
+    code, out, err = run(capsys, "dead-letters", "--redis-url", redis_url)
+    assert (code, out, err) == (EXIT_OK, "no dead letters\n", "")
+    code, out, err = run(capsys, "dead-letters", "list", "--redis-url", redis_url)
+    assert (code, out, err) == (EXIT_OK, "no dead letters\n", "")
+
+
+def test_dead_letters_alone_takes_list_options_and_options_before_the_action_hold(
+    dead: str, redis_url: str, capsys: Any
+) -> None:
+    code, out, _ = run(capsys, "dead-letters", "--kind", "ml", "--json", "--redis-url", redis_url)
+    [letter] = orjson.loads(out)
+    assert (code, letter["event"]["workflow"]) == (EXIT_OK, dead)
+    # Given before the action, an option is not overwritten by the action's default.
+    code, out, _ = run(capsys, "dead-letters", "--redis-url", redis_url, "list", "--kind", "ml")
+    assert (code, len(out.splitlines())) == (EXIT_OK, 2)
+
+
+def test_requeue_help_says_a_dead_lettered_start_task_is_restarted_not_requeued(
+    capsys: Any,
+) -> None:
+    with pytest.raises(SystemExit):
+        main(["dead-letters", "--help"])
+    top = capsys.readouterr().out
+    assert "each delivered again once" not in top
+    assert "python -m lifecycle restart" in top
+    with pytest.raises(SystemExit):
+        main(["dead-letters", "requeue", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "A dead-lettered start-task has already failed its task" in text
+    assert "restart the workflow" in text
+    with pytest.raises(SystemExit):
+        main(["dead-letters", "list", "--help"])
+    assert "(default 0: all)" in capsys.readouterr().out

@@ -15,6 +15,7 @@ import redis
 
 from flowlang.compiler import compile_text
 from flowstream.cli import main
+from lifecycle.client import Client
 from lifecycle.dead_letters import list_dead_letters
 from lifecycle.keys import RECEIPTS_GROUP, TASK_GROUP, Keys
 from rqse.deadletter import PROCESS_ERROR, dead_letter_fields
@@ -79,6 +80,12 @@ def test_the_reader_user_runs_every_looking_command_without_a_refusal(
         ),
     )
     dead_id = list_dead_letters(redis_client, KEYS)[0].id
+    # A queued start-task of a terminated workflow: status checks its workflow.
+    harness.submit(compile_text("ml:C"), workflow_id="wf-ended")
+    harness.advance()
+    Client(redis_client).terminate("wf-ended")
+    harness.advance()
+    redis_client.set(KEYS.archive, b'{"path": "/nowhere", "host": "elsewhere"}')
     for argv in (
         ["status"],
         ["status", "--json"],
@@ -86,10 +93,13 @@ def test_the_reader_user_runs_every_looking_command_without_a_refusal(
         ["inspect", workflow_id],
         ["history", workflow_id],
         ["dead-letters", "list"],
+        ["dead-letters"],
         ["dead-letters", "show", dead_id],
     ):
         code = main([*argv, "--redis-url", reader_url])
         err = capsys.readouterr().err
         assert code in (0, 1) and "refused" not in err, f"{argv}: {err}"
     assert refusals(redis_client) == []
+    code = main(["status", "--json", "--redis-url", reader_url])
+    assert "1 queued task of ended workflows" in capsys.readouterr().out
     assert re.search(r"\+xinfo\|consumers", " ".join(reader_rules()))

@@ -208,3 +208,131 @@ def test_a_reader_group_that_fell_silent_and_a_stalled_archive_are_warnings(
     )
     [receipts] = [g for g in data["lifecycle"]["others"] if g["name"] == RECEIPTS_GROUP]
     assert receipts["lag"] == 2 and receipts["oldest_waiting_ms"] >= 500
+
+
+def test_a_queued_start_task_of_a_terminated_workflow_is_a_note_not_a_warning(
+    redis_client: redis.Redis, redis_url: str, capsys: Any, harness: Any, persistent: None
+) -> None:
+    from lifecycle.client import Client
+
+    harness.submit(compile_text("ml:A"), workflow_id="wf-ended")
+    harness.submit(compile_text("ml:B"), workflow_id="wf-runs")
+    harness.advance()  # two start-tasks queued on ml, no ml worker
+    Client(redis_client).terminate("wf-ended")
+    harness.advance()
+    code, data = status(capsys, redis_url)
+    [ml] = data["kinds"]
+    assert (ml["group"]["lag"], ml["ended_queued"], ml["waiting"]) == (2, 1, 1)
+    [warning] = data["warnings"]
+    assert warning == "1 task of kind `ml` waiting, no worker has ever read `ml`"
+    assert data["notes"] == [
+        "kind `ml`: 1 queued task of ended workflows (skipped when a worker reads them)"
+    ]
+    Client(redis_client).terminate("wf-runs")
+    harness.advance()
+    code, out, _ = run(capsys, "status", "--redis-url", redis_url)
+    assert code == EXIT_OK
+    assert (
+        "note: kind `ml`: 2 queued tasks of ended workflows (skipped when a worker reads them)"
+        in out.splitlines()
+    )
+    assert out.splitlines()[-1] == "no warnings"
+
+
+def test_the_ended_workflows_check_reads_at_most_the_cap_and_says_so(
+    redis_client: redis.Redis, harness: Any, monkeypatch: Any
+) -> None:
+    from lifecycle import status as status_module
+    from lifecycle.client import Client
+
+    monkeypatch.setattr(status_module, "QUEUED_CHECK", 2)
+    for n in range(3):
+        harness.submit(compile_text("ml:A"), workflow_id=f"wf-{n}")
+    harness.advance()
+    for n in range(3):
+        Client(redis_client).terminate(f"wf-{n}")
+    harness.advance()
+    found = status_module.read_status(redis_client, KEYS)
+    [ml] = found.kinds
+    assert (ml.ended_queued, ml.queued_checked, ml.queued_capped, ml.waiting) == (2, 2, True, 1)
+    assert found.notes[0].endswith("; only the oldest 2 undelivered were checked")
+
+
+def test_a_stopped_lifecycle_worker_is_not_alive_once_events_wait_unread(
+    redis_client: redis.Redis, redis_url: str, persistent: None
+) -> None:
+    from lifecycle.status import read_status
+    from lifecycle.worker import LifecycleWorker
+
+    pool = redis.ConnectionPool.from_url(redis_url)
+    worker = LifecycleWorker(pool=pool, handle_signals=False, block_ms=100)
+    import threading
+
+    thread = threading.Thread(target=worker.listen, daemon=True)
+    thread.start()
+    start_workflow(redis_client, compile_text("A"), None, "wf-1", KEYS)
+    deadline = time.monotonic() + 10
+    while redis_client.hget(KEYS.workflow("wf-1"), "created") is None:
+        assert time.monotonic() < deadline, "the lifecycle worker did not start the workflow"
+        time.sleep(0.02)
+    worker.stop()
+    thread.join(timeout=10)
+    pool.disconnect()
+    start_workflow(redis_client, compile_text("A"), None, "wf-2", KEYS)
+    time.sleep(0.6)
+    found = read_status(redis_client, KEYS, read_gap_s=0.5)  # --stale stays 60 s
+    assert found.lifecycle_workers == []
+    [warning] = [w for w in found.warnings if "lifecycle" in w]
+    assert warning.startswith("1 lifecycle event waiting, no lifecycle worker has read for ")
+    # Nothing waiting: the same worker, silent as long, is not told apart from an idle one.
+    assert read_status(redis_client, KEYS, read_gap_s=60).lifecycle_workers != []
+
+
+def test_a_kind_whose_workers_stopped_reading_is_a_warning_before_they_go_stale(
+    redis_client: redis.Redis, harness: Any, persistent: None
+) -> None:
+    from lifecycle.status import read_status
+
+    harness.submit(compile_text("ml:A"))
+    redis_client.xreadgroup(TASK_GROUP, "ml-1", {KEYS.tasks("ml"): ">"}, count=1)  # nothing yet
+    harness.advance()
+    time.sleep(0.6)
+    found = read_status(redis_client, KEYS, read_gap_s=0.5)
+    [warning] = [w for w in found.warnings if "`ml`" in w]
+    assert warning.startswith("1 task of kind `ml` waiting, no worker is reading kind `ml` (")
+    # A worker busy with a task it holds (pending) and renews is not taken for gone.
+    redis_client.xreadgroup(TASK_GROUP, "ml-1", {KEYS.tasks("ml"): ">"}, count=1)
+    harness.submit(compile_text("ml:B"))
+    harness.advance()
+    time.sleep(0.6)
+    found = read_status(redis_client, KEYS, read_gap_s=0.5)
+    assert [w for w in found.warnings if "`ml`" in w] == []
+
+
+def test_a_stopped_task_worker_is_a_warning_once_its_kind_has_tasks_waiting(
+    redis_client: redis.Redis, redis_url: str, harness: Any, persistent: None
+) -> None:
+    import threading
+
+    from lifecycle.status import read_status
+    from workers.noop import NoopWorker
+
+    harness.submit(compile_text("ml:A"))  # the ml group exists before the worker reads
+    harness.advance()
+    pool = redis.ConnectionPool.from_url(redis_url)
+    worker = NoopWorker(["ml"], pool=pool, handle_signals=False, block_ms=100)
+    thread = threading.Thread(target=worker.listen, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while harness.advance() == 0:  # its answer to A
+        assert time.monotonic() < deadline, "the ml worker did not answer"
+        time.sleep(0.02)
+    worker.stop()
+    thread.join(timeout=10)
+    pool.disconnect()
+    harness.submit(compile_text("ml:B"))
+    harness.advance()
+    time.sleep(0.6)
+    found = read_status(redis_client, KEYS, read_gap_s=0.5)
+    [warning] = [w for w in found.warnings if "`ml`" in w]
+    assert warning.startswith("1 task of kind `ml` waiting, no worker is reading kind `ml` (")
