@@ -24,3 +24,13 @@ class NotAllowed(LifecycleError):
 
 class FlowNotStored(LifecycleError):
     """Raised when a workflow names a compiled graph that is not in Redis."""
+
+
+def unknown_workflow(workflow_id: str) -> UnknownWorkflow:
+    """The error for an id with no record in Redis, saying where its history may still
+    be: the one wording of every command (inspect, history, the controls)."""
+    return UnknownWorkflow(
+        f"no workflow {workflow_id!r} in Redis (never started, deleted, or removed by "
+        f"retention; an archive keeps its history: python -m lifecycle replay ARCHIVE "
+        f"--workflow {workflow_id} --offline)"
+    )

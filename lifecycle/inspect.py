@@ -29,7 +29,7 @@ from flowlang.limits import DEFAULT_LIMITS, loads_value
 from flowlang.machine import parse_key
 from lifecycle import records as rec
 from lifecycle.engine.store import GraphCache
-from lifecycle.errors import UnknownWorkflow
+from lifecycle.errors import unknown_workflow
 from lifecycle.keys import Keys
 
 __all__ = [
@@ -191,15 +191,6 @@ def _paused(raw: bytes) -> list[Any]:
     if not isinstance(value, list):
         raise _Bad(f"is {type(value).__name__}, expected a list of task keys")
     return value
-
-
-def unknown_workflow(workflow_id: str) -> UnknownWorkflow:
-    """The error for an id with no hash, saying where its history may still be."""
-    return UnknownWorkflow(
-        f"no workflow {workflow_id!r} in Redis (never started, deleted, or removed by "
-        f"retention; an archive keeps its history: python -m lifecycle replay ARCHIVE "
-        f"--workflow {workflow_id} --offline)"
-    )
 
 
 def read_workflow(client: redis.Redis, keys: Keys, workflow_id: str) -> StoredWorkflow:
