@@ -29,7 +29,7 @@ PAGE_ARCHIVE = "/tmp/flowstream-receipts"
 EXPECT = {"--id shop-2": 1, "--id stuck-1": 2, "lifecycle status": 1}
 # A worker's log shown under its command: what it printed on starting, once quiet this
 # long (at most STARTUP seconds), before the next step runs.
-QUIET, STARTUP = 1.0, 15.0
+QUIET, STARTUP = 1.5, 15.0
 
 # A ```sh block, then (blank lines apart) the ```text block that shows its output.
 STEP = re.compile(r"```sh\n(?P<sh>.*?)```(?P<gap>\n*)(?:```text\n(?P<text>.*?)```)?", re.S)
@@ -90,11 +90,25 @@ def shown(ran: list[Ran], logs: dict[str, str]) -> str:
     return "\n".join(lines) + "\n" if lines else ""
 
 
+def log_shape(text: str) -> set[str]:
+    """A worker log's lines without what differs from run to run: times, consumer names
+    (host-pid-random), the Redis address; and the warning that persistence is off, as
+    the tests' server has it off where the page's has save points."""
+    shape = set()
+    for line in text.splitlines():
+        if "persistence off" in line:
+            continue
+        line = re.sub(r"^\S+ \S+ ", "", line)
+        line = re.sub(r"\S+-\d+-[0-9a-f]{6}", "CONSUMER", line)
+        shape.add(re.sub(r"redis://\S+", "URL", line))
+    return shape
+
+
 def test_the_tutorial_runs_as_written(redis_url: str, redis_client: object, tmp_path: Path) -> None:
     page = PAGE.read_text(encoding="utf-8")
     shell = tutorial_shell(tmp_path, redis_url)
     try:
-        steps = run_page(shell, page)
+        steps = run_page(shell, page, settle=True)
         # What the page's tables show, read as JSON (the table's layout may change).
         shown = {
             workflow: orjson.loads(shell.run(f"python -m lifecycle inspect {workflow} --json").out)  # type: ignore[union-attr]
@@ -127,6 +141,11 @@ def test_the_tutorial_runs_as_written(redis_url: str, redis_client: object, tmp_
     assert "still waiting: no worker serves kind ml (1 task waiting" in stuck
     assert "1 task of kind `ml` waiting" in output("lifecycle status")
     assert "workflow stuck-1: terminated" in output("terminate stuck-1")
+    # Each worker's log on the page is what it prints on starting, every line of it.
+    for step, _, logs in steps:
+        for log in logs.values():
+            real = log.replace(str(tmp_path / "receipts"), PAGE_ARCHIVE)
+            assert log_shape(step["text"]) == log_shape(real), real
     # Every worker stopped cleanly: the slow price task of shop-3 saw task.cancelled()
     # (still sleeping, it would have kept its worker past the drain deadline: exit 1).
     assert codes == [0, 0, 0], shell.background_logs()
