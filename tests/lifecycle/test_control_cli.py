@@ -206,3 +206,31 @@ def test_unknown_ids_read_the_same_in_inspect_and_in_the_controls(
         assert main([command, "nope", *url_args]) == 2
         lines.add(capsys.readouterr().err)
     assert lines == {f"error: {unknown_workflow('nope')}\n"}
+
+
+def test_a_terminate_that_arrives_after_the_workflow_finished_exits_1_and_says_so(
+    harness: Harness, url_args: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    harness.submit(compile_text("A"), workflow_id="wf")
+    harness.advance()
+    harness.work(ok)  # A's end is on the stream, ahead of the terminate
+    assert while_the_lifecycle_runs(harness, ["terminate", "wf", *url_args]) == 1
+    assert capsys.readouterr().err == (
+        "workflow wf: finished before the terminate reached it (not terminated)\n"
+    )
+
+
+def test_no_wait_with_several_ids_says_each_was_sent(
+    harness: Harness, url_args: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    for workflow_id in ("a", "b"):
+        harness.submit(compile_text("A → B"), workflow_id=workflow_id)
+    harness.advance()
+    assert main(["pause", "a", "b", "--no-wait", *url_args]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split(" (event ")[0] for line in lines] == [
+        "workflow a: pause sent",
+        "workflow b: pause sent",
+    ]
+    harness.advance()
+    assert {state(harness, w) for w in ("a", "b")} == {"paused"}
