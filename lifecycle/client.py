@@ -15,7 +15,7 @@ until a lifecycle worker has applied it::
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,11 +26,12 @@ from flowlang.graph import Graph
 from flowlang.limits import DEFAULT_LIMITS, Limits
 from lifecycle import events as ev
 from lifecycle import records as rec
-from lifecycle.errors import LifecycleError, NotAllowed, UnknownWorkflow
+from lifecycle.errors import LifecycleError, NotAllowed
+from lifecycle.inspect import no_workflow
 from lifecycle.keys import Keys
 from lifecycle.submit import start_workflow
 
-__all__ = ["Applied", "Client", "Selection", "WorkflowStatus"]
+__all__ = ["ACTS_ON", "Applied", "Client", "Selection", "WorkflowStatus"]
 
 _PAGE = 500  # workflows read per round trip when selecting by filter
 
@@ -45,33 +46,68 @@ class WorkflowStatus:
     ended: str | None  # ms, when it ended
     restartable: bool  # a restart has task instances to start again
     flow: str | None
+    error: str | None = None  # why it failed or was terminated
+
+
+# The states each control applies to (besides the one it leads to, which is "already so").
+ACTS_ON: dict[str, tuple[str, ...]] = {
+    ev.TERMINATE_WORKFLOW: (rec.RUNNING, rec.PAUSED_STATE),
+    ev.PAUSE_WORKFLOW: (rec.RUNNING,),
+    ev.RESUME_WORKFLOW: (rec.PAUSED_STATE,),
+    ev.RESTART_WORKFLOW: (rec.FAILED, rec.TERMINATED),
+    ev.DELETE_WORKFLOW: rec.ENDED_STATES,
+}
 
 
 @dataclass(frozen=True, slots=True)
 class Applied:
-    """The outcome of one action: the event sent, and the state seen after it (None when
-    the caller did not wait, or no lifecycle worker applied it in time; ``deleted``)."""
+    """The outcome of one action on one workflow.
+
+    ``event_id`` is the event sent, None when nothing was: the workflow already was so
+    (``state``), or its state does not allow the action (``refused`` says why).
+    ``state`` is the state seen once a lifecycle worker applied it; None when the caller
+    did not wait or it was not applied in time; ``deleted`` after a delete.
+    ``overtaken``: the workflow ended on its own (``state``) before the action reached
+    it, so the lifecycle refused the action. ``before`` is the state it was sent in,
+    ``error`` the workflow's error when ``state`` is failed or terminated.
+    """
 
     workflow: str
-    event_id: str | None  # None: nothing sent, the workflow already was so
+    event_id: str | None  # None: nothing sent
     state: str | None
+    refused: str | None = None
+    before: str | None = None
+    error: str | None = None
+    overtaken: bool = False
 
 
 @dataclass(frozen=True, slots=True)
 class Selection:
-    """Which workflows a bulk action applies to: every given filter must match."""
+    """Which workflows a bulk action applies to: every given filter must match.
+    ``state`` is one state or several (any of them matches)."""
 
-    state: str | None = None
+    state: str | tuple[str, ...] | None = None
     flow: str | None = None
 
     def __post_init__(self) -> None:
-        if self.state is not None and self.state not in rec.SHOWN_STATES:
-            raise LifecycleError(
-                f"unknown state {self.state!r}: one of {', '.join(rec.SHOWN_STATES)}"
-            )
+        if self.state is not None and not isinstance(self.state, str):
+            object.__setattr__(self, "state", tuple(self.state))
+        for state in self.states:
+            if state not in rec.SHOWN_STATES:
+                raise LifecycleError(
+                    f"unknown state {state!r}: one of {', '.join(rec.SHOWN_STATES)}"
+                )
+
+    @property
+    def states(self) -> tuple[str, ...]:
+        """The states selected; empty when any state matches."""
+        if self.state is None:
+            return ()
+        return (self.state,) if isinstance(self.state, str) else self.state
 
     def matches(self, status: WorkflowStatus) -> bool:
-        return (self.state is None or status.state == self.state) and (
+        states = self.states
+        return (not states or status.state in states) and (
             self.flow is None or status.flow == self.flow
         )
 
@@ -105,12 +141,12 @@ class Client:
         (never started, deleted, or removed by retention)."""
         found = self._statuses([workflow_id])[0]
         if found is None:
-            raise UnknownWorkflow(
-                f"no workflow {workflow_id!r} in Redis (never started, deleted, or removed "
-                "after its retention; a workflow just submitted appears once a lifecycle "
-                "worker has started it)"
-            )
+            raise no_workflow(self.redis, self.keys, workflow_id)
         return found
+
+    def statuses(self, workflow_ids: Sequence[str]) -> list[WorkflowStatus | None]:
+        """The state of each workflow, in one round trip; None for an id with no record."""
+        return self._statuses(list(workflow_ids)) if workflow_ids else []
 
     def select(self, selection: Selection) -> Iterator[WorkflowStatus]:
         """Every workflow that ``selection`` matches, oldest first, read a page at a time."""
@@ -155,34 +191,47 @@ class Client:
         """Send the control ``kind`` for one workflow after checking that its state allows
         it (:class:`UnknownWorkflow`, :class:`NotAllowed`); with ``wait`` seconds, wait
         until a lifecycle worker has applied it."""
-        before = self.status(workflow_id)
-        refusal = ev.refusal(kind, before.state, before.restartable)
-        if refusal == ev.ALREADY:
-            return Applied(workflow_id, None, before.state)
-        if refusal is not None:
-            raise NotAllowed(f"cannot {_verb(kind)} workflow {workflow_id}: {refusal}")
-        event_id = self._send([ev.control(kind, workflow_id, reason)])[0]
-        state = self._await(kind, before, wait) if wait > 0 else None
-        return Applied(workflow_id, event_id, state)
+        applied = self.apply(kind, [self.status(workflow_id)], reason, wait)[0]
+        if applied.refused is not None:
+            raise NotAllowed(f"cannot {_verb(kind)} workflow {workflow_id}: {applied.refused}")
+        return applied
+
+    def apply(
+        self, kind: str, workflows: Sequence[WorkflowStatus], reason: str = "", wait: float = 0.0
+    ) -> list[Applied]:
+        """Send ``kind`` to each of ``workflows`` whose state allows it (pipelined) and,
+        with ``wait`` seconds, wait for all of them together; one :class:`Applied` per
+        workflow, in order, never raising for one workflow's state."""
+        outcomes: list[Applied | None] = []
+        sendable: list[WorkflowStatus] = []
+        for status in workflows:
+            why = ev.refusal(kind, status.state, status.restartable)
+            if why == ev.ALREADY:
+                outcomes.append(Applied(status.id, None, status.state, before=status.state))
+            elif why is not None:
+                outcomes.append(Applied(status.id, None, None, refused=why, before=status.state))
+            else:
+                outcomes.append(None)
+                sendable.append(status)
+        event_ids: list[str] = []
+        for first in range(0, len(sendable), _PAGE):
+            page = sendable[first : first + _PAGE]
+            event_ids += self._send([ev.control(kind, w.id, reason) for w in page])
+        seen = self._await(kind, sendable, wait) if wait > 0 else [None] * len(sendable)
+        sent = iter(zip(sendable, event_ids, seen, strict=True))
+        return [
+            outcome if outcome is not None else _outcome(kind, *next(sent)) for outcome in outcomes
+        ]
 
     def control_many(
         self, kind: str, workflows: Iterable[WorkflowStatus], reason: str = ""
     ) -> tuple[list[Applied], list[tuple[str, str]]]:
         """Send ``kind`` to each of ``workflows`` that allows it, pipelined; return what was
-        sent and, for the others, (id, why not). Does not wait."""
-        sendable: list[str] = []
-        refused: list[tuple[str, str]] = []
-        for status in workflows:
-            why = ev.refusal(kind, status.state, status.restartable)
-            if why is None:
-                sendable.append(status.id)
-            elif why != ev.ALREADY:
-                refused.append((status.id, why))
-        sent: list[Applied] = []
-        for first in range(0, len(sendable), _PAGE):
-            ids = sendable[first : first + _PAGE]
-            event_ids = self._send([ev.control(kind, w, reason) for w in ids])
-            sent += [Applied(w, e, None) for w, e in zip(ids, event_ids, strict=True)]
+        sent and, for the others, (id, why not); those already so are in neither. Does
+        not wait."""
+        outcomes = self.apply(kind, list(workflows), reason)
+        sent = [o for o in outcomes if o.event_id is not None]
+        refused = [(o.workflow, o.refused) for o in outcomes if o.refused is not None]
         return sent, refused
 
     # -- internals ---------------------------------------------------------------
@@ -212,8 +261,10 @@ class Client:
                 data = orjson.loads(state) if state else {}
                 status = str(data.get("status", rec.RUNNING))
                 restartable = bool(data.get("stopped"))
+                error = data.get("error")
             except (orjson.JSONDecodeError, AttributeError):
                 status, restartable = rec.FAILED, False  # the lifecycle fails it on any event
+                error = "its state cannot be read"
             if paused is not None and status == rec.RUNNING:
                 status = rec.PAUSED_STATE
             statuses.append(
@@ -224,26 +275,60 @@ class Client:
                     ended.decode() if ended else None,
                     restartable,
                     name.decode("utf-8", "replace") if name else None,
+                    error if isinstance(error, str) and error else None,
                 )
             )
         return statuses
 
-    def _await(self, kind: str, before: WorkflowStatus, timeout: float) -> str | None:
-        """The state once the lifecycle has applied ``kind``; None if not within ``timeout``."""
+    def _await(
+        self, kind: str, befores: list[WorkflowStatus], timeout: float
+    ) -> list[WorkflowStatus | str | None]:
+        """Per workflow, its status once the lifecycle has applied ``kind`` (``deleted``
+        for a delete), or None if not within ``timeout``; read a page at a time."""
         applied = _APPLIED[kind]
         deadline = time.monotonic() + timeout
-        while True:
-            now = self._statuses([before.id])[0]
-            if now is None:
-                if kind == ev.DELETE_WORKFLOW:
-                    return "deleted"
-            elif now.version > before.version and applied(before, now):
-                return now.state
-            if time.monotonic() >= deadline:
-                return None
+        seen: list[WorkflowStatus | str | None] = [None] * len(befores)
+        waiting = list(range(len(befores)))
+        while waiting:
+            still: list[int] = []
+            for first in range(0, len(waiting), _PAGE):
+                page = waiting[first : first + _PAGE]
+                for i, now in zip(page, self._statuses([befores[i].id for i in page]), strict=True):
+                    if now is None:
+                        if kind == ev.DELETE_WORKFLOW:
+                            seen[i] = "deleted"
+                            continue
+                    elif now.version > befores[i].version and applied(befores[i], now):
+                        seen[i] = now
+                        continue
+                    still.append(i)
+            waiting = still
+            if not waiting or time.monotonic() >= deadline:
+                break
             time.sleep(0.02)
+        return seen
 
 
+def _outcome(
+    kind: str, before: WorkflowStatus, event_id: str, now: WorkflowStatus | str | None
+) -> Applied:
+    """What became of one sent action, from the workflow before it and as seen after."""
+    if not isinstance(now, WorkflowStatus):
+        return Applied(before.id, event_id, now, before=before.state)
+    # Pause, resume and terminate never end a workflow themselves; if it has ended, and
+    # with one commit only, that commit was its own end and the lifecycle refused the
+    # action. With more commits it cannot be told whether the action came first.
+    overtaken = now.state in rec.ENDED_STATES and (
+        (kind == ev.TERMINATE_WORKFLOW and now.state != rec.TERMINATED)
+        or (kind in (ev.PAUSE_WORKFLOW, ev.RESUME_WORKFLOW) and now.version == before.version + 1)
+    )
+    return Applied(
+        before.id, event_id, now.state, None, before.state, now.error, overtaken=overtaken
+    )
+
+
+# When the lifecycle has applied a control, as seen from the workflow's record (its
+# version moved on too).
 _APPLIED: dict[str, Callable[[WorkflowStatus, WorkflowStatus], bool]] = {
     ev.TERMINATE_WORKFLOW: lambda _, now: now.state in rec.ENDED_STATES,
     ev.PAUSE_WORKFLOW: lambda _, now: now.state != rec.RUNNING,

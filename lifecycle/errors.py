@@ -24,3 +24,15 @@ class NotAllowed(LifecycleError):
 
 class FlowNotStored(LifecycleError):
     """Raised when a workflow names a compiled graph that is not in Redis."""
+
+
+def unknown_workflow(workflow_id: str, replay: str | None = None) -> UnknownWorkflow:
+    """The error for an id with no record in Redis, saying where its history may still
+    be: the one wording of every command (inspect, history, the controls). ``replay``:
+    the command that shows it from the archive (lifecycle.inspect.replay_command names
+    the recorded one)."""
+    replay = replay or f"python -m lifecycle replay ARCHIVE --workflow {workflow_id} --offline"
+    return UnknownWorkflow(
+        f"no workflow {workflow_id!r} in Redis (never started, deleted, or removed by "
+        f"retention; an archive keeps its history: {replay})"
+    )

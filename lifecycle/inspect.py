@@ -33,7 +33,7 @@ from flowlang.limits import DEFAULT_LIMITS, loads_value
 from flowlang.machine import parse_key
 from lifecycle import records as rec
 from lifecycle.engine.store import GraphCache
-from lifecycle.errors import UnknownWorkflow
+from lifecycle.errors import UnknownWorkflow, unknown_workflow
 from lifecycle.keys import Keys
 
 __all__ = [
@@ -50,7 +50,7 @@ __all__ = [
     "read_workflow",
     "replay_command",
     "shown_raw",
-    "unknown_workflow",
+    "no_workflow",
 ]
 
 CORRUPT = "corrupt"  # the state shown for a workflow whose state field cannot be read
@@ -244,19 +244,18 @@ def replay_command(workflow_id: str, archive: ArchiveRecord | None) -> str:
     return command
 
 
-def unknown_workflow(workflow_id: str, archive: ArchiveRecord | None = None) -> UnknownWorkflow:
-    """The error for an id with no hash, saying where its history may still be."""
-    return UnknownWorkflow(
-        f"no workflow {workflow_id!r} in Redis (never started, deleted, or removed by "
-        f"retention; an archive keeps its history: {replay_command(workflow_id, archive)})"
-    )
+def no_workflow(client: redis.Redis, keys: Keys, workflow_id: str) -> UnknownWorkflow:
+    """The error for an id with no hash, naming the recorded archive that keeps its
+    history (the one wording: lifecycle.errors.unknown_workflow)."""
+    archive = archive_record(client, keys)
+    return unknown_workflow(workflow_id, replay_command(workflow_id, archive))
 
 
 def read_workflow(client: redis.Redis, keys: Keys, workflow_id: str) -> StoredWorkflow:
     """The workflow's hash, every field checked; UnknownWorkflow when there is none."""
     raw: dict[bytes, bytes] = client.hgetall(keys.workflow(workflow_id))  # type: ignore[assignment]
     if not raw:
-        raise unknown_workflow(workflow_id, archive_record(client, keys))
+        raise no_workflow(client, keys, workflow_id)
     return parse_workflow(workflow_id, raw)
 
 

@@ -119,7 +119,8 @@ def _check_scheme(url: str, origin: str) -> None:
     if "://" not in url:
         raise ConfigurationError(
             f"Redis URL {mask_url(url)!r} from {origin} has no scheme "
-            "(expected redis://, rediss:// or unix://; pass host= for a bare host name)"
+            "(expected redis://, rediss:// or unix://, e.g. redis://HOST:6379/0; for a bare "
+            "host name set REDIS_HOST instead, or pass host= from Python)"
         )
     scheme = url.split("://", 1)[0].lower()
     if scheme not in SCHEMES:

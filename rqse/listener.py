@@ -549,7 +549,7 @@ class EventListener(Recovery, EventClient):
         for stream in self._streams:
             self._create_group(stream)
         self._established = True
-        logger.info("consumer %s: group %s established", self._consumer, self._group)
+        logger.debug("consumer %s: group %s established", self._consumer, self._group)
         if not self._checked_server:
             self._checked_server = True
             for warning in server_warnings(self._redis):

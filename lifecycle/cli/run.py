@@ -45,14 +45,45 @@ __all__ = [
 
 IF_EXISTS = ("return", "fail")
 
+RUN_EXIT_CODES = """\
+exit codes: 0 started (with --wait: the workflow finished; its output is printed);
+1 with --wait: the workflow failed or was terminated, or the engine refused its start
+(it never existed), or waiting was interrupted (Ctrl-C: the workflow goes on); also
+--if-exists fail for an id that exists; 2 bad arguments, a bad flow or input, an --id
+that exists (without --if-exists), Redis unreachable, or --timeout passed before the end
+(the workflow goes on: python -m lifecycle inspect ID).
+"""
+
 
 def add_commands(commands: Any, common: argparse.ArgumentParser) -> None:
-    run = commands.add_parser("run", parents=[common], help="start a workflow from a .flow file")
+    run = commands.add_parser(
+        "run",
+        parents=[common],
+        help="start a workflow from a .flow file",
+        description="Start a workflow from a .flow file: print its id and return, or with "
+        "--wait follow it to its end and print its output.",
+        epilog=RUN_EXIT_CODES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     run.add_argument("file", help="the .flow file ('-' for stdin)")
     run.add_argument("--input", help="workflow input: JSON text, or @file.json")
-    run.add_argument("--id", help="workflow id (default: <flow name>-<uuid>)")
-    run.add_argument("--wait", action="store_true", help="wait for the end, print the output")
-    run.add_argument("--timeout", type=float, help="with --wait: give up after this many seconds")
+    run.add_argument(
+        "--id",
+        help="workflow id (default: <flow name>-<uuid>, or workflow-<uuid> for a flow "
+        "without @flow name, e.g. from stdin)",
+    )
+    run.add_argument(
+        "--wait",
+        action="store_true",
+        help="wait for the end: print the output (finished), or the error on stderr",
+    )
+    run.add_argument(
+        "--timeout",
+        type=float,
+        metavar="SECONDS",
+        help="with --wait: stop waiting after this many seconds and exit 2; the workflow "
+        "goes on (default: wait until it ends)",
+    )
     run.add_argument(
         "--if-exists",
         choices=IF_EXISTS,
@@ -131,7 +162,9 @@ def _run(args: argparse.Namespace, context: Context) -> int:
         )
         return EXIT_FAILED
     if ending is None:
-        print(f"error: workflow {workflow_id} did not end within {args.timeout}s", file=sys.stderr)
+        print(
+            f"error: workflow {workflow_id} did not end within {args.timeout:g}s", file=sys.stderr
+        )
         return EXIT_ERROR
     if ending.status == rec.FINISHED:
         print_json(ending.output)

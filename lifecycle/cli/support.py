@@ -49,17 +49,21 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-EXIT_OK = 0  # the command worked; `run --wait`: the workflow finished
-EXIT_FAILED = (
-    1  # `run --wait`: the workflow failed, was terminated or never started; replay: a difference
-)
+EXIT_OK = 0  # the command did what was asked (`run --wait`: the workflow finished)
+# `run --wait`: the workflow failed or was terminated, or its start was refused;
+# replay: a difference; a control: the workflow's state does not allow it, or not applied
+EXIT_FAILED = 1
 EXIT_USAGE = 2  # bad arguments, a bad flow or input, an unknown id, Redis unreachable
 EXIT_ERROR = EXIT_USAGE  # the name the commands and their tests have always used
 
 EXIT_CODES_HELP = """\
-exit codes: 0 ok (workflow finished), 1 workflow failed, terminated or never started
-(replay: a difference; a control its state does not allow), 2 error (bad flow or
-input, unknown workflow, Redis unreachable)
+exit codes (run --help and the controls' --help say more):
+  0  done (run --wait: the workflow finished)
+  1  the command worked but the answer is no: run --wait: the workflow failed, was
+     terminated, or its start was refused; replay: a difference; a control
+     (terminate, pause, ...): the workflow's state does not allow it, or no lifecycle
+     worker applied it in time; status: a warning
+  2  error: bad arguments, a bad flow or input, an unknown workflow id, Redis unreachable
 Redis: --redis-url or --redis-url-file, else REDIS_URL or REDIS_URL_FILE, else
 REDIS_HOST/REDIS_PORT/REDIS_USERNAME/REDIS_PASSWORD.
 """
