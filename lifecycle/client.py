@@ -149,19 +149,30 @@ class Client:
         return self._statuses(list(workflow_ids)) if workflow_ids else []
 
     def select(self, selection: Selection) -> Iterator[WorkflowStatus]:
-        """Every workflow that ``selection`` matches, oldest first, read a page at a time."""
-        start = 0
+        """Every workflow that ``selection`` matches, oldest first, read a page at a time.
+
+        Pages follow the index by score (creation time) and member, not by position, so
+        workflows removed meanwhile (retention, another operator's delete) make none of
+        the others be skipped."""
+        after: tuple[float, str] | None = None  # the last (score, id) read
+        tied = 0  # ids read at after's score: the most a page may repeat
         while True:
-            ids = [
-                member.decode() if isinstance(member, bytes) else str(member)
-                for member in self.redis.zrange(self.keys.workflows, start, start + _PAGE - 1)
-            ]
-            if not ids:
+            low: str | float = "-inf" if after is None else after[0]
+            rows = self.redis.zrangebyscore(
+                self.keys.workflows, low, "+inf", start=0, num=_PAGE + tied, withscores=True
+            )
+            page = [(float(score), _text(member)) for member, score in rows]
+            if after is not None:  # members of one score come in order: skip those read
+                page = [row for row in page if row > after]
+            if not page:
                 return
-            for status in self._statuses(ids):
+            for status in self._statuses([workflow_id for _, workflow_id in page]):
                 if status is not None and selection.matches(status):
                     yield status
-            start += _PAGE
+            last = page[-1][0]
+            same = sum(1 for score, _ in page if score == last)
+            tied = same + (tied if after is not None and after[0] == last else 0)
+            after = page[-1]
 
     # -- control -----------------------------------------------------------------
 
@@ -271,7 +282,7 @@ class Client:
                 WorkflowStatus(
                     workflow_id,
                     status,
-                    int(version or 0),
+                    _version(version),
                     ended.decode() if ended else None,
                     restartable,
                     name.decode("utf-8", "replace") if name else None,
@@ -336,6 +347,19 @@ _APPLIED: dict[str, Callable[[WorkflowStatus, WorkflowStatus], bool]] = {
     ev.RESTART_WORKFLOW: lambda before, now: now.ended != before.ended,
     ev.DELETE_WORKFLOW: lambda _, now: False,
 }
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _version(raw: Any) -> int:
+    """The record's version; -1 when it cannot be read (a corrupt record still gets a
+    status: the lifecycle fails it, or deletes it, on its next event)."""
+    try:
+        return int(raw or 0)
+    except ValueError:
+        return -1
 
 
 def _verb(kind: str) -> str:

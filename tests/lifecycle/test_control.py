@@ -487,3 +487,29 @@ def test_a_corrupt_record_can_be_deleted(harness: Harness) -> None:
     Client(harness.client, KEYS).delete("bad")
     harness.advance()
     assert not harness.client.exists(key) and harness.client.zscore(KEYS.workflows, "bad") is None
+
+
+def test_select_reaches_every_workflow_while_others_leave_the_index(harness: Harness) -> None:
+    client = Client(harness.client, KEYS)
+    graph = compile_text("@flow keep\nA → B")
+    for n in range(1200):  # several pages, many sharing a creation millisecond
+        harness.submit(graph, workflow_id=f"k{n:04d}")
+    while harness.advance():
+        pass
+    harness.client.zadd(KEYS.workflows, {f"k{n:04d}": 5 for n in range(600, 1200)})  # ties
+    seen = []
+    for status in client.select(Selection(state="running")):
+        seen.append(status.id)
+        if len(seen) == 10:  # workflows read already leave while the selection pages on
+            harness.client.zrem(KEYS.workflows, *[f"k{n:04d}" for n in range(600, 1000)])
+    assert len(set(seen)) == len(seen)
+    assert set(seen) >= {f"k{n:04d}" for n in (*range(0, 600), *range(1000, 1200))}
+
+
+def test_a_record_with_a_garbled_version_does_not_stop_a_bulk_action(harness: Harness) -> None:
+    harness.submit(compile_text("A → B"), workflow_id="ok")
+    harness.advance()
+    harness.client.hset(KEYS.workflow("bad"), mapping={"s": '{"status": "running"}', "v": "x"})
+    harness.client.zadd(KEYS.workflows, {"bad": 1})
+    found = {s.id for s in Client(harness.client, KEYS).select(Selection(state="running"))}
+    assert found == {"ok", "bad"}
