@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 import uuid
 from typing import Any
 
@@ -13,12 +14,16 @@ from flowlang.limits import DEFAULT_LIMITS, Limits, encode_value
 from flowlang.policy import split_params
 from lifecycle import events as ev
 from lifecycle.keys import Keys, task_kind
+from rqse import lua
+
+_SCRIPTS = lua.scripts_dir(__file__)
 
 __all__ = [
     "graph_task_kinds",
     "start_workflows",
     "new_workflow_id",
     "start_workflow",
+    "start_workflow_once",
     "terminate_workflow",
     "validate_policies",
 ]
@@ -107,6 +112,31 @@ def start_workflows(
             pipe.xadd(keys.lifecycle, fields)  # type: ignore[arg-type]
         pipe.execute()
     return ids
+
+
+def start_workflow_once(
+    client: redis.Redis,
+    graph: Graph,
+    input: Any,
+    workflow_id: str,
+    keys: Keys | None = None,
+    limits: Limits = DEFAULT_LIMITS,
+) -> bool:
+    """Start ``workflow_id`` only if no workflow has that id (in Redis, or started and not
+    yet applied); False when it is taken and nothing was sent. The check and the start
+    are one step (``start_once.lua``): two callers racing for one id start it once."""
+    keys = keys or Keys()
+    validate_policies(graph)
+    digest = graph.content_hash()
+    fields = _encode_start(workflow_id, digest, input, limits)
+    client.set(keys.graph(digest), graph.to_json(), nx=True)
+    kinds = graph_task_kinds(graph)
+    if kinds:
+        client.sadd(keys.kinds, *sorted(kinds))
+    script = lua.load_script(client, "start_once", _SCRIPTS)
+    now = int(time.time() * 1000)
+    flat = [part for pair in fields.items() for part in pair]
+    return bool(script(keys=[keys.workflows, keys.lifecycle], args=[workflow_id, now, *flat]))
 
 
 def terminate_workflow(

@@ -29,7 +29,7 @@ from lifecycle.cli.support import (
 )
 from lifecycle.errors import NotAllowed
 from lifecycle.keys import Keys
-from lifecycle.submit import start_workflow
+from lifecycle.submit import start_workflow, start_workflow_once
 from rqse.keys import dead_letter_key
 
 __all__ = [
@@ -130,6 +130,12 @@ def _exists(args: argparse.Namespace, context: Context) -> bool:
     state = workflow_state(context.client, context.keys, args.id)
     if state is None:
         return False
+    return _taken(args, state)
+
+
+def _taken(args: argparse.Namespace, state: str) -> bool:
+    """``--id`` is taken by a workflow in ``state``: True for ``--if-exists return``,
+    else the refusal (exit 2, or 1 for ``fail``)."""
     if args.if_exists == "fail":
         raise NotAllowed(f"workflow {args.id} exists (state {state})")
     if args.if_exists is None:
@@ -143,12 +149,21 @@ def _run(args: argparse.Namespace, context: Context) -> int:
     client, keys = context.client, context.keys
     # Checked before the start: the engine would take a second start of the same id as
     # the first one's redelivery and say nothing.
+    if args.id is not None and not args.id.strip():
+        raise CliError("--id must name the workflow: it is empty")
     exists = _exists(args, context)
-    if not args.wait:  # a submitter need not read the lifecycle stream (docs/security.md)
-        print(args.id if exists else start_workflow(client, graph, value, args.id, keys))
+    since = Since.now(client, keys) if args.wait else None
+    if exists:
+        workflow_id = args.id
+    elif args.id is not None:  # the id is claimed and started in one step
+        if not start_workflow_once(client, graph, value, args.id, keys):
+            exists = _taken(args, "starting: its start is not applied yet")
+        workflow_id = args.id
+    else:
+        workflow_id = start_workflow(client, graph, value, None, keys)
+    if since is None:  # a submitter need not read the lifecycle stream (docs/security.md)
+        print(workflow_id)
         return EXIT_OK
-    since = Since.now(client, keys)
-    workflow_id = args.id if exists else start_workflow(client, graph, value, args.id, keys)
     try:
         print(workflow_id, flush=True)
         console = Console(stderr=True)

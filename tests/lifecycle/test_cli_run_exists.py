@@ -108,3 +108,35 @@ def test_the_refusal_names_a_paused_workflow_as_paused(
     assert capsys.readouterr().err == (
         f"error: workflow {held} exists (state paused); --if-exists return|fail\n"
     )
+
+
+def test_two_runs_of_one_id_before_the_lifecycle_applies_either_start_it_once(
+    redis_client, tmp_path
+) -> None:
+    from flowlang.compiler import compile_text
+    from lifecycle.keys import Keys
+    from lifecycle.submit import start_workflow_once
+
+    keys = Keys()
+    first = start_workflow_once(redis_client, compile_text("A"), {"n": 1}, "same", keys)
+    second = start_workflow_once(redis_client, compile_text("B"), {"n": 2}, "same", keys)
+    assert (first, second) == (True, False)
+    starts = [
+        f for _, f in redis_client.xrange(keys.lifecycle) if f[b"kind"] == b'"start-workflow"'
+    ]
+    assert len(starts) == 1 and starts[0][b"input"] == b'{"n":1}'
+
+
+def test_a_second_run_of_an_id_whose_start_is_not_applied_yet_is_refused(
+    redis_url, redis_client, tmp_path, capsys
+) -> None:
+    from lifecycle.cli import main
+
+    flow = tmp_path / "a.flow"
+    flow.write_text("A", encoding="utf-8")
+    url = ["--redis-url", redis_url]
+    assert main(["run", str(flow), "--id", "twice", *url]) == 0  # no lifecycle worker runs
+    capsys.readouterr()
+    assert main(["run", str(flow), "--id", "twice", *url]) == 2
+    assert "exists (state starting" in capsys.readouterr().err
+    assert main(["run", str(flow), "--id", "", *url]) == 2
