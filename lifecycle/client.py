@@ -158,7 +158,7 @@ class Client:
         tied = 0  # ids read at after's score: the most a page may repeat
         while True:
             low: str | float = "-inf" if after is None else after[0]
-            rows = self.redis.zrangebyscore(
+            rows: list[tuple[bytes, float]] = self.redis.zrangebyscore(  # type: ignore[assignment]
                 self.keys.workflows, low, "+inf", start=0, num=_PAGE + tied, withscores=True
             )
             page = [(float(score), _text(member)) for member, score in rows]
