@@ -82,9 +82,11 @@ class Keys:
 
     @property
     def stopped(self) -> str:
-        """Set of the ids of workflows that ended failed or terminated: task workers
-        skip their start-tasks still queued (one SMISMEMBER per batch) rather than run
-        work nobody will take. Left by restart, delete and retention."""
+        """Hash of stop records: a workflow that ended failed or terminated -> JSON
+        ``{key: attempt}`` of the attempts it stopped (``{}``: all). Task workers skip
+        those start-tasks still queued (one HMGET per batch) rather than run work nobody
+        will take; a restart's next attempts run. Removed when it finishes after a
+        restart, by delete and by retention."""
         return f"{self.prefix}:stopped"
 
     @property

@@ -240,14 +240,11 @@ def _check_queued(client: redis.Redis, keys: Keys, info: StreamInfo) -> None:
     pipe = client.pipeline(transaction=False)
     for workflow_id in ids:
         pipe.hmget(keys.workflow(workflow_id), rec.CREATED, rec.ENDED, rec.STATE)
-    pipe.smismember(keys.stopped, ids)
-    *fields_of, stopped = pipe.execute()
+    fields_of = pipe.execute()
     ended = {
         workflow_id
-        for workflow_id, (created, ended_at, state), is_stopped in zip(
-            ids, fields_of, stopped, strict=True
-        )
-        if is_stopped or ended_at is not None or (created is None and state is None)
+        for workflow_id, (created, ended_at, state) in zip(ids, fields_of, strict=True)
+        if ended_at is not None or (created is None and state is None)
     }
     info.ended_queued = sum(1 for o in owners if o in ended)
     info.queued_checked = len(entries)
@@ -285,7 +282,7 @@ def count_workflows(client: redis.Redis, keys: Keys, limit: int = COUNT_LIMIT) -
     No counter says how many are running now (``{flow}:outcomes`` counts the ends
     since the start, and retention and delete remove ended ones), so this reads
     two small fields (``ended``, the paused field) of each workflow, pipelined a
-    thousand at a time, plus one SMISMEMBER per thousand to tell the failed and
+    thousand at a time, plus one HMGET of the stop records per thousand to tell the failed and
     terminated ones (in ``{flow}:stopped``) from the finished, whose state field
     is read to tell failed from terminated. Measured: 0.65 s for 100,000 workflows
     (2-core machine, embedded Valkey).
@@ -302,8 +299,9 @@ def count_workflows(client: redis.Redis, keys: Keys, limit: int = COUNT_LIMIT) -
         pipe = client.pipeline(transaction=False)
         for workflow_id in ids:
             pipe.hmget(keys.workflow(workflow_id), rec.CREATED, rec.ENDED, rec.PAUSED)
-        pipe.smismember(keys.stopped, ids)
-        *fields, stopped = pipe.execute()
+        pipe.hmget(keys.stopped, ids)  # a stop record: it ended failed or terminated
+        *fields, records = pipe.execute()
+        stopped = [record is not None for record in records]
         check = []
         for workflow_id, (created, ended, paused), is_stopped in zip(
             ids, fields, stopped, strict=True

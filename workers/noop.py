@@ -83,7 +83,7 @@ class NoopWorker(EventListener):
     def prepare_batch(
         self, stream: str, entries: Sequence[tuple[bytes, dict[bytes, bytes]]]
     ) -> set[bytes] | None:
-        """Start-tasks of workflows that have ended are not answered (one SMISMEMBER)."""
+        """Start-tasks of attempts a workflow stopped are not answered (one HMGET)."""
         return self._stopped(entries)
 
     def decode_entry(self, fields: dict[bytes, bytes], event_id: str) -> dict[str, Any]:

@@ -162,14 +162,16 @@ class Task:
 
 
 class StoppedWorkflows:
-    """Sets aside the start-tasks of a batch whose workflow has ended failed or
-    terminated (``Keys.stopped``): one SMISMEMBER per batch, for the listener's
+    """Sets aside the start-tasks of a batch whose attempt a failed or terminated
+    workflow stopped (``Keys.stopped``: workflow id -> the attempts it stopped, key ->
+    attempt; ``{}`` stops every one): one HMGET per batch, for the listener's
     ``prepare_batch``. Nobody takes their answers, so they are acknowledged without
-    running and without an answer, one INFO line each.
+    running and without an answer, one INFO line each. A restart's next attempts are
+    past the stopped ones: they run.
 
     The check saves work, it does not make anything correct (the lifecycle refuses
     late answers anyway): when Redis refuses it, the batch runs as it would without.
-    A user not allowed SMISMEMBER on the set is said once, then never asked again.
+    A user not allowed HMGET on the hash is said once, then never asked again.
     """
 
     def __init__(self, client: redis.Redis, keys: Keys, consumer: str) -> None:
@@ -196,7 +198,7 @@ class StoppedWorkflows:
             return None
         workflows = list(dict.fromkeys(workflow for _, workflow, _ in starts))
         try:
-            flags = self._client.smismember(self._key, workflows)
+            records: list[bytes | None] = self._client.hmget(self._key, workflows)  # type: ignore[assignment]
         except redis.exceptions.NoPermissionError as error:
             self._checking = False
             log.warning(
@@ -209,15 +211,33 @@ class StoppedWorkflows:
         except redis.RedisError as error:
             log.debug("consumer %s: %s not checked: %s", self._consumer, self._key, error)
             return None
-        ended = {workflow for workflow, flag in zip(workflows, flags, strict=True) if flag}
-        if not ended:
+        stops = {
+            workflow: record
+            for workflow, record in zip(workflows, records, strict=True)
+            if record is not None
+        }
+        if not stops:
             return None
         skipped = set()
         for entry_id, workflow, fields in starts:
-            if workflow in ended:
-                log.info("task %s not started: workflow %s has ended", _task_id(fields), workflow)
+            record = stops.get(workflow)
+            if record is not None and _stopped(record, fields):
+                log.info("task %s not started: workflow %s stopped it", _task_id(fields), workflow)
                 skipped.add(entry_id)
         return skipped
+
+
+def _stopped(record: bytes, fields: Mapping[bytes, bytes]) -> bool:
+    """Whether a stop record (``{key: attempt}``, ``{}`` = all) covers this start-task."""
+    try:
+        stopped = _loads(record)
+        if not stopped:
+            return True
+        key, attempt = _loads(fields.get(b"key") or b"null"), _loads(fields.get(b"attempt") or b"0")
+    except orjson.JSONDecodeError:
+        return False  # not ours to judge: it runs, the lifecycle decides on its answer
+    last = stopped.get(key) if isinstance(stopped, dict) else None
+    return isinstance(last, int) and isinstance(attempt, int) and attempt <= last
 
 
 def _task_id(fields: Mapping[bytes, bytes]) -> str:

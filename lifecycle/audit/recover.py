@@ -122,13 +122,13 @@ def _restore(
 
 def _ended_again(client: redis.Redis, pipe: Any, keys: Keys, item: WorkflowReplay) -> None:
     """What the commit that ended a restored workflow did besides its record: its place
-    in retention's schedule, and in the stopped set unless it finished."""
+    in retention's schedule, and its stop record unless it finished."""
     assert item.state is not None
     retain, ended = client.get(keys.retention), item.fields.get(rec.ENDED)
     if retain and int(retain) > 0 and ended is not None:
         pipe.zadd(keys.expiring, {item.workflow: int(ended) + int(retain)})
     if item.state.status != rec.FINISHED:
-        pipe.sadd(keys.stopped, item.workflow)
+        pipe.hset(keys.stopped, item.workflow, orjson.dumps(item.state.stopped))
 
 
 def _running_start_tasks(item: WorkflowReplay) -> list[tuple[str, dict[str, Any]]]:

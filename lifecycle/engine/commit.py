@@ -148,7 +148,7 @@ class Commit:
 
     __slots__ = (
         "keys", "workflow", "shared", "acks", "fields", "events", "timers", "cancels",
-        "created", "outcome", "removed", "expire_at", "stopped", "deleted",
+        "created", "outcome", "removed", "expire_at", "stopped", "unstop", "reopened", "deleted",
     )  # fmt: skip
 
     def __init__(self, keys: Keys, workflow: str, shared: SharedKeys | None = None) -> None:
@@ -165,9 +165,11 @@ class Commit:
         self.outcome = ""  # the status the workflow ended with, when this commit ends it
         self.removed: list[str] = []  # hash fields to delete
         self.expire_at = ""  # ms: when retention removes the workflow that this commit ends
-        # "add": it ended failed or terminated (workers skip its queued tasks);
-        # "remove": it runs again (and is no longer due for removal)
-        self.stopped = ""
+        # It ended failed or terminated: JSON {key: attempt} of the attempts it stopped, for
+        # Keys.stopped (workers skip their queued start-tasks; {} = every one)
+        self.stopped: bytes | str = ""
+        self.unstop = False  # it finished after a restart: its stop record goes
+        self.reopened = False  # restarted: no longer due for removal
         self.deleted = False  # the workflow's record goes (its acks still happen)
 
     def set(self, name: str, value: Any) -> None:
@@ -180,6 +182,7 @@ class Commit:
         self.deleted = True
         self.fields, self.removed, self.timers = [], [], []
         self.created, self.expire_at, self.stopped = "", "", ""
+        self.unstop = self.reopened = False
 
     def end(self, now: int, status: str) -> None:
         """The workflow ends with this commit: its end time, and one more of ``status``."""
@@ -218,7 +221,7 @@ class Commit:
                 ("DEL", key),
                 ("ZREM", workflows, self.workflow),
                 ("ZREM", expiring, self.workflow),
-                ("SREM", stopped, self.workflow),
+                ("HDEL", stopped, self.workflow),
             ]
         if self.fields:
             commands.append(("HSET", key, *self.fields))
@@ -229,7 +232,7 @@ class Commit:
                 commands.append(("XADD", stream, "*", *fields))
             else:
                 commands.append(template.fill(*fields))
-        if self.timers or self.cancels or self.created or self.outcome or self.stopped:
+        if self.timers or self.cancels or self.created or self.outcome or self.reopened:
             _, timers, workflows, outcomes, expiring, stopped = self.shared
             if self.timers:
                 commands.append(("ZADD", timers, *self.timers))
@@ -241,10 +244,11 @@ class Commit:
                 commands.append(("HINCRBY", outcomes, self.outcome, 1))
             if self.expire_at:
                 commands.append(("ZADD", expiring, self.expire_at, self.workflow))
-            if self.stopped == "add":
-                commands.append(("SADD", stopped, self.workflow))
-            elif self.stopped == "remove":
-                commands.append(("SREM", stopped, self.workflow))
+            if self.stopped:
+                commands.append(("HSET", stopped, self.workflow, self.stopped))
+            elif self.unstop:
+                commands.append(("HDEL", stopped, self.workflow))
+            if self.reopened:
                 commands.append(("ZREM", expiring, self.workflow))
         return commands
 
@@ -283,4 +287,6 @@ class Commit:
             self.outcome,
             self.expire_at,
             self.stopped,
+            "1" if self.unstop else "",
+            "1" if self.reopened else "",
         ]

@@ -125,7 +125,7 @@ class Transition:
             commit.set(rec.CREATED, now)
         if item.held is not None:
             commit.removed.append(rec.PAUSED)
-        self._end(commit, now, rec.FAILED)
+        self._end(commit, now, rec.FAILED, state)
         commit.append(self.keys.lifecycle, ev.failed_workflow(item.workflow, reason))
         commit.set(rec.STATE, _dumps(state.to_dict()))
         commit.set(rec.VERSION, int(item.version or 0) + 1)
@@ -147,14 +147,17 @@ class Transition:
                 )
         return commit
 
-    def _end(self, commit: Commit, now: int, status: str) -> None:
+    def _end(self, commit: Commit, now: int, status: str, state: State) -> None:
         """The workflow ends with ``commit``: counted, due for retention, and, unless it
-        finished, in the stopped set its workers check."""
+        finished, a stop record its workers check: the attempts it stopped (their
+        start-tasks still queued are skipped; a restart's next attempts are not)."""
         commit.end(now, status)
         if self.retain_ms:
             commit.expire_at = str(now + self.retain_ms)
         if status != rec.FINISHED:
-            commit.stopped = "add"
+            commit.stopped = _dumps(state.stopped)
+        elif state.attempts:  # restarted (or cyclic) once: a stop record may be left
+            commit.unstop = True
 
     # -- one workflow ------------------------------------------------------------
 
@@ -344,7 +347,7 @@ class Transition:
             if paused:  # what was held is part of what a restart starts again
                 commit.removed.append(rec.PAUSED)
                 item.held = None
-            self._end(commit, now, rec.TERMINATED)
+            self._end(commit, now, rec.TERMINATED, state)
             commit.append(
                 self.keys.lifecycle,
                 ev.failed_workflow(item.workflow, state.error or event.reason, rec.TERMINATED),
@@ -367,7 +370,7 @@ class Transition:
             assert machine is not None
             actions: list[Any] = machine.restart(state, item.inputs)
             commit.removed.append(rec.ENDED)
-            commit.stopped = "remove"
+            commit.reopened = True  # its stop record stays: the stopped attempts stay stopped
             return actions
         commit.delete()  # DELETE_WORKFLOW: what this batch wrote before goes too
         item.state, item.digest, item.held = None, None, None
@@ -421,13 +424,13 @@ class Transition:
                 if item.held is not None:  # paused with nothing left to hold: it is done
                     commit.removed.append(rec.PAUSED)
                     item.held = None
-                self._end(commit, now, rec.FINISHED)
+                self._end(commit, now, rec.FINISHED, state)
                 commit.append(self.keys.lifecycle, ev.end_workflow(workflow, action.output))
             elif isinstance(action, Failed):
                 if item.held is not None:  # nothing held starts any more
                     commit.removed.append(rec.PAUSED)
                     item.held = None
-                self._end(commit, now, rec.FAILED)
+                self._end(commit, now, rec.FAILED, state)
                 commit.append(self.keys.lifecycle, ev.failed_workflow(workflow, action.reason))
 
     def _task(self, item: Pending, machine: Machine, node: int) -> _TaskFacts:

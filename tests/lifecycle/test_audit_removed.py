@@ -70,4 +70,5 @@ def test_an_ended_workflow_redis_lost_before_its_retention_is_restored_and_sched
     assert by_id(tmp_path / "a", harness.client)["young"].live == NOT_IN_REDIS
     assert recover(harness.client, tmp_path / "a", KEYS).restored == ["young"]
     assert Client(harness.client, KEYS).status("young").state == "finished"
-    assert harness.client.zscore(KEYS.expiring, "young") == ended + 3_600_000
+    # replay's clock is the archived events' times: the end within a moment of live's
+    assert abs(harness.client.zscore(KEYS.expiring, "young") - (ended + 3_600_000)) < 1_000

@@ -105,7 +105,7 @@ def _controlled(client: redis.Redis, keys: Keys, advancer: type[Advancer]) -> di
         fields.pop(rec.SALT.encode())
         records[f"c{n}"] = fields
     records["expiring"] = client.zrange(keys.expiring, 0, -1, withscores=True)
-    records["stopped"] = client.smembers(keys.stopped)
+    records["stopped"] = client.hgetall(keys.stopped)
     records["index"] = client.zrange(keys.workflows, 0, -1)
     return records
 
@@ -116,4 +116,4 @@ def test_both_commit_paths_store_the_same_records_for_every_control(
     watched = _controlled(redis_client, Keys("{watched}"), Advancer)
     scripted = _controlled(redis_client, Keys("{scripted}"), ScriptOnly)
     assert watched == scripted
-    assert watched["stopped"] == set() and len(watched["expiring"]) == 3
+    assert watched["stopped"] == {} and len(watched["expiring"]) == 3

@@ -84,7 +84,7 @@ def test_terminate_stops_new_starts_and_a_late_end_changes_nothing(harness: Harn
     record = load_workflow(harness.client, KEYS, "wf")
     assert (record.status, record.error) == ("terminated", "operator said so")
     assert [name for name, _ in starts(harness.client)] == ["A"]
-    assert harness.client.sismember(KEYS.stopped, "wf")
+    assert harness.client.hexists(KEYS.stopped, "wf")
 
 
 def test_restart_after_a_failure_reruns_the_failed_task_as_its_next_attempt_not_what_succeeded(
@@ -100,14 +100,14 @@ def test_restart_after_a_failure_reruns_the_failed_task_as_its_next_attempt_not_
     harness.submit(compile_text("A → B → C"), workflow_id="wf")
     harness.pump(task)
     assert state(harness.client, "wf") == "failed"
-    assert harness.client.sismember(KEYS.stopped, "wf")
+    assert harness.client.hget(KEYS.stopped, "wf") == b'{"2":1}'  # B, attempt 1
     broken.clear()
     Client(harness.client, KEYS).restart("wf")
     harness.pump(task)
     record = load_workflow(harness.client, KEYS, "wf")
     assert record.status == "finished" and record.error is None
     assert starts(harness.client) == [("A", 1), ("B", 1), ("B", 2), ("C", 1)]
-    assert not harness.client.sismember(KEYS.stopped, "wf")
+    assert not harness.client.hexists(KEYS.stopped, "wf")  # finished: the record went
 
 
 def test_restart_gives_the_task_a_fresh_retry_budget(harness: Harness) -> None:
@@ -513,3 +513,23 @@ def test_a_record_with_a_garbled_version_does_not_stop_a_bulk_action(harness: Ha
     harness.client.zadd(KEYS.workflows, {"bad": 1})
     found = {s.id for s in Client(harness.client, KEYS).select(Selection(state="running"))}
     assert found == {"ok", "bad"}
+
+
+def test_after_terminate_and_restart_a_worker_runs_the_new_attempt_not_the_stopped_one(
+    harness: Harness, redis_url: str
+) -> None:
+    from workers.noop import NoopWorker
+
+    client = Client(harness.client, KEYS)
+    harness.submit(compile_text("A"), workflow_id="wf")
+    harness.advance()  # A attempt 1 queued; nobody has read it
+    client.terminate("wf")
+    harness.advance()
+    client.restart("wf")
+    harness.advance()  # A attempt 2 queued behind it
+    worker = NoopWorker(["default"], pool=harness.client.connection_pool, handle_signals=False)
+    assert worker.listen(max_events=2, idle_timeout=1.0) == 2
+    assert worker.stats.ignored == 1  # attempt 1: stopped, skipped
+    harness.advance()
+    assert state(harness.client, "wf") == "finished"
+    assert not harness.client.exists(KEYS.lifecycle + ":dead")  # no stale answer to refuse

@@ -66,16 +66,16 @@ def test_the_pump_removes_only_what_is_due_with_its_index_entries(retaining: Har
     assert Client(retaining.client, KEYS).status(running).state == "running"
 
 
-def test_a_failed_workflow_is_stopped_and_a_restart_takes_it_off_the_schedule(
+def test_a_failed_workflow_has_a_stop_record_and_a_restart_takes_it_off_the_schedule(
     retaining: Harness,
 ) -> None:
     retaining.submit(compile_text("A"), workflow_id="wf")
     retaining.pump(broken)
-    assert retaining.client.sismember(KEYS.stopped, "wf")
+    assert retaining.client.hexists(KEYS.stopped, "wf")
     assert retaining.client.zscore(KEYS.expiring, "wf") is not None
     Client(retaining.client, KEYS).restart("wf")
     retaining.advance()
-    assert not retaining.client.sismember(KEYS.stopped, "wf")
+    assert retaining.client.hexists(KEYS.stopped, "wf")  # its stopped attempt stays stopped
     assert retaining.client.zscore(KEYS.expiring, "wf") is None
     assert retaining.client.hget(KEYS.workflow("wf"), "ended") is None
 

@@ -161,7 +161,7 @@ def test_workflows_are_counted_by_state_and_gone_ones_are_not(
     store(redis_client, "done", 3, s=b'{"status": "finished"}', ended=b"3")
     store(redis_client, "bad", 4, s=b'{"status": "failed"}', ended=b"4")
     store(redis_client, "stop", 5, s=b'{"status": "terminated"}', ended=b"5")
-    redis_client.sadd(KEYS.stopped, "bad", "stop")
+    redis_client.hset(KEYS.stopped, mapping={"bad": "{}", "stop": "{}"})
     redis_client.zadd(KEYS.workflows, {"expired": 6})  # hash removed, id not yet
     redis_client.zadd(KEYS.expiring, {"done": 9_000, "bad": 7_000})
     counts = count_workflows(redis_client, KEYS)

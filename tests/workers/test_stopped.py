@@ -1,4 +1,4 @@
-"""Start-tasks of workflows that ended failed or terminated are not run (Keys.stopped)."""
+"""Start-tasks of attempts a failed or terminated workflow stopped are not run (Keys.stopped)."""
 
 from __future__ import annotations
 
@@ -70,7 +70,7 @@ class Recording(TaskListener):
 def test_start_tasks_of_ended_workflows_are_acknowledged_without_running_or_answer(
     make: Any, redis_client: redis.Redis, caplog: pytest.LogCaptureFixture
 ) -> None:
-    redis_client.sadd(KEYS.stopped, "wf-ended")
+    redis_client.hset(KEYS.stopped, "wf-ended", "{}")  # every attempt stopped
     for fields in (_start_task("wf-ended"), _start_task("wf-live"), _start_task("wf-ended", "2")):
         redis_client.xadd(KEYS.tasks("default"), fields)  # type: ignore[arg-type]
     worker = make(_options(redis_client))
@@ -79,20 +79,20 @@ def test_start_tasks_of_ended_workflows_are_acknowledged_without_running_or_answ
     assert _answered(redis_client) == ["wf-live"]
     assert worker.stats.ignored == 2
     assert redis_client.xpending(KEYS.tasks("default"), "workers")["pending"] == 0
-    assert "task wf-ended/1/2 not started: workflow wf-ended has ended" in caplog.text
-    assert "task wf-ended/2/2 not started: workflow wf-ended has ended" in caplog.text
+    assert "task wf-ended/1/2 not started: workflow wf-ended stopped it" in caplog.text
+    assert "task wf-ended/2/2 not started: workflow wf-ended stopped it" in caplog.text
     if isinstance(worker, Recording):
         assert worker.ran == ["wf-live"]
 
 
-def test_one_smismember_per_batch_checks_every_workflow_of_it(redis_client: redis.Redis) -> None:
-    redis_client.sadd(KEYS.stopped, "wf-3")
+def test_one_hmget_per_batch_checks_every_workflow_of_it(redis_client: redis.Redis) -> None:
+    redis_client.hset(KEYS.stopped, "wf-3", "{}")
     for n in range(6):
         redis_client.xadd(KEYS.tasks("default"), _start_task(f"wf-{n % 4}", str(n)))  # type: ignore[arg-type]
     worker = NoopWorker(["default"], batch_size=10, **_options(redis_client))
-    before = _calls(redis_client, "smismember")
+    before = _calls(redis_client, "hmget")
     assert worker.listen(max_events=6, idle_timeout=2.0) == 6
-    assert _calls(redis_client, "smismember") - before == 1
+    assert _calls(redis_client, "hmget") - before == 1
     assert sorted(_answered(redis_client)) == ["wf-0", "wf-0", "wf-1", "wf-1", "wf-2"]
 
 
@@ -119,10 +119,25 @@ def test_a_terminated_workflows_queued_tasks_are_not_run_once_a_worker_comes(
         workflow = start_workflow(redis_client, compile_text("{ A  B }"), {"n": 1})
         wait_until(lambda: redis_client.xlen(KEYS.tasks("default")) == 2, what="two start-tasks")
         Client(redis_client).terminate(workflow, "enough", wait=5)
-        wait_until(lambda: redis_client.sismember(KEYS.stopped, workflow), what="stopped")
+        wait_until(lambda: redis_client.hexists(KEYS.stopped, workflow), what="stopped")
         worker = Recording(batch_size=10, **_options(redis_client))
         assert worker.listen(max_events=2, idle_timeout=2.0) == 2
         assert worker.ran == [] and worker.stats.ignored == 2
     finally:
         lifecycle.stop()
         thread.join(timeout=10)
+
+
+def test_a_restarts_next_attempt_runs_while_the_attempt_it_replaced_is_skipped(
+    redis_client: redis.Redis,
+) -> None:
+    redis_client.hset(KEYS.stopped, "wf-again", '{"1": 2}')  # attempt 2 of step 1 stopped
+    old, new = _start_task("wf-again"), _start_task("wf-again")
+    new[b"attempt"], new[b"id"] = b"3", b'"wf-again/1/3"'
+    other = _start_task("wf-again", "4")  # a step the stop did not name: runs
+    for fields in (old, new, other):
+        redis_client.xadd(KEYS.tasks("default"), fields)  # type: ignore[arg-type]
+    worker = NoopWorker(["default"], batch_size=10, **_options(redis_client))
+    assert worker.listen(max_events=3, idle_timeout=2.0) == 3
+    assert worker.stats.ignored == 1
+    assert _answered(redis_client) == ["wf-again", "wf-again"]

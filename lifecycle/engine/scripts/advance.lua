@@ -6,7 +6,7 @@
 -- KEYS[4]  the workflows index          ({flow}:workflows)
 -- KEYS[5]  the outcome counters         ({flow}:outcomes)
 -- KEYS[6]  retention's schedule         ({flow}:expiring)
--- KEYS[7]  the stopped workflows set    ({flow}:stopped)
+-- KEYS[7]  the stop records            ({flow}:stopped: workflow id -> stopped attempts)
 -- KEYS[8…] task streams named by the XADD section
 --
 -- ARGV[1]  the lifecycle consumer group
@@ -25,7 +25,9 @@
 -- and last: the creation time for KEYS[4], or '' when the workflow already exists;
 -- the status the workflow ends with (counted in KEYS[5]), or '' while it runs;
 -- when retention removes it (ms, score in KEYS[6]), or '';
--- 'add' to KEYS[7] (it ended failed or terminated), 'remove' (it runs again), or ''.
+-- its stop record for KEYS[7] (it ended failed or terminated: the attempts it stopped), or '';
+-- '1' to remove its stop record (it finished after a restart), or '';
+-- '1' to take it off retention's schedule KEYS[6] (restarted), or ''.
 --
 -- Returns 1 when committed, 0 when the version moved (another worker advanced
 -- the workflow first: nothing is written, the caller reloads and recomputes).
@@ -66,7 +68,7 @@ if ARGV[5] ~= '' then
   redis.call('DEL', KEYS[1])
   redis.call('ZREM', KEYS[4], ARGV[4])
   redis.call('ZREM', KEYS[6], ARGV[4])
-  redis.call('SREM', KEYS[7], ARGV[4])
+  redis.call('HDEL', KEYS[7], ARGV[4])
 end
 
 local i = 6
@@ -102,10 +104,12 @@ end
 if ARGV[i + 2] ~= '' then
   redis.call('ZADD', KEYS[6], ARGV[i + 2], ARGV[4])
 end
-if ARGV[i + 3] == 'add' then
-  redis.call('SADD', KEYS[7], ARGV[4])
-elseif ARGV[i + 3] == 'remove' then
-  redis.call('SREM', KEYS[7], ARGV[4])
+if ARGV[i + 3] ~= '' then
+  redis.call('HSET', KEYS[7], ARGV[4], ARGV[i + 3])
+elseif ARGV[i + 4] ~= '' then
+  redis.call('HDEL', KEYS[7], ARGV[4])
+end
+if ARGV[i + 5] ~= '' then
   redis.call('ZREM', KEYS[6], ARGV[4])
 end
 return 1

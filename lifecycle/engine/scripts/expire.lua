@@ -2,7 +2,7 @@
 --
 -- KEYS[1]  retention's schedule ({flow}:expiring): ended workflow ids by removal time (ms)
 -- KEYS[2]  the workflows index ({flow}:workflows)
--- KEYS[3]  the stopped workflows set ({flow}:stopped)
+-- KEYS[3]  the stop records ({flow}:stopped)
 -- ARGV[1]  now in ms ('' = Redis TIME, the clock every worker shares)
 -- ARGV[2]  the most workflows to remove in this call
 -- ARGV[3]  the name of a workflow's hash without its id ({flow}:wf:); every hash
@@ -28,6 +28,6 @@ for n, id in ipairs(due) do
 end
 redis.call('DEL', unpack(records))
 redis.call('ZREM', KEYS[2], unpack(due))
-redis.call('SREM', KEYS[3], unpack(due))
+redis.call('HDEL', KEYS[3], unpack(due))
 redis.call('ZREM', KEYS[1], unpack(due))
 return #due
