@@ -1,3 +1,5 @@
+from typing import Any
+
 import pytest
 import redis
 
@@ -44,3 +46,31 @@ def engine(redis_url: str, redis_client: redis.Redis):
         yield running
     finally:
         running.stop()
+
+
+@pytest.fixture
+def pool(redis_url: str, redis_client: redis.Redis):
+    """A connection pool for listeners started by the test (after the database is clean)."""
+    connections = redis.ConnectionPool.from_url(redis_url)
+    yield connections
+    connections.disconnect()
+
+
+@pytest.fixture
+def in_threads():
+    """``in_threads(*listeners)``: each listens in a thread until the test ends."""
+    import threading
+
+    started: list[tuple[Any, threading.Thread]] = []
+
+    def start(*listeners: Any) -> None:
+        for listener in listeners:
+            thread = threading.Thread(target=listener.listen, daemon=True)
+            thread.start()
+            started.append((listener, thread))
+
+    yield start
+    for listener, _ in started:
+        listener.stop()
+    for _, thread in started:
+        thread.join(timeout=10)

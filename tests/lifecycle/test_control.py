@@ -290,50 +290,33 @@ def test_replay_reproduces_workflows_that_were_paused_resumed_terminated_and_res
 
 
 def test_pause_and_resume_racing_many_concurrent_enders_never_double_start_or_lose_an_end(
-    redis_url: str, redis_client: redis.Redis
+    redis_client: redis.Redis, pool: redis.ConnectionPool, in_threads: Any
 ) -> None:
-    import threading
-
     from lifecycle.worker import LifecycleWorker
     from tests.conftest import wait_until
     from workers.noop import NoopWorker
 
-    pool = redis.ConnectionPool.from_url(redis_url)
-    listeners: list[Any] = [
-        LifecycleWorker(pool=pool, handle_signals=False, block_ms=20, batch_size=50)
-        for _ in range(2)
-    ] + [
-        NoopWorker(["default"], pool=pool, handle_signals=False, block_ms=20, batch_size=10)
-        for _ in range(4)
-    ]
-    threads = [threading.Thread(target=w.listen, daemon=True) for w in listeners]
-    for thread in threads:
-        thread.start()
+    options = {"pool": pool, "handle_signals": False, "block_ms": 20}
+    in_threads(*[LifecycleWorker(batch_size=50, **options) for _ in range(2)])
+    in_threads(*[NoopWorker(["default"], batch_size=10, **options) for _ in range(4)])
     client = Client(redis_client, KEYS)
     items = list(range(3000))
-    try:
-        client.submit(compile_text("A → * B → C"), items, "wf")
-        wait_until(lambda: client.exists("wf"))
-        toggles = 0
-        while client.status("wf").state in ("running", "paused") and toggles < 400:
-            current = client.status("wf").state
-            try:
-                if current == "running":
-                    client.pause("wf", wait=5)
-                else:
-                    client.resume("wf", wait=5)
-            except NotAllowed:
-                break  # it finished between the read and the action
-            toggles += 1
-        if client.status("wf").state == "paused":
-            client.resume("wf")
-        wait_until(lambda: client.status("wf").state == "finished", timeout=60)
-    finally:
-        for listener in listeners:
-            listener.stop()
-        for thread in threads:
-            thread.join(timeout=10)
-        pool.disconnect()
+    client.submit(compile_text("A → * B → C"), items, "wf")
+    wait_until(lambda: client.exists("wf"))
+    toggles = 0
+    while client.status("wf").state in ("running", "paused") and toggles < 400:
+        current = client.status("wf").state
+        try:
+            if current == "running":
+                client.pause("wf", wait=5)
+            else:
+                client.resume("wf", wait=5)
+        except NotAllowed:
+            break  # it finished between the read and the action
+        toggles += 1
+    if client.status("wf").state == "paused":
+        client.resume("wf")
+    wait_until(lambda: client.status("wf").state == "finished", timeout=60)
     assert toggles >= 4  # the race was on: it was paused and resumed while tasks ended
     ids = [decode(f)["id"] for _, f in redis_client.xrange(KEYS.tasks("default"))]
     assert len(ids) == len(set(ids)) == len(items) + 2  # A, every B, C: each started once
@@ -361,47 +344,30 @@ def test_a_resume_and_a_pause_in_one_batch_leave_the_workflow_paused(harness: Ha
 
 
 def test_bulk_terminate_and_restart_racing_task_ends_start_each_attempt_once_and_all_finish(
-    redis_url: str, redis_client: redis.Redis
+    redis_client: redis.Redis, pool: redis.ConnectionPool, in_threads: Any
 ) -> None:
-    import threading
-
     from lifecycle.worker import LifecycleWorker
     from tests.conftest import wait_until
     from workers.noop import NoopWorker
 
-    pool = redis.ConnectionPool.from_url(redis_url)
-    listeners: list[Any] = [
-        LifecycleWorker(pool=pool, handle_signals=False, block_ms=20, batch_size=50)
-        for _ in range(2)
-    ] + [
-        NoopWorker(["default"], pool=pool, handle_signals=False, block_ms=20, batch_size=5)
-        for _ in range(3)
-    ]
-    threads = [threading.Thread(target=w.listen, daemon=True) for w in listeners]
-    for thread in threads:
-        thread.start()
+    options = {"pool": pool, "handle_signals": False, "block_ms": 20}
+    in_threads(*[LifecycleWorker(batch_size=50, **options) for _ in range(2)])
+    in_threads(*[NoopWorker(["default"], batch_size=5, **options) for _ in range(3)])
     client = Client(redis_client, KEYS)
     graph = compile_text("@flow chain\n" + " → ".join(f"T{n}" for n in range(100)))
     ids = [f"c{n}" for n in range(60)]
-    try:
-        for workflow_id in ids:
-            client.submit(graph, {"w": workflow_id}, workflow_id)
-        wait_until(lambda: all(client.exists(w) for w in ids))
-        restarted = 0
-        for _ in range(5):
-            running = list(client.select(Selection(state="running", flow="chain")))
-            client.control_many("terminate-workflow", running, "round")
-            wait_until(lambda: not list(client.select(Selection(state="running"))))
-            stopped = list(client.select(Selection(state="terminated")))
-            sent, _ = client.control_many("restart-workflow", stopped)
-            restarted += len(sent)
-        wait_until(lambda: {client.status(w).state for w in ids} == {"finished"}, timeout=60)
-    finally:
-        for listener in listeners:
-            listener.stop()
-        for thread in threads:
-            thread.join(timeout=10)
-        pool.disconnect()
+    for workflow_id in ids:
+        client.submit(graph, {"w": workflow_id}, workflow_id)
+    wait_until(lambda: all(client.exists(w) for w in ids))
+    restarted = 0
+    for _ in range(5):
+        running = list(client.select(Selection(state="running", flow="chain")))
+        client.control_many("terminate-workflow", running, "round")
+        wait_until(lambda: not list(client.select(Selection(state="running"))))
+        stopped = list(client.select(Selection(state="terminated")))
+        sent, _ = client.control_many("restart-workflow", stopped)
+        restarted += len(sent)
+    wait_until(lambda: {client.status(w).state for w in ids} == {"finished"}, timeout=60)
     assert restarted >= len(ids) // 2  # the race was on: many were stopped and restarted
     started = [decode(f)["id"] for _, f in redis_client.xrange(KEYS.tasks("default"))]
     assert len(started) == len(set(started))  # no attempt was started twice

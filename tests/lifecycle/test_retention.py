@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import threading
 from typing import Any
 
 import pytest
@@ -87,31 +86,18 @@ def test_retention_zero_keeps_workflows_forever(harness: Harness) -> None:
 
 
 def test_a_lifecycle_worker_with_a_short_retention_empties_redis_of_ended_workflows(
-    redis_url: str, redis_client: redis.Redis
+    redis_client: redis.Redis, pool: redis.ConnectionPool, in_threads: Any
 ) -> None:
     from lifecycle.worker import LifecycleWorker
     from workers.noop import NoopWorker
 
-    pool = redis.ConnectionPool.from_url(redis_url)
-    listeners: list[Any] = [
-        LifecycleWorker(pool=pool, handle_signals=False, block_ms=20, retain=0.3),
-        NoopWorker(["default"], pool=pool, handle_signals=False, block_ms=20),
-    ]
-    threads = [threading.Thread(target=w.listen, daemon=True) for w in listeners]
-    for thread in threads:
-        thread.start()
-    try:
-        client = Client(redis_client, KEYS)
-        for n in range(20):
-            client.submit(compile_text("A → B"), {"n": n}, f"w{n}")
-        wait_until(lambda: int(redis_client.hget(KEYS.outcomes, "finished") or 0) == 20)
-        wait_until(lambda: redis_client.zcard(KEYS.workflows) == 0, timeout=10)
-    finally:
-        for listener in listeners:
-            listener.stop()
-        for thread in threads:
-            thread.join(timeout=10)
-        pool.disconnect()
+    options = {"pool": pool, "handle_signals": False, "block_ms": 20}
+    in_threads(LifecycleWorker(retain=0.3, **options), NoopWorker(["default"], **options))
+    client = Client(redis_client, KEYS)
+    for n in range(20):
+        client.submit(compile_text("A → B"), {"n": n}, f"w{n}")
+    wait_until(lambda: int(redis_client.hget(KEYS.outcomes, "finished") or 0) == 20)
+    wait_until(lambda: redis_client.zcard(KEYS.workflows) == 0, timeout=10)
     assert not redis_client.keys(KEYS.workflow("*"))
     assert redis_client.zcard(KEYS.expiring) == 0
 
