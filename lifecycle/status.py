@@ -41,7 +41,7 @@ import redis
 from lifecycle import records as rec
 from lifecycle.audit.archive import id_order
 from lifecycle.dead_letters import LIFECYCLE_SOURCE, dead_letter_count
-from lifecycle.events import START_TASK
+from lifecycle.events import is_start_task
 from lifecycle.keys import LIFECYCLE_GROUP, RECEIPTS_GROUP, TASK_GROUP, Keys
 from rqse.durability import server_warnings
 
@@ -227,7 +227,7 @@ def _check_queued(client: redis.Redis, keys: Keys, info: StreamInfo) -> None:
     owners: list[str | None] = []
     for _, fields in entries:
         owner = None
-        if _is_start_task(fields.get(b"kind")):
+        if is_start_task(fields.get(b"kind")):
             try:
                 value = orjson.loads(fields.get(b"workflow") or b"null")
             except orjson.JSONDecodeError:
@@ -249,13 +249,6 @@ def _check_queued(client: redis.Redis, keys: Keys, info: StreamInfo) -> None:
     info.ended_queued = sum(1 for o in owners if o in ended)
     info.queued_checked = len(entries)
     info.queued_capped = lag > len(entries)
-
-
-def _is_start_task(kind: bytes | None) -> bool:
-    try:
-        return kind is not None and orjson.loads(kind) == START_TASK
-    except orjson.JSONDecodeError:
-        return False
 
 
 def _notes(streams: list[StreamInfo]) -> list[str]:
