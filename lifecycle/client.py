@@ -276,8 +276,7 @@ class Client:
             except (orjson.JSONDecodeError, AttributeError):
                 status, restartable = rec.FAILED, False  # the lifecycle fails it on any event
                 error = "its state cannot be read"
-            if paused is not None and status == rec.RUNNING:
-                status = rec.PAUSED_STATE
+            status = rec.shown_state(status, paused is not None)
             statuses.append(
                 WorkflowStatus(
                     workflow_id,

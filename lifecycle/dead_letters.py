@@ -29,6 +29,7 @@ from lifecycle.errors import LifecycleError
 from lifecycle.inspect import iso
 from lifecycle.keys import Keys
 from rqse import lua
+from rqse.client import scan_entries
 from rqse.keys import DEAD_LETTER_SUFFIX, dead_letter_key
 
 __all__ = [
@@ -163,7 +164,7 @@ def list_dead_letters(
     at most ``limit`` in all (None or 0: all)."""
     found: list[DeadLetter] = []
     for source, stream in sources(client, keys, kind):
-        for entry_id, fields in _scan(client, dead_letter_key(stream)):
+        for entry_id, fields in scan_entries(client, dead_letter_key(stream), _PAGE):
             found.append(_parse(source, dead_letter_key(stream), entry_id, fields))
             if limit and len(found) >= limit:
                 return found
@@ -270,13 +271,3 @@ def _parse(source: str, dead: str, raw_id: bytes, raw: dict[bytes, bytes]) -> De
         traceback=text("traceback"),
         fields=fields,
     )
-
-
-def _scan(client: redis.Redis, stream: str) -> Any:
-    start = "-"
-    while True:
-        rows: Any = client.xrange(stream, start, "+", count=_PAGE)
-        yield from rows
-        if len(rows) < _PAGE:
-            return
-        start = "(" + rows[-1][0].decode()

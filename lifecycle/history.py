@@ -29,6 +29,7 @@ from lifecycle.inspect import (
     shown_raw,
 )
 from lifecycle.keys import RECEIPTS_GROUP, Keys
+from rqse.client import scan_entries
 from rqse.keys import DEAD_LETTER_SUFFIX
 
 __all__ = [
@@ -160,7 +161,7 @@ def live_history(
     needle = orjson.dumps(workflow_id)
     live: list[Entry] = []
     for stream in engine_streams(client, keys):
-        for raw_id, fields in _scan(client, stream):
+        for raw_id, fields in scan_entries(client, stream, 5000):
             if fields.get(b"workflow") == needle:
                 entry_id = raw_id.decode()
                 event, bad = _decode(fields)
@@ -256,7 +257,7 @@ def lost_streams(
         entries = [
             (stream, raw_id.decode(), _decode(fields)[0])
             for stream in read
-            for raw_id, fields in _scan(client, stream)
+            for raw_id, fields in scan_entries(client, stream, 5000)
             if fields.get(b"workflow") == needle
         ]
     lost = []
@@ -356,14 +357,3 @@ def _decode(fields: dict[bytes, bytes]) -> tuple[dict[str, Any], list[str]]:
         except orjson.JSONDecodeError as error:
             bad.append(f"field {text}: not JSON: {error} (raw: {shown_raw(value)})")
     return event, bad
-
-
-def _scan(client: redis.Redis, stream: str, page: int = 5000) -> Any:
-    """All entries of ``stream``, a page at a time (exclusive ranges after the first)."""
-    start = "-"
-    while True:
-        rows: Any = client.xrange(stream, start, "+", count=page)
-        yield from rows
-        if len(rows) < page:
-            return
-        start = "(" + rows[-1][0].decode()

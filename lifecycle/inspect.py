@@ -40,7 +40,6 @@ __all__ = [
     "ArchiveRecord",
     "CORRUPT",
     "LIST_STATES",
-    "PAUSED",
     "Problem",
     "StoredWorkflow",
     "archive_record",
@@ -54,7 +53,6 @@ __all__ = [
 ]
 
 CORRUPT = "corrupt"  # the state shown for a workflow whose state field cannot be read
-PAUSED = rec.PAUSED_STATE  # shown for a running workflow whose hash has the paused field
 # What ``list --state`` accepts: every state a workflow is shown in.
 LIST_STATES = (*rec.SHOWN_STATES, CORRUPT)
 RAW_SHOWN = 200  # characters of a corrupt value shown
@@ -123,9 +121,7 @@ class StoredWorkflow:
     @property
     def shown_state(self) -> str:
         """The state as shown: ``paused`` for a running workflow that is paused."""
-        if self.status == rec.RUNNING and self.paused is not None:
-            return PAUSED
-        return self.status
+        return rec.shown_state(self.status, self.paused is not None)
 
 
 class _Bad(Exception):

@@ -29,6 +29,7 @@ __all__ = [
     "TERMINATED",
     "VERSION",
     "end_field",
+    "shown_state",
     "start_field",
 ]
 
@@ -53,6 +54,12 @@ ENDED_STATES = (FINISHED, FAILED, TERMINATED)
 # What readers show: a running workflow whose record has PAUSED is paused.
 PAUSED_STATE = "paused"
 SHOWN_STATES = (RUNNING, PAUSED_STATE, FINISHED, FAILED, TERMINATED)
+
+
+def shown_state(status: str, paused: bool) -> str:
+    """The state readers show: ``paused`` for a running workflow whose record holds
+    :data:`PAUSED`, else its status."""
+    return PAUSED_STATE if paused and status == RUNNING else status
 
 
 def start_field(key: str) -> str:

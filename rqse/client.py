@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 import redis
@@ -12,7 +12,7 @@ from rqse.connection import RedisSettings, mask_url, translate_errors
 from rqse.errors import ConfigurationError
 from rqse.events import decode_fields, encode_event, stream_items
 
-__all__ = ["EventClient", "StreamEntry"]
+__all__ = ["EventClient", "StreamEntry", "scan_entries"]
 
 logger = logging.getLogger(__name__)
 
@@ -204,6 +204,20 @@ class EventClient:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self._stream_key!r} at {self._where})"
+
+
+def scan_entries(
+    client: redis.Redis, stream: str, page: int = 1000
+) -> Iterator[tuple[bytes, dict[bytes, bytes]]]:
+    """Every entry of ``stream`` as stored (raw id, raw fields), oldest first, read a
+    page at a time: memory stays one page however long the stream is."""
+    start = "-"
+    while True:
+        rows: Any = client.xrange(stream, start, "+", count=page)
+        yield from rows
+        if len(rows) < page:
+            return
+        start = "(" + rows[-1][0].decode()
 
 
 def _text(value: bytes | str) -> str:

@@ -118,7 +118,7 @@ def workflow_state(client: redis.Redis, keys: Keys, workflow_id: str) -> str | N
     if not isinstance(state, dict) or not isinstance(state.get("status", rec.RUNNING), str):
         return "corrupt"
     status = str(state.get("status", rec.RUNNING))
-    return rec.PAUSED_STATE if paused is not None and status == rec.RUNNING else status
+    return rec.shown_state(status, paused is not None)
 
 
 def _exists(args: argparse.Namespace, context: Context) -> bool:
