@@ -40,6 +40,9 @@ class Limits:
     value_bytes: int = 8 * MIB  # one value: a workflow input, a task output, a literal
     depth: int = 256  # nesting of arrays and objects in one value
     items: int = 100_000  # items one iteration (`*`) fans out to
+    # Items of one iteration running at once; each that ends starts the next. Bounds what
+    # one iteration puts on the task streams and in a workflow's record at a time.
+    window: int = 10_000
     flow_bytes: int = 1 * MIB  # one .flow text
     guard_ms: int = 100  # time budget of one guard evaluation
     visits: int = 100_000  # visits of nodes on a cycle in one advance of a workflow

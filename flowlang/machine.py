@@ -15,31 +15,34 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from flowlang.data import DataError, GuardBudgetExceeded, gather, guard_matches, merge
 from flowlang.graph import Graph, NodeKind, downstream, nodes_on_cycles
 from flowlang.limits import DEFAULT_LIMITS, GuardTimeout, LimitExceeded, Limits, RunawayLoop
+from flowlang.state import FAILED, FINISHED, RUNNING, TERMINATED, ChunkedState, Missing, State
 
 __all__ = [
     "FAILED",
     "FINISHED",
     "RUNNING",
     "TERMINATED",
+    "ChunkedState",
     "Failed",
     "Finished",
     "Machine",
+    "Missing",
     "StartTask",
     "State",
     "instance_key",
     "parse_key",
 ]
 
-RUNNING, FINISHED, FAILED, TERMINATED = "running", "finished", "failed", "terminated"
 Path = tuple[int, ...]
 Arrival = tuple[int, Path, int | None, Any]  # (node, path, predecessor, value)
 Trace = list[tuple[str, str]] | None
+_WIDE = 64  # nodes beyond which a flow's running table may be large: a chunked state
 
 
 def instance_key(node: int, path: Path) -> str:
@@ -84,67 +87,6 @@ class Failed:
 
 
 Action = StartTask | Finished | Failed
-
-
-@dataclass(slots=True)
-class State:
-    """Everything a workflow's progress needs, as JSON-ready data.
-
-    ``waiting``: activations of instances below their threshold, ``[pred, value]``;
-    ``running``: task instances awaiting their end, key → attempt;
-    ``fanin``: open iterations, key of the iterated instance → ``[left, outputs]``;
-    ``attempts``: for tasks on or after a cycle only (they can start more than once),
-    ``[first attempt of the current invocation, last attempt used]`` per key, so that
-    each new invocation of the same instance gets a new attempt number (and so a new
-    task instance id) while retries still count from that invocation's first attempt.
-    ``started``: task instances started so far, kept only under a ``task_starts`` limit.
-    ``stopped``: the task instances running (or failing) when the workflow failed or was
-    terminated, key → attempt: what :meth:`Machine.restart` starts again.
-    """
-
-    status: str = RUNNING
-    waiting: dict[str, list[list[Any]]] = field(default_factory=dict)
-    running: dict[str, int] = field(default_factory=dict)
-    fanin: dict[str, list[Any]] = field(default_factory=dict)
-    attempts: dict[str, list[int]] = field(default_factory=dict)
-    output: Any = None
-    error: str | None = None
-    started: int = 0
-    stopped: dict[str, int] = field(default_factory=dict)
-
-    def to_dict(self) -> dict[str, Any]:
-        data: dict[str, Any] = {"status": self.status}
-        if self.waiting:
-            data["waiting"] = self.waiting
-        if self.running:
-            data["running"] = self.running
-        if self.fanin:
-            data["fanin"] = self.fanin
-        if self.attempts:
-            data["attempts"] = self.attempts
-        if self.output is not None:
-            data["output"] = self.output
-        if self.error is not None:
-            data["error"] = self.error
-        if self.started:
-            data["started"] = self.started
-        if self.stopped:
-            data["stopped"] = self.stopped
-        return data
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> State:
-        return cls(
-            status=data.get("status", RUNNING),
-            waiting=data.get("waiting", {}),
-            running=data.get("running", {}),
-            fanin=data.get("fanin", {}),
-            attempts=data.get("attempts", {}),
-            output=data.get("output"),
-            error=data.get("error"),
-            started=data.get("started", 0),
-            stopped=data.get("stopped", {}),
-        )
 
 
 class _Failure(Exception):
@@ -197,6 +139,16 @@ class Machine:
             tuple(succ) if succ and not node.iterate and all(map(self._plain_task, succ)) else None
             for node, succ in zip(graph.nodes, self.successors, strict=True)
         ]
+        # A workflow whose tables can grow large (an iteration, a wide fan-out or join)
+        # keeps its state entry by entry, so an event costs the same whatever their size;
+        # only in a graph without cycles, where an instance starts once (flowlang.state).
+        self.chunked = not self.on_cycle and (
+            len(graph.nodes) > _WIDE or any(node.iterate for node in graph.nodes)
+        )
+
+    def new_state(self) -> State:
+        """The empty state of a new workflow of this flow: chunked where :attr:`chunked`."""
+        return ChunkedState() if self.chunked else State()
 
     # -- transitions -------------------------------------------------------------
 
@@ -230,11 +182,12 @@ class Machine:
         if trace is not None:
             trace.append(("end", key))
         work: deque[Arrival] = deque()
+        next_items: list[Action] = []  # an item that ends starts the next one queued
         if self.nodes[node].iterate:
-            self._collect(state, node, path, output, work, trace)
+            self._collect(state, node, path, output, work, next_items, trace)
         else:
             self._ended(state, node, path, output, work, trace)
-        return self._run(state, work, trace)
+        return self._run(state, work, trace, actions=next_items)
 
     def task_failed(
         self,
@@ -271,6 +224,7 @@ class Machine:
 
     def terminate(self, state: State, reason: str = "terminated") -> None:
         if state.status == RUNNING:
+            state.need_whole()
             state.status, state.error = TERMINATED, reason
             state.stopped = dict(state.running)
             state.running.clear()
@@ -283,6 +237,7 @@ class Machine:
         task): the caller refuses the restart."""
         if state.status not in (FAILED, TERMINATED) or not state.stopped:
             return []
+        state.need_whole()
         actions: list[Action] = []
         for key, attempt in sorted(state.stopped.items(), key=lambda item: _key_order(item[0])):
             node, path = parse_key(key)
@@ -307,10 +262,17 @@ class Machine:
         )
 
     def _run(
-        self, state: State, queue: deque[Arrival], trace: Trace, first: Arrival | None = None
+        self,
+        state: State,
+        queue: deque[Arrival],
+        trace: Trace,
+        first: Arrival | None = None,
+        actions: list[Action] | None = None,
     ) -> list[Action]:
-        """Deliver arrivals until none is left; then check whether the workflow is done."""
-        actions: list[Action] = []
+        """Deliver arrivals until none is left; then check whether the workflow is done.
+        ``actions``: those already taken in this transition."""
+        if actions is None:
+            actions = []
         try:
             if first is not None:
                 node, path, _, value = first
@@ -368,18 +330,9 @@ class Machine:
         if self.threshold[node] == 1:
             self._start(state, node, path, [value], queue, actions, trace)
             return
-        key = instance_key(node, path)
-        waiting = state.waiting.setdefault(key, [])
-        waiting.append([pred, value])
-        threshold = self.threshold[node]
-        if len(waiting) < threshold:
-            return
-        taken = sorted(waiting[:threshold], key=lambda arrival: arrival[0])
-        if len(waiting) > threshold:
-            state.waiting[key] = waiting[threshold:]
-        else:
-            del state.waiting[key]
-        self._start(state, node, path, [v for _, v in taken], queue, actions, trace)
+        values = state.arrive(instance_key(node, path), pred, value, self.threshold[node])
+        if values is not None:
+            self._start(state, node, path, values, queue, actions, trace)
 
     def _start(
         self,
@@ -439,7 +392,7 @@ class Machine:
         elif kind is NodeKind.SUBFLOW_START and spec.iterate:
             self._fan_out(state, node, path, value, queue, actions, trace)
         elif kind is NodeKind.SUBFLOW_END and self.nodes[spec.pair or 0].iterate:
-            self._collect(state, node, path, value, queue, trace)
+            self._collect(state, node, path, value, queue, actions, trace)
         else:
             if kind is NodeKind.END:
                 state.output = value
@@ -479,16 +432,30 @@ class Machine:
         if not value:
             self._ended(state, collector, path, [], queue, trace)
             return
-        state.fanin[collector_key] = [len(value), [None] * len(value)]
-        for index, item in enumerate(value):
-            item_path = (*path, index)
-            if spec.kind is NodeKind.SUBFLOW_START:
-                self._ended(state, node, item_path, item, queue, trace)
-            else:
-                item_key = instance_key(node, item_path)
-                attempt = self._first_attempt(state, node, item_key)
-                state.running[item_key] = attempt
-                actions.append(self._task_action(node, item_path, item_key, attempt, item))
+        # At most `window` items run at once: each that ends starts the next (_collect).
+        window = self.limits.window
+        state.open_fanin(collector_key, len(value), value[window:])
+        for index, item in enumerate(value[:window]):
+            self._start_item(state, node, (*path, index), item, queue, actions, trace)
+
+    def _start_item(
+        self,
+        state: State,
+        node: int,
+        item_path: Path,
+        item: Any,
+        queue: deque[Arrival],
+        actions: list[Action],
+        trace: Trace,
+    ) -> None:
+        """Item ``item_path[-1]`` of the iteration of ``node`` (a task or a subflow) starts."""
+        if self.nodes[node].kind is NodeKind.SUBFLOW_START:
+            self._ended(state, node, item_path, item, queue, trace)
+            return
+        item_key = instance_key(node, item_path)
+        attempt = self._first_attempt(state, node, item_key)
+        state.running[item_key] = attempt
+        actions.append(self._task_action(node, item_path, item_key, attempt, item))
 
     def _supersede(self, state: State, node: int, path: Path, items: int) -> None:
         """Drop what is left of an iteration whose step a cycle invoked again before it
@@ -499,6 +466,7 @@ class Machine:
             for index in range(items):
                 state.running.pop(instance_key(node, (*path, index)), None)
             return
+        state.need_whole()
         inside, depth = self._inside(node), len(path)
         for table in (state.running, state.waiting, state.fanin):
             for key in list(table):
@@ -527,17 +495,24 @@ class Machine:
         item_path: Path,
         output: Any,
         queue: deque[Arrival],
+        actions: list[Action],
         trace: Trace,
     ) -> None:
-        """One item of an iteration ended; when it is the last, the iterated step ends."""
-        path, index = item_path[:-1], item_path[-1]
+        """One item of an iteration ended: the next item waiting starts; when it was the
+        last, the iterated step ends."""
+        path = item_path[:-1]
         key = instance_key(node, path)
-        entry = state.fanin[key]
-        entry[0] -= 1
-        entry[1][index] = output
-        if entry[0] == 0:
-            del state.fanin[key]
-            self._ended(state, node, path, entry[1], queue, trace)
+        outputs = state.collect(key, item_path[-1], output)
+        if outputs is not None:
+            self._ended(state, node, path, outputs, queue, trace)
+            return
+        waiting = state.next_item(key)
+        if waiting is not None:
+            index, item = waiting
+            spec = self.nodes[node]
+            iterated = spec.pair if spec.kind is NodeKind.SUBFLOW_END else node
+            assert iterated is not None
+            self._start_item(state, iterated, (*path, index), item, queue, actions, trace)
 
     def _ended(
         self, state: State, node: int, path: Path, output: Any, queue: deque[Arrival], trace: Trace
@@ -586,6 +561,7 @@ class Machine:
     def _fail(state: State, failure: _Failure) -> list[Action]:
         # Nothing runs on for a failed workflow: late ends, retries and timeouts of the
         # tasks still out find no running attempt and change nothing.
+        state.need_whole()
         state.status, state.error = FAILED, failure.reason
         state.stopped = dict(state.running)
         state.running.clear()

@@ -16,7 +16,7 @@ from typing import Any
 from flowlang.errors import FlowError
 from flowlang.graph import Graph
 from flowlang.limits import DEFAULT_LIMITS, Limits
-from flowlang.machine import FAILED, Failed, Finished, Machine, StartTask, State
+from flowlang.machine import FAILED, Failed, Finished, Machine, StartTask
 
 __all__ = ["RunResult", "TaskCall", "run"]
 
@@ -70,7 +70,7 @@ def run(
     """
     call_task = _as_function(tasks)
     machine = Machine(graph, limits)
-    state = State()
+    state = machine.new_state()
     result = RunResult(status="running", output=None, error=None)
     pending: deque[StartTask] = deque()
 

@@ -35,6 +35,7 @@ from lifecycle import records as rec
 from lifecycle.engine.store import GraphCache
 from lifecycle.errors import UnknownWorkflow, unknown_workflow
 from lifecycle.keys import Keys
+from lifecycle.stored_state import is_chunked, state_from_fields
 
 __all__ = [
     "ArchiveRecord",
@@ -116,6 +117,7 @@ class StoredWorkflow:
     starts: dict[str, list[Any]] = field(default_factory=dict)  # key -> [attempt, t0, input]
     ends: dict[str, list[Any]] = field(default_factory=dict)  # key -> [t1, ok, output, error, w]
     paused: list[Any] | None = None  # held task keys while paused, else None
+    compacted: int | None = None  # ms: when its task records went (it finished long ago)
     problems: list[Problem] = field(default_factory=list)
 
     @property
@@ -274,6 +276,7 @@ def parse_workflow(workflow_id: str, raw: dict[bytes, bytes]) -> StoredWorkflow:
     found.name = read(rec.NAME, _text) or None
     found.created = read(rec.CREATED, _int)
     found.ended = read(rec.ENDED, _int)
+    found.compacted = read(rec.COMPACTED, _int)
     found.input = read(rec.INPUT, _json)
     found.paused = read(rec.PAUSED, _paused)
     if found.paused is None and rec.PAUSED.encode() in raw:
@@ -285,6 +288,11 @@ def parse_workflow(workflow_id: str, raw: dict[bytes, bytes]) -> StoredWorkflow:
         found.status = state.get("status", rec.RUNNING)
         found.error = state.get("error")
         found.running = state.get("running") or {}
+        if is_chunked(state):
+            try:
+                found.running = dict(state_from_fields(raw).running)
+            except (ValueError, TypeError) as error:  # orjson's errors are ValueErrors
+                found.problems.append(Problem(rec.RUNNING_PREFIX, f"entries unreadable: {error}"))
         found.output = state.get("output") if found.status == rec.FINISHED else None
     for name in raw:
         for prefix, into, parse in (
@@ -364,7 +372,7 @@ def describe_workflow(
                 "error": failure,
             }
         )
-    if graph is not None:
+    if graph is not None and record.compacted is None:
         nodes += _unstarted(graph, record)
     return {
         "id": record.id,
@@ -378,6 +386,7 @@ def describe_workflow(
         "output": record.output,
         "error": record.error,
         "tasks": nodes,
+        "compacted": iso(record.compacted),
         "corrupt": [str(p) for p in record.problems],
     }
 

@@ -9,25 +9,33 @@ from __future__ import annotations
 from flowlang.machine import FAILED, FINISHED, RUNNING, TERMINATED
 
 __all__ = [
+    "ARRIVAL_PREFIX",
+    "COMPACTED",
+    "COMPACTED_PREFIXES",
     "CREATED",
     "ENDED",
     "END_PREFIX",
     "ENDED_STATES",
     "FAILED",
+    "FANIN_PREFIX",
     "FINISHED",
     "GRAPH",
     "INPUT",
     "NAME",
+    "OUTPUT_PREFIX",
     "PAUSED",
     "PAUSED_STATE",
+    "QUEUED_PREFIX",
     "SHOWN_STATES",
     "RUNNING",
+    "RUNNING_PREFIX",
     "SALT",
     "START_PREFIX",
     "STATE",
     "STATES",
     "TERMINATED",
     "VERSION",
+    "WAITING_PREFIX",
     "end_field",
     "shown_state",
     "start_field",
@@ -47,6 +55,17 @@ INPUT = "input"  # the workflow's input, JSON
 PAUSED = "p"
 START_PREFIX = "n:"  # n:<key>: [attempt, started ms, input] of the instance's latest attempt
 END_PREFIX = "o:"  # o:<key>: [ended ms, ok, output, error, worker] of its latest end
+# Present once a finished workflow's task records (START_PREFIX, END_PREFIX) have been
+# compacted away, its history left to the archive: the time (ms) they went.
+COMPACTED = "c"
+COMPACTED_PREFIXES = (START_PREFIX, END_PREFIX)
+# The entries of a chunked state, one field each (lifecycle.stored_state):
+RUNNING_PREFIX = "r:"  # r:<key>: the attempt of a running task instance
+FANIN_PREFIX = "f:"  # f:<key>: an open iteration, [items left, items]
+OUTPUT_PREFIX = "i:"  # i:<key>/<index>: an item's collected output
+WAITING_PREFIX = "w:"  # w:<key>: arrivals so far at a join
+ARRIVAL_PREFIX = "a:"  # a:<key>/<n>: the n-th arrival, [predecessor, value]
+QUEUED_PREFIX = "q:"  # q:<key>/<n>: the n-th chunk of an iteration's items waiting to start
 
 # Workflow states (State.status); a workflow that ended is in one of ENDED_STATES.
 STATES = (RUNNING, FINISHED, FAILED, TERMINATED)

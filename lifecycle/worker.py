@@ -17,7 +17,12 @@ from typing import Any
 from flowlang.limits import DEFAULT_LIMITS, Limits
 from lifecycle.engine.advance import Advancer
 from lifecycle.engine.dead_tasks import DeadTasks, DeadTasksThread
-from lifecycle.engine.retention import DEFAULT_RETENTION, parse_duration, retention_pump
+from lifecycle.engine.retention import (
+    DEFAULT_KEEP_DETAILS,
+    DEFAULT_RETENTION,
+    parse_duration,
+    retention_pumps,
+)
 from lifecycle.engine.timers import timer_pump
 from lifecycle.keys import Keys
 from rqse import EventListener
@@ -39,9 +44,11 @@ class LifecycleWorker(EventListener):
         untokened_answers: bool = False,
         limits: Limits = DEFAULT_LIMITS,
         retain: float = parse_duration(DEFAULT_RETENTION),
+        keep_details: float = parse_duration(DEFAULT_KEEP_DETAILS),
         **options: Any,
     ) -> None:
-        """``retain``: seconds a workflow that ended stays in Redis (0: until deleted)."""
+        """``retain``: seconds a workflow that ended stays in Redis (0: until deleted).
+        ``keep_details``: seconds a finished workflow keeps its task records (0: none)."""
         self.keys = keys or Keys()
         options.setdefault("batch_size", 200)
         options.setdefault("claim_idle", 10.0)
@@ -56,10 +63,11 @@ class LifecycleWorker(EventListener):
             limits=limits,
             untokened_answers=untokened_answers,
             retain_ms=int(retain * 1000),
+            keep_details_ms=int(keep_details * 1000),
         )
         self.timers = timer_pump(self.connection, self.keys) if timers else None
-        # Always on: workflows a worker with a retention scheduled are removed on time.
-        self.retention = retention_pump(self.connection, self.keys)
+        # Always on: workflows a worker scheduled are compacted and removed on time.
+        self.retention = retention_pumps(self.connection, self.keys)
         # Dead-lettered start-tasks answered as failures (lifecycle.engine.dead_tasks).
         self.dead_tasks = (
             DeadTasksThread(
@@ -79,14 +87,16 @@ class LifecycleWorker(EventListener):
         self.connection.set(self.keys.retention, self.advancer.transition.retain_ms)
         if self.timers is not None:
             self.timers.start()
-        self.retention.start()
+        for pump in self.retention:
+            pump.start()
         if self.dead_tasks is not None:
             self.dead_tasks.start()
 
     def onStop(self) -> None:  # noqa: N802
         if self.timers is not None:
             self.timers.stop()
-        self.retention.stop()
+        for pump in self.retention:
+            pump.stop()
         if self.dead_tasks is not None:
             self.dead_tasks.stop()
 

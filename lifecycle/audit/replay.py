@@ -30,7 +30,7 @@ import redis
 
 from flowlang.graph import Graph
 from flowlang.limits import DEFAULT_LIMITS, Limits
-from flowlang.machine import Machine, State
+from flowlang.machine import ChunkedState, Machine, State
 from lifecycle import events as ev
 from lifecycle import records as rec
 from lifecycle.audit.archive import id_order
@@ -198,7 +198,10 @@ def replay_workflow(item: WorkflowReplay, graphs: ArchiveGraphs, keys: Keys) -> 
         item.fields.update(zip(names, values, strict=True))
         for name in commit.removed:
             item.fields.pop(name, None)
-        item.state = State.from_dict(orjson.loads(item.fields[rec.STATE]))
+        if type(pending.state) is ChunkedState:  # its entries as the commit wrote them
+            item.state = pending.state
+        else:  # as the record stores it, decoded as the live lifecycle decodes it
+            item.state = State.from_dict(orjson.loads(item.fields[rec.STATE]))
         tail = id_order(entry_id) > last_output
         for out_stream, out in _emitted(commit):
             where = f"event {entry_id} ({kind} of {item.workflow})"
@@ -291,22 +294,26 @@ def compare_live(client: redis.Redis, keys: Keys, item: WorkflowReplay) -> None:
         else:
             item.live = NOT_IN_REDIS
         return
-    replayed = item.state.to_dict() if item.state else {}
+    replayed = item.state.to_whole_dict() if item.state else {}
     conflicts, missing = [], []
+    fields = item.fields
+    if record.compacted is not None:  # its task records went: the archive's are checked
+        fields = {name: value for name, value in fields.items() if name[:2] not in _TASK}
     for key, (attempt, _, task_input) in record.starts.items():
-        mine = orjson.loads(item.fields.get(rec.start_field(key), b"null")) or [None, None, None]
+        mine = orjson.loads(fields.get(rec.start_field(key), b"null")) or [None, None, None]
         if [attempt, task_input] != [mine[0], mine[2]]:
             conflicts.append(f"task {key} start [{attempt}, ...] live, [{mine[0]}, ...] replayed")
     for key, end in record.ends.items():
-        mine = orjson.loads(item.fields.get(rec.end_field(key), b"null")) or [None] * 5
+        mine = orjson.loads(fields.get(rec.end_field(key), b"null")) or [None] * 5
         if end[1:] != mine[1:]:
             conflicts.append(f"task {key} end {_short(end[1:])} live, {_short(mine[1:])} replayed")
     prefix = rec.START_PREFIX
-    extra = {k[len(prefix) :] for k in item.fields if k.startswith(prefix)} - set(record.starts)
+    extra = {k[len(prefix) :] for k in fields if k.startswith(prefix)} - set(record.starts)
     if extra:
         missing.append(f"tasks {sorted(extra)} started in replay only")
-    if record.state.to_dict() != replayed:
-        missing.append(f"state {_short(record.state.to_dict())} live, {_short(replayed)} replayed")
+    live = record.state.to_whole_dict()
+    if live != replayed:
+        missing.append(f"state {_short(live)} live, {_short(replayed)} replayed")
     if not conflicts and not missing:
         item.live = "equal"
     elif not conflicts and record.status == rec.RUNNING and _older(record.ends, item):
@@ -316,6 +323,9 @@ def compare_live(client: redis.Redis, keys: Keys, item: WorkflowReplay) -> None:
         last = item.inputs[-1][1] if item.inputs else None
         problem = (conflicts + missing)[0]
         item.diverge(last or "", None, f"workflow {item.workflow}: live differs: {problem}")
+
+
+_TASK = frozenset(rec.COMPACTED_PREFIXES)
 
 
 def _removed_on_time(client: redis.Redis, keys: Keys, item: WorkflowReplay) -> bool:

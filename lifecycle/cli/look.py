@@ -126,6 +126,14 @@ def show_workflow(data: dict[str, Any], console: Console) -> None:
         console.print(escape(paused_line(data)), soft_wrap=True)
     for problem in data.get("corrupt", []):
         console.print(f"[red]{escape(problem)}[/]", soft_wrap=True)
+    if data.get("compacted"):
+        console.print(
+            escape(
+                f"task records compacted {data['compacted']}, once it had finished (the "
+                f"archive keeps them: python -m lifecycle history {data['id']})"
+            ),
+            soft_wrap=True,
+        )
     if console.is_terminal:
         _table([_cells(task, data["created"]) for task in data["tasks"]], console)
         return

@@ -17,7 +17,7 @@ from typing import Any, Protocol
 
 from flowlang.limits import DEFAULT_LIMITS, Limits
 from lifecycle.cli.support import EXIT_OK, CliError, Context, Registrar
-from lifecycle.engine.retention import DEFAULT_RETENTION, parse_duration
+from lifecycle.engine.retention import DEFAULT_KEEP_DETAILS, DEFAULT_RETENTION, parse_duration
 from lifecycle.errors import LifecycleError
 from lifecycle.keys import Keys
 
@@ -75,6 +75,14 @@ def worker_command(companions: Sequence[Companion] = ()) -> Registrar:
             help="how long a workflow that ended stays in Redis before it is removed (its "
             "history stays in the archive): 30s, 12h, 7d ... (default 7d; 0 keeps forever)",
         )
+        worker.add_argument(
+            "--keep-details",
+            default=DEFAULT_KEEP_DETAILS,
+            metavar="DURATION",
+            help="how long a workflow that finished keeps its task records in Redis before "
+            "they are compacted away (the archive keeps them; `history` shows them): 0 at "
+            f"once, 30s, 1h ... (default {DEFAULT_KEEP_DETAILS})",
+        )
         limits_arguments(worker)
         for companion in companions:
             companion.add_arguments(worker)
@@ -118,18 +126,20 @@ def limits_from(args: argparse.Namespace) -> Limits:
     return replace(DEFAULT_LIMITS, **changes)
 
 
-def retention_from(text: str) -> float:
+def duration_from(flag: str, text: str) -> float:
     try:
         return parse_duration(text)
     except LifecycleError as error:
-        raise CliError(f"--retain: {error}") from None
+        raise CliError(f"{flag}: {error}") from None
 
 
 def _worker(args: argparse.Namespace, context: Context, companions: Sequence[Companion]) -> int:
     from lifecycle.worker import LifecycleWorker
     from rqse.process import settle_process
 
-    retain = retention_from(args.retain)  # a bad value is reported before connecting
+    # Bad values are reported before connecting.
+    retain = duration_from("--retain", args.retain)
+    keep_details = duration_from("--keep-details", args.keep_details)
     client, keys = context.client, context.keys
     worker = LifecycleWorker(
         keys,
@@ -137,6 +147,7 @@ def _worker(args: argparse.Namespace, context: Context, companions: Sequence[Com
         untokened_answers=args.accept_untokened_answers,
         limits=limits_from(args),
         retain=retain,
+        keep_details=keep_details,
         consumer=args.consumer,
         pool=client.connection_pool,
         claim_idle=args.claim_idle,

@@ -23,7 +23,8 @@ import orjson
 import redis
 
 from flowlang.limits import DEFAULT_LIMITS, Limits
-from flowlang.machine import Machine, State
+from flowlang.machine import ChunkedState, Machine, Missing, State
+from flowlang.state import FANIN, WAITING, Entry
 from lifecycle import events as ev
 from lifecycle import records as rec
 from lifecycle.engine.commit import BatchResult, Commit, Pending, Said, shared_keys
@@ -31,6 +32,7 @@ from lifecycle.engine.store import GraphCache
 from lifecycle.engine.transition import Transition
 from lifecycle.errors import BadEvent, LifecycleError
 from lifecycle.keys import Keys
+from lifecycle.stored_state import entry_field, is_chunked, partial_state
 from rqse import fastpipe, lua
 from rqse.weather import is_weather
 
@@ -40,6 +42,10 @@ log = logging.getLogger(__name__)
 
 _SCRIPTS = lua.scripts_dir(__file__)
 _MAX_CONFLICTS = 50
+_MAX_LOADS = 4  # loads of a chunked state's entries for one transition, before all of it
+_KNOWN_CHUNKED = 4096  # workflows remembered as chunked (their entries are loaded at once)
+_SHARED = frozenset({FANIN, WAITING})  # entries many events of one workflow touch
+_SHARED_ENTRIES = 64  # of those, remembered per workflow
 _LOADED = (rec.VERSION, rec.STATE, rec.GRAPH, rec.SALT, rec.PAUSED)
 # Controls that send start-tasks again, with the inputs recorded: the whole record is read.
 _WHOLE_RECORD = frozenset({ev.RESUME_WORKFLOW, ev.RESTART_WORKFLOW})
@@ -116,16 +122,27 @@ class Advancer:
         *,
         untokened_answers: bool = False,
         retain_ms: int = 0,
+        keep_details_ms: int | None = None,
     ) -> None:
         self.client = client
         self.keys = keys or Keys()
         self.clock = clock
         self.graphs = _LoadedGraphs(GraphCache(client, self.keys, limits))
         self.transition = Transition(
-            self.graphs, self.keys, limits, untokened_answers=untokened_answers, retain_ms=retain_ms
+            self.graphs,
+            self.keys,
+            limits,
+            untokened_answers=untokened_answers,
+            retain_ms=retain_ms,
+            keep_details_ms=keep_details_ms,
         )
         self.script = lua.load_script(client, "advance", _SCRIPTS)
         self._shared = shared_keys(self.keys)
+        # Workflows last seen with a chunked state, and the entries of theirs that every
+        # batch is likely to touch (an iteration's counter, a join's arrival count): with
+        # those its events touch, they are loaded with the record, not after a first try
+        # finds them missing.
+        self._chunked: dict[str, list[str]] = {}
 
     def apply(self, entries: list[tuple[str, dict[str, Any]]]) -> BatchResult:
         """Apply lifecycle events (entry id, decoded event). The caller acknowledges
@@ -149,8 +166,15 @@ class Advancer:
                 for item in pending:
                     # A workflow that loses the race is recomputed from fresh state: what
                     # this round said of its events counts only if the round's commit wins.
-                    said = Said()
-                    commit = compute(item, said, now)
+                    said, loads = Said(), 0
+                    while True:
+                        try:
+                            commit = compute(item, said, now)
+                            break
+                        except Missing as missing:  # a chunked state's entries not loaded
+                            said, loads = Said(), loads + 1
+                            wanted = missing.wanted if loads < _MAX_LOADS else None
+                            self._load_more(item, wanted, send)
                     if commit is None:
                         said.into(result)
                     else:
@@ -223,30 +247,19 @@ class Advancer:
 
     def _load(self, pending: list[Pending], send: fastpipe.Send, watch: bool) -> None:
         workflow_key = self.keys.workflow
-        needing = [_keys_needing_input(item) for item in pending]
         names = [workflow_key(item.workflow) for item in pending]
         commands: list[Any] = [("WATCH", *names)] if watch else []
-        load = _LOAD.fill
-        whole = [any(kind in _WHOLE_RECORD for _, kind, _ in item.events) for item in pending]
-        for item, everything in zip(pending, whole, strict=True):
-            item.resends = everything
-        for key, inputs, everything in zip(names, needing, whole, strict=True):
-            if everything:
-                commands.append(("HGETALL", key))
-            elif inputs:  # a retry may need the inputs of failed attempts
-                commands.append(("HMGET", key, *_LOADED, *map(rec.start_field, inputs)))
-            else:
-                commands.append(load(key.encode()))
+        chunked = self._chunked
+        for item, key in zip(pending, names, strict=True):
+            item.resends = any(kind in _WHOLE_RECORD for _, kind, _ in item.events)
+            shared = chunked.get(item.workflow)
+            item.entries = [*_entries_touched(item), *shared] if shared is not None else []
+            commands.append(self._read_command(item, key))
         replies = _raise_errors(send(commands))[1 if watch else 0 :]
         digests: set[str] = set()
-        for item, keys, everything, values in zip(pending, needing, whole, replies, strict=True):
-            try:
-                if everything:
-                    item.read_fields(_pairs(values))
-                else:
-                    _read_record(item, keys, values)
-            except Exception as error:  # noqa: BLE001 - a record no reader can use
-                item.state, item.corrupt = None, f"its stored record is corrupt: {error}"
+        for item, values in zip(pending, replies, strict=True):
+            self._read(item, values)
+            if item.corrupt is not None:
                 continue
             if item.digest is not None:
                 digests.add(item.digest)
@@ -255,6 +268,48 @@ class Advancer:
                     event.graph for _, kind, event in item.events if kind == ev.START_WORKFLOW
                 )
         self.graphs.load(digests)
+
+    def _read_command(self, item: Pending, key: str) -> Any:
+        if item.resends:  # a resume or restart sends start-tasks again: everything is read
+            return ("HGETALL", key)
+        inputs = _keys_needing_input(item)  # a retry may need the inputs of failed attempts
+        if inputs or item.entries:
+            return ("HMGET", key, *_LOADED, *map(rec.start_field, inputs), *item.entries)
+        return _LOAD.fill(key.encode())
+
+    def _read(self, item: Pending, values: Any) -> None:
+        try:
+            if item.resends:
+                item.read_fields(_pairs(values))
+            else:
+                _read_record(item, _keys_needing_input(item), item.entries, values)
+        except Exception as error:  # noqa: BLE001 - a record no reader can use
+            item.state, item.corrupt = None, f"its stored record is corrupt: {error}"
+            return
+        if type(item.state) is ChunkedState:
+            chunked = self._chunked
+            if item.workflow not in chunked:
+                chunked[item.workflow] = []
+                if len(chunked) > _KNOWN_CHUNKED:
+                    del chunked[next(iter(chunked))]
+
+    def _load_more(
+        self, item: Pending, wanted: Sequence[Entry] | None, send: fastpipe.Send
+    ) -> None:
+        """Read ``item``'s record again with the entries ``wanted`` too (None: all of it),
+        for a transition that found them missing: one read, so they match its version."""
+        if wanted is None:
+            item.resends = True  # read whole, as for a resume
+        else:
+            fields = [entry_field(entry) for entry in wanted]
+            item.entries = [*item.entries, *fields]
+            shared = self._chunked.get(item.workflow)
+            if shared is not None and len(shared) < _SHARED_ENTRIES:
+                shared += [f for f, e in zip(fields, wanted, strict=True) if e[0] in _SHARED]
+        command = self._read_command(item, self.keys.workflow(item.workflow))
+        self._read(item, _raise_errors(send([command]))[0])
+        if wanted is None:
+            item.resends = any(kind in _WHOLE_RECORD for _, kind, _ in item.events)
 
     def _commit_watched(
         self, commits: list[Commit], extra_acks: list[str], send: fastpipe.Send
@@ -321,19 +376,40 @@ def _pairs(reply: Any) -> dict[Any, Any]:
     return dict(zip(reply[::2], reply[1::2], strict=True))
 
 
-def _read_record(item: Pending, inputs: list[str], values: list[Any]) -> None:
-    """Fill ``item`` from the HMGET of its record (``_LOADED``, then the inputs asked for)."""
+def _read_record(item: Pending, inputs: list[str], entries: list[str], values: list[Any]) -> None:
+    """Fill ``item`` from the HMGET of its record: ``_LOADED``, then the inputs asked for,
+    then the entries of a chunked state."""
     version, state, digest, salt, paused = values[0], values[1], values[2], values[3], values[4]
     item.version = version.decode() if version else ""
-    item.state = State.from_dict(orjson.loads(state)) if state else None
+    core = orjson.loads(state) if state else None
+    if core is None:
+        item.state = None
+    elif is_chunked(core):
+        loaded = values[5 + len(inputs) :]
+        item.state = partial_state(core, zip(entries, loaded, strict=True))
+    else:
+        item.state = State.from_dict(core)
     item.digest = digest.decode() if digest else None
     item.salt = salt.decode() if salt is not None else None
     item.held = orjson.loads(paused) if paused is not None else None
     item.corrupt = None
-    if inputs:
-        loads = orjson.loads
-        item.inputs = {
-            key: loads(raw)[2]
-            for key, raw in zip(inputs, values[5:], strict=True)
-            if raw is not None
-        }
+    loads = orjson.loads
+    item.inputs = {
+        key: loads(raw)[2]
+        for key, raw in zip(inputs, values[5 : 5 + len(inputs)], strict=True)
+        if raw is not None
+    }
+
+
+def _entries_touched(item: Pending) -> list[str]:
+    """The entry fields a chunked workflow's events read: each task's running attempt, and
+    the iteration its item belongs to."""
+    fields: list[str] = []
+    for _, _, event in item.events:
+        key = getattr(event, "key", None)
+        if key is None:
+            continue
+        fields.append(rec.RUNNING_PREFIX + key)
+        if "." in key:
+            fields.append(rec.FANIN_PREFIX + key.rpartition(".")[0])
+    return fields

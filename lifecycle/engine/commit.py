@@ -16,6 +16,7 @@ import orjson
 from flowlang.machine import State
 from lifecycle import records as rec
 from lifecycle.keys import Keys
+from lifecycle.stored_state import state_from_fields
 from rqse.fastpipe import Template
 
 __all__ = [
@@ -60,7 +61,7 @@ class Pending:
 
     __slots__ = (
         "workflow", "events", "version", "state", "digest", "inputs", "salt", "corrupt", "refused",
-        "held", "resends",
+        "held", "resends", "entries",
     )  # fmt: skip
 
     def __init__(
@@ -82,6 +83,7 @@ class Pending:
         # a resume or restart is among its events: inputs of start-tasks sent in this
         # batch are kept (note_input), as it may send them again
         self.resends = False
+        self.entries: list[str] = []  # the fields of a chunked state's entries to load
 
     def note_input(self, key: str, value: Any) -> None:
         """The input of a start-task held or sent in this batch: a resume or restart later
@@ -98,7 +100,7 @@ class Pending:
         version, state, digest, salt = (get(name) for name in _RECORD)
         paused = get(rec.PAUSED)
         self.version = _text(version) if version else ""
-        self.state = State.from_dict(orjson.loads(state)) if state else None
+        self.state = state_from_fields(fields) if state else None
         self.digest = _text(digest) if digest else None
         self.salt = _text(salt) if salt is not None else None
         self.held = orjson.loads(paused) if paused is not None else None
@@ -131,13 +133,14 @@ def _getter(fields: Mapping[Any, Any]) -> Any:
     return get
 
 
-SharedKeys = tuple[str, str, str, str, str, str]
+SharedKeys = tuple[str, str, str, str, str, str, str]
 
 
 def shared_keys(keys: Keys) -> SharedKeys:
-    """KEYS[2…7] of every advance.lua call: built once per advancer, not per commit."""
+    """KEYS[2…8] of every advance.lua call: built once per advancer, not per commit."""
     return (
-        keys.lifecycle, keys.timers, keys.workflows, keys.outcomes, keys.expiring, keys.stopped
+        keys.lifecycle, keys.timers, keys.workflows, keys.outcomes, keys.expiring, keys.stopped,
+        keys.compacting,
     )  # fmt: skip
 
 
@@ -149,6 +152,7 @@ class Commit:
     __slots__ = (
         "keys", "workflow", "shared", "acks", "fields", "events", "timers", "cancels",
         "created", "outcome", "removed", "expire_at", "stopped", "unstop", "reopened", "deleted",
+        "compact_at",
     )  # fmt: skip
 
     def __init__(self, keys: Keys, workflow: str, shared: SharedKeys | None = None) -> None:
@@ -171,6 +175,7 @@ class Commit:
         self.unstop = False  # it finished after a restart: its stop record goes
         self.reopened = False  # restarted: no longer due for removal
         self.deleted = False  # the workflow's record goes (its acks still happen)
+        self.compact_at = ""  # ms: when its task records are compacted (it finished)
 
     def set(self, name: str, value: Any) -> None:
         self.fields += (name, value)
@@ -181,7 +186,7 @@ class Commit:
         delete before they write, so a start later in the same batch writes the id anew."""
         self.deleted = True
         self.fields, self.removed, self.timers = [], [], []
-        self.created, self.expire_at, self.stopped = "", "", ""
+        self.created, self.expire_at, self.stopped, self.compact_at = "", "", "", ""
         self.unstop = self.reopened = False
 
     def end(self, now: int, status: str) -> None:
@@ -216,12 +221,13 @@ class Commit:
         key = self.keys.workflow(self.workflow)
         commands: list[Any] = []
         if self.deleted:  # first: a start later in the same batch writes the id anew
-            _, _, workflows, _, expiring, stopped = self.shared
+            _, _, workflows, _, expiring, stopped, compacting = self.shared
             commands += [
                 ("DEL", key),
                 ("ZREM", workflows, self.workflow),
                 ("ZREM", expiring, self.workflow),
                 ("HDEL", stopped, self.workflow),
+                ("ZREM", compacting, self.workflow),
             ]
         if self.fields:
             commands.append(("HSET", key, *self.fields))
@@ -233,7 +239,7 @@ class Commit:
             else:
                 commands.append(template.fill(*fields))
         if self.timers or self.cancels or self.created or self.outcome or self.reopened:
-            _, timers, workflows, outcomes, expiring, stopped = self.shared
+            _, timers, workflows, outcomes, expiring, stopped, compacting = self.shared
             if self.timers:
                 commands.append(("ZADD", timers, *self.timers))
             if self.cancels:
@@ -244,6 +250,8 @@ class Commit:
                 commands.append(("HINCRBY", outcomes, self.outcome, 1))
             if self.expire_at:
                 commands.append(("ZADD", expiring, self.expire_at, self.workflow))
+            if self.compact_at:
+                commands.append(("ZADD", compacting, self.compact_at, self.workflow))
             if self.stopped:
                 commands.append(("HSET", stopped, self.workflow, self.stopped))
             elif self.unstop:
@@ -289,4 +297,5 @@ class Commit:
             self.stopped,
             "1" if self.unstop else "",
             "1" if self.reopened else "",
+            self.compact_at,
         ]

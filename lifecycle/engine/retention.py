@@ -1,10 +1,15 @@
-"""Retention: workflows that ended are removed once their retention time is over.
+"""Retention: workflows that ended are compacted, then removed, when their time comes.
 
 The commit that ends a workflow schedules its removal (``Keys.expiring``, scored by
 the time it is due, when the lifecycle worker runs with a retention); the pump
 made here removes the due ones with ``expire.lua`` — the record, its entry in the
 workflow index and in the stopped set — in batches, at a cost that grows with
 what expires, not with what is kept. Their history stays in the receipts archive.
+
+A workflow that finished is compacted first (``Keys.compacting``, ``compact.lua``):
+after ``--keep-details`` its task records go — the archive holds every start and
+end — and the rest of its record stays until its removal. Failed and terminated
+workflows keep theirs: a restart runs from them.
 """
 
 from __future__ import annotations
@@ -13,15 +18,17 @@ import re
 
 import redis
 
+from lifecycle import records as rec
 from lifecycle.errors import LifecycleError
 from lifecycle.keys import Keys
 from rqse import lua
 from rqse.pump import Pump
 
-__all__ = ["DEFAULT_RETENTION", "parse_duration", "retention_pump"]
+__all__ = ["DEFAULT_KEEP_DETAILS", "DEFAULT_RETENTION", "parse_duration", "retention_pumps"]
 
 _SCRIPTS = lua.scripts_dir(__file__)
 DEFAULT_RETENTION = "7d"
+DEFAULT_KEEP_DETAILS = "10m"
 _UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d|w)?")
 
@@ -37,17 +44,25 @@ def parse_duration(text: str) -> float:
     return float(match.group(1)) * _UNITS[match.group(2) or "s"]
 
 
-def retention_pump(
+def retention_pumps(
     client: redis.Redis, keys: Keys, interval: float = 1.0, batch: int = 500
-) -> Pump:
-    """The pump that removes the workflows whose retention is over (``start()`` it, or
-    ``fire_due()``)."""
-    script = lua.load_script(client, "expire", _SCRIPTS)
-    return Pump(
-        script,
-        [keys.expiring, keys.workflows, keys.stopped],
+) -> tuple[Pump, Pump]:
+    """The pumps that compact finished workflows and remove those whose retention is
+    over (``start()`` them, or ``fire_due()``)."""
+    compact = Pump(
+        lua.load_script(client, "compact", _SCRIPTS),
+        [keys.compacting],
+        name="compaction",
+        interval=interval,
+        batch=batch,
+        args=[keys.workflow(""), rec.COMPACTED, *rec.COMPACTED_PREFIXES],
+    )
+    expire = Pump(
+        lua.load_script(client, "expire", _SCRIPTS),
+        [keys.expiring, keys.workflows, keys.stopped, keys.compacting],
         name="retention",
         interval=interval,
         batch=batch,
         args=[keys.workflow("")],
     )
+    return compact, expire

@@ -13,6 +13,7 @@ from flowlang.limits import DEFAULT_LIMITS, Limits
 from flowlang.machine import Machine, State
 from lifecycle.errors import FlowNotStored, UnknownWorkflow
 from lifecycle.keys import Keys
+from lifecycle.stored_state import state_from_fields
 
 __all__ = ["GraphCache", "WorkflowRecord", "load_workflow"]
 
@@ -57,6 +58,7 @@ class WorkflowRecord:
     ends: dict[str, list[Any]] = field(
         default_factory=dict
     )  # key -> [t1, ok, output, error, worker]
+    compacted: int | None = None  # ms: when its task records went (the archive has them)
 
 
 def _text(value: bytes | None) -> str | None:
@@ -77,8 +79,8 @@ def load_workflow(client: redis.Redis, keys: Keys, workflow_id: str) -> Workflow
             starts[name[2:].decode()] = orjson.loads(value)
         elif name.startswith(b"o:"):
             ends[name[2:].decode()] = orjson.loads(value)
-    state = State.from_dict(_json(raw.get(b"s")) or {})
-    created, ended = raw.get(b"created"), raw.get(b"ended")
+    state = state_from_fields(raw)
+    created, ended, compacted = raw.get(b"created"), raw.get(b"ended"), raw.get(b"c")
     return WorkflowRecord(
         id=workflow_id,
         graph=_text(raw.get(b"g")) or "",
@@ -92,4 +94,5 @@ def load_workflow(client: redis.Redis, keys: Keys, workflow_id: str) -> Workflow
         state=state,
         starts=starts,
         ends=ends,
+        compacted=int(compacted) if compacted else None,
     )

@@ -24,13 +24,14 @@ import orjson
 
 from flowlang.errors import FlowError
 from flowlang.limits import DEFAULT_LIMITS, Limits, depth_within, encode_value
-from flowlang.machine import Failed, Finished, Machine, StartTask, State
+from flowlang.machine import ChunkedState, Failed, Finished, Machine, Missing, StartTask, State
 from flowlang.policy import Policy, split_params
 from lifecycle import events as ev
 from lifecycle import records as rec
 from lifecycle.engine.commit import BatchResult, Commit, Pending, Said, shared_keys
 from lifecycle.errors import LifecycleError
 from lifecycle.keys import Keys, task_kind
+from lifecycle.stored_state import write_changes
 
 __all__ = ["GraphSource", "Transition"]
 
@@ -76,16 +77,19 @@ class Transition:
         *,
         untokened_answers: bool = False,
         retain_ms: int = 0,
+        keep_details_ms: int | None = None,
     ) -> None:
         """``untokened_answers``: take an end-task that carries no token (task workers
         written for the predecessor system send none); one with a wrong token never is.
         ``retain_ms``: how long a workflow that ended stays before retention removes it
-        (0: kept until deleted)."""
+        (0: kept until deleted). ``keep_details_ms``: how long a workflow that finished keeps
+        its task records before they are compacted (None: kept)."""
         self.graphs = graphs
         self.keys = keys or Keys()
         self.limits = limits
         self.untokened_answers = untokened_answers
         self.retain_ms = retain_ms
+        self.keep_details_ms = keep_details_ms
         self._walk_depth = limits.depth < _ENCODER_DEPTH
         self._shared = shared_keys(self.keys)
         self._tasks: dict[str, list[_TaskFacts | None]] = {}  # graph hash -> per node
@@ -116,9 +120,13 @@ class Transition:
         left running, a failed-workflow event, every event of the batch acknowledged and the
         one that caused it dead-lettered with the reason. The rest of the batch goes on."""
         state = item.state if item.state is not None and item.corrupt is None else State()
+        if type(state) is ChunkedState:
+            # Stored whole from now on: its entry fields stay unread until it is removed.
+            state = State(output=state.output, started=state.started)
         state.status, state.error = rec.FAILED, reason
         # Not restartable: the state may be half changed by what failed.
         state.running, state.waiting, state.fanin, state.stopped = {}, {}, {}, {}
+        item.state = state
         commit = Commit(self.keys, item.workflow, self._shared)
         if not item.version:  # new in this batch: listed like any other workflow
             commit.created = str(now)
@@ -156,8 +164,13 @@ class Transition:
             commit.expire_at = str(now + self.retain_ms)
         if status != rec.FINISHED:
             commit.stopped = _dumps(state.stopped)
-        elif state.attempts:  # restarted (or cyclic) once: a stop record may be left
+            return
+        if state.attempts:  # restarted (or cyclic) once: a stop record may be left
             commit.unstop = True
+        if self.keep_details_ms is not None and (
+            not self.retain_ms or self.keep_details_ms < self.retain_ms
+        ):
+            commit.compact_at = str(now + self.keep_details_ms)
 
     # -- one workflow ------------------------------------------------------------
 
@@ -180,14 +193,14 @@ class Transition:
                         continue
                     # (after a delete earlier in this batch the id starts afresh: the
                     # commit deletes the old record before it writes this one)
-                    state = State()
+                    machine = self.graphs.machine(event.graph)
+                    state = machine.new_state()
                     item.state, item.digest, item.salt = state, event.graph, event.salt
                     commit.created = str(now)
                     commit.set(rec.CREATED, now)
                     commit.set(rec.GRAPH, event.graph)
                     commit.set(rec.SALT, event.salt)
                     commit.set(rec.INPUT, encode_value(event.input, self.limits, "the input"))
-                    machine = self.graphs.machine(event.graph)
                     if machine.graph.name:
                         commit.set(rec.NAME, machine.graph.name)
                     actions: list[Any] = machine.start(state, event.input)
@@ -221,6 +234,8 @@ class Transition:
                     continue
                 assert machine is not None
                 self._carry_out(machine, state, item, actions, commit, now)
+            except Missing:
+                raise  # the caller loads what it names and computes the batch again
             except Exception as error:  # noqa: BLE001 - one workflow's data fails it alone
                 raise _EventFailed(event_id, _reason(error)) from error
         if commit.deleted and state is None:
@@ -229,6 +244,8 @@ class Transition:
             return None
         if item.held is not None:
             commit.set(rec.PAUSED, _dumps(item.held))
+        if type(state) is ChunkedState:
+            write_changes(state, commit.fields, commit.removed)
         if commit.removed:  # a field removed then set again in this batch (resume, pause) stays
             written = set(commit.fields[::2])
             commit.removed = [name for name in commit.removed if name not in written]

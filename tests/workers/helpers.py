@@ -10,6 +10,7 @@ import redis
 
 from flowlang.compiler import compile_text
 from lifecycle.keys import Keys
+from lifecycle.stored_state import state_from_fields
 from lifecycle.submit import start_workflow
 from lifecycle.worker import LifecycleWorker
 from tests.conftest import wait_until
@@ -18,8 +19,9 @@ KEYS = Keys()
 
 
 def state(client: redis.Redis, workflow: str) -> dict[str, Any]:
-    raw = client.hget(KEYS.workflow(workflow), "s")
-    return orjson.loads(raw) if raw else {}
+    """The workflow's state as readers see it (entries of a chunked one gathered)."""
+    fields = client.hgetall(KEYS.workflow(workflow))
+    return state_from_fields(fields).to_whole_dict() if fields else {}  # type: ignore[arg-type]
 
 
 def wait_for_end(client: redis.Redis, workflow: str, timeout: float = 10.0) -> dict[str, Any]:

@@ -3,6 +3,8 @@
 -- KEYS[1]  retention's schedule ({flow}:expiring): ended workflow ids by removal time (ms)
 -- KEYS[2]  the workflows index ({flow}:workflows)
 -- KEYS[3]  the stop records ({flow}:stopped)
+-- KEYS[4]  compaction's schedule ({flow}:compacting): a workflow removed before its
+--          task records were compacted leaves it too
 -- ARGV[1]  now in ms ('' = Redis TIME, the clock every worker shares)
 -- ARGV[2]  the most workflows to remove in this call
 -- ARGV[3]  the name of a workflow's hash without its id ({flow}:wf:); every hash
@@ -29,5 +31,6 @@ end
 redis.call('DEL', unpack(records))
 redis.call('ZREM', KEYS[2], unpack(due))
 redis.call('HDEL', KEYS[3], unpack(due))
+redis.call('ZREM', KEYS[4], unpack(due))
 redis.call('ZREM', KEYS[1], unpack(due))
 return #due

@@ -1,0 +1,121 @@
+"""Iterations and wide joins on the engine: their state stored entry by entry.
+
+A workflow with an iteration (or more than a few dozen nodes) keeps a small core
+in its record and one field per running task, open iteration, collected output
+and join arrival; each batch reads and writes only those its events touch. These
+tests run such workflows through the real advance (Redis, both commit paths) and
+check what they end with and what their records hold on the way.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+import redis
+
+from flowlang.compiler import compile_text
+from flowlang.runner import TaskCall, run
+from lifecycle import records as rec
+from lifecycle.client import Client
+from lifecycle.engine.store import load_workflow
+from lifecycle.keys import Keys
+from tests.lifecycle.harness import Harness
+
+KEYS = Keys()
+ENTRY_PREFIXES = (b"r:", b"f:", b"i:", b"w:", b"a:")
+
+
+def echo(call: TaskCall) -> Any:
+    if call.name == "A":
+        return call.input  # the list the next step iterates over
+    return {"by": call.name, "of": call.input}
+
+
+def fields(client: redis.Redis, workflow_id: str) -> dict[bytes, bytes]:
+    return client.hgetall(KEYS.workflow(workflow_id))  # type: ignore[return-value]
+
+
+def entries(client: redis.Redis, workflow_id: str) -> list[bytes]:
+    return [name for name in fields(client, workflow_id) if name[:2] in ENTRY_PREFIXES]
+
+
+def test_an_iteration_of_3000_items_ends_as_the_in_memory_runner_ends_it(
+    harness: Harness,
+) -> None:
+    graph = compile_text("A → * { B → C } → D")
+    items = [{"n": n} for n in range(3000)]
+    record = harness.run(graph, echo, items)
+    assert record.status == "finished"
+    assert record.output == run(graph, echo, items).output
+    assert entries(harness.client, record.id) == []  # nothing of the run is left behind
+
+
+def test_a_running_iteration_keeps_a_small_core_and_one_field_per_running_item(
+    harness: Harness,
+) -> None:
+    graph = compile_text("A → * B → C")
+    workflow_id = harness.submit(graph, list(range(2000)))
+    harness.advance()
+    harness.work(echo)  # A ends: 2000 B start
+    harness.advance()
+    stored = fields(harness.client, workflow_id)
+    core = orjson.loads(stored[rec.STATE.encode()])
+    assert core["live"] == 2000 and len(stored[rec.STATE.encode()]) < 100
+    assert sum(name.startswith(b"r:") for name in stored) == 2000
+    assert orjson.loads(stored[b"f:2"]) == [2000, 2000]
+    harness.pump(echo)
+    assert load_workflow(harness.client, KEYS, workflow_id).output == {
+        "by": "C",
+        "of": [{"by": "B", "of": n} for n in range(2000)],
+    }
+
+
+def test_a_70_way_join_starts_its_successor_once_with_every_arrival_in_order(
+    harness: Harness,
+) -> None:
+    graph = compile_text(" | ".join(f"T{n}" for n in range(70)) + " → J")
+    record = harness.run(graph, echo, {"x": 1})
+    assert record.status == "finished"
+    assert record.output == run(graph, echo, {"x": 1}).output
+    assert len(record.output["of"]) == 70
+    assert entries(harness.client, record.id) == []
+
+
+def test_terminating_an_iteration_stops_every_item_and_clears_its_running_fields(
+    harness: Harness,
+) -> None:
+    graph = compile_text("A → * B → C")
+    workflow_id = harness.submit(graph, list(range(500)))
+    harness.advance()
+    harness.work(echo)
+    harness.advance()
+    Client(harness.client, KEYS).terminate(workflow_id, "enough")
+    harness.advance()
+    record = load_workflow(harness.client, KEYS, workflow_id)
+    assert record.status == "terminated"
+    assert len(record.state.stopped) == 500
+    assert not any(name.startswith(b"r:") for name in fields(harness.client, workflow_id))
+
+
+def test_a_failed_item_fails_the_iteration_and_a_restart_runs_it_to_the_end(
+    harness: Harness,
+) -> None:
+    graph = compile_text("A → * B → C")
+    failing = {"on": True}
+
+    def flaky(call: TaskCall) -> Any:
+        if call.name == "B" and call.input == 7 and failing["on"]:
+            raise RuntimeError("item 7 broke")
+        return echo(call)
+
+    workflow_id = harness.submit(graph, list(range(300)))
+    harness.pump(flaky)
+    record = load_workflow(harness.client, KEYS, workflow_id)
+    assert record.status == "failed" and "item 7 broke" in (record.error or "")
+    failing["on"] = False
+    Client(harness.client, KEYS).restart(workflow_id)
+    harness.pump(flaky)
+    record = load_workflow(harness.client, KEYS, workflow_id)
+    assert record.status == "finished"
+    assert record.output == {"by": "C", "of": [{"by": "B", "of": n} for n in range(300)]}
