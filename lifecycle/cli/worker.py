@@ -99,6 +99,7 @@ _LIMIT_FLAGS = (  # flag, Limits field, what it bounds
     ("--max-value-bytes", "value_bytes", "bytes of one value: an input, a task output"),
     ("--max-depth", "depth", "nesting of arrays and objects in one value"),
     ("--max-items", "items", "items one iteration (*) fans out to"),
+    ("--iteration-window", "window", "items of one iteration running at once"),
     ("--max-visits", "visits", "visits of nodes on a cycle in one advance"),
     ("--guard-ms", "guard_ms", "milliseconds one guard may take"),
     ("--max-task-starts", "task_starts", "tasks one workflow may start (default: no limit)"),
