@@ -42,7 +42,6 @@ __all__ = [
 Path = tuple[int, ...]
 Arrival = tuple[int, Path, int | None, Any]  # (node, path, predecessor, value)
 Trace = list[tuple[str, str]] | None
-_WIDE = 64  # nodes beyond which a flow's running table may be large: a chunked state
 
 
 def instance_key(node: int, path: Path) -> str:
@@ -139,16 +138,9 @@ class Machine:
             tuple(succ) if succ and not node.iterate and all(map(self._plain_task, succ)) else None
             for node, succ in zip(graph.nodes, self.successors, strict=True)
         ]
-        # A workflow whose tables can grow large (an iteration, a wide fan-out or join)
-        # keeps its state entry by entry, so an event costs the same whatever their size;
-        # only in a graph without cycles, where an instance starts once (flowlang.state).
-        self.chunked = not self.on_cycle and (
-            len(graph.nodes) > _WIDE or any(node.iterate for node in graph.nodes)
-        )
-
-    def new_state(self) -> State:
-        """The empty state of a new workflow of this flow: chunked where :attr:`chunked`."""
-        return ChunkedState() if self.chunked else State()
+        # Whether a workflow's state may be kept entry by entry (flowlang.state.ChunkedState):
+        # only in a graph without cycles, where an instance starts once.
+        self.chunkable = not self.on_cycle
 
     # -- transitions -------------------------------------------------------------
 

@@ -16,7 +16,7 @@ from typing import Any
 from flowlang.errors import FlowError
 from flowlang.graph import Graph
 from flowlang.limits import DEFAULT_LIMITS, Limits
-from flowlang.machine import FAILED, Failed, Finished, Machine, StartTask
+from flowlang.machine import FAILED, Failed, Finished, Machine, StartTask, State
 
 __all__ = ["RunResult", "TaskCall", "run"]
 
@@ -70,7 +70,7 @@ def run(
     """
     call_task = _as_function(tasks)
     machine = Machine(graph, limits)
-    state = machine.new_state()
+    state = State()
     result = RunResult(status="running", output=None, error=None)
     pending: deque[StartTask] = deque()
 

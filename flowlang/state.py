@@ -15,7 +15,7 @@ either way:
   needs an entry that was not loaded raises :class:`Missing`; the caller loads
   it and runs the transition again from the stored state.
 
-Chunked states are for graphs without cycles (:func:`flowlang.machine.Machine.chunked`):
+Chunked states are for graphs without cycles (:attr:`flowlang.machine.Machine.chunkable`):
 there a task instance starts once, so an instance key set that was not loaded is
 new, which is what lets a transition start tasks without reading what is stored
 under their keys.
@@ -306,6 +306,38 @@ class ChunkedState(State):
         self.queued: dict[str, dict[int, list[Any]]] = {}  # collector key -> chunk -> items
         self.changed_queued: list[tuple[str, int]] = []
         self.dropped_queued: list[tuple[str, int]] = []  # (collector key, chunk)
+
+    @classmethod
+    def of(cls, state: State) -> ChunkedState | None:
+        """``state``, whole, as a chunked state whose every entry is to be written; None
+        when it cannot tell which outputs an open iteration has collected (one was null)."""
+        chunked = cls(state.to_dict())
+        running, fanin, waiting = chunked.tables()
+        for key, attempt in state.running.items():
+            running[key] = attempt
+        for key, entry in state.fanin.items():
+            left, outputs = entry[0], entry[1]
+            collected = [i for i, output in enumerate(outputs) if output is not None]
+            if len(collected) != len(outputs) - left:
+                return None
+            fanin[key] = [left, len(outputs)]
+            chunked.outputs[key] = {i: outputs[i] for i in collected}
+            chunked.changed_outputs += [(key, i) for i in collected]
+            if len(entry) > 2:  # a windowed iteration: its next index and its queued items
+                index, queued = entry[2], entry[3]
+                first = len(outputs) - len(queued)
+                fanin[key] = [left, len(outputs), index, first]
+                chunks = chunked.queued[key] = {}
+                if index < len(outputs):  # the chunks from the one holding the next item
+                    for n in range((index - first) // QUEUE_CHUNK, -(-len(queued) // QUEUE_CHUNK)):
+                        chunks[n] = queued[n * QUEUE_CHUNK : (n + 1) * QUEUE_CHUNK]
+        for key, arrivals in state.waiting.items():
+            waiting[key] = len(arrivals)
+            chunked.arrivals[key] = dict(enumerate(arrivals))
+            chunked.changed_arrivals += [(key, n) for n in range(len(arrivals))]
+        for key, chunks in chunked.queued.items():
+            chunked.changed_queued += [(key, n) for n in chunks]
+        return chunked
 
     def to_dict(self) -> dict[str, Any]:
         data: dict[str, Any] = {"status": self.status, "live": self.tables()[0].size}

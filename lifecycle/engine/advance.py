@@ -43,7 +43,7 @@ log = logging.getLogger(__name__)
 _SCRIPTS = lua.scripts_dir(__file__)
 _MAX_CONFLICTS = 50
 _MAX_LOADS = 4  # loads of a chunked state's entries for one transition, before all of it
-_KNOWN_CHUNKED = 4096  # workflows remembered as chunked (their entries are loaded at once)
+_KNOWN_CHUNKED = 65536  # workflows remembered as chunked (their entries are loaded at once)
 _SHARED = frozenset({FANIN, WAITING})  # entries many events of one workflow touch
 _SHARED_ENTRIES = 64  # of those, remembered per workflow
 _LOADED = (rec.VERSION, rec.STATE, rec.GRAPH, rec.SALT, rec.PAUSED)
@@ -252,8 +252,7 @@ class Advancer:
         chunked = self._chunked
         for item, key in zip(pending, names, strict=True):
             item.resends = any(kind in _WHOLE_RECORD for _, kind, _ in item.events)
-            shared = chunked.get(item.workflow)
-            item.entries = [*_entries_touched(item), *shared] if shared is not None else []
+            item.entries = _entries_touched(item, chunked.get(item.workflow))
             commands.append(self._read_command(item, key))
         replies = _raise_errors(send(commands))[1 if watch else 0 :]
         digests: set[str] = set()
@@ -401,15 +400,21 @@ def _read_record(item: Pending, inputs: list[str], entries: list[str], values: l
     }
 
 
-def _entries_touched(item: Pending) -> list[str]:
-    """The entry fields a chunked workflow's events read: each task's running attempt, and
-    the iteration its item belongs to."""
+def _entries_touched(item: Pending, shared: list[str] | None) -> list[str]:
+    """The entry fields a chunked workflow's events read: each task's running attempt, the
+    iteration its item belongs to, and the workflow's ``shared`` entries. For a workflow
+    not known to be chunked, those of iteration items only (only a chunked state has
+    them, unless its flow has a cycle; a field not stored costs a nil)."""
     fields: list[str] = []
     for _, _, event in item.events:
         key = getattr(event, "key", None)
         if key is None:
             continue
-        fields.append(rec.RUNNING_PREFIX + key)
-        if "." in key:
-            fields.append(rec.FANIN_PREFIX + key.rpartition(".")[0])
+        item_of = key.rpartition(".")[0]
+        if item_of:
+            fields += (rec.RUNNING_PREFIX + key, rec.FANIN_PREFIX + item_of)
+        elif shared is not None:
+            fields.append(rec.RUNNING_PREFIX + key)
+    if shared:
+        fields += shared
     return fields

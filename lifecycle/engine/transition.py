@@ -194,7 +194,7 @@ class Transition:
                     # (after a delete earlier in this batch the id starts afresh: the
                     # commit deletes the old record before it writes this one)
                     machine = self.graphs.machine(event.graph)
-                    state = machine.new_state()
+                    state = State()
                     item.state, item.digest, item.salt = state, event.graph, event.salt
                     commit.created = str(now)
                     commit.set(rec.CREATED, now)
@@ -244,6 +244,10 @@ class Transition:
             return None
         if item.held is not None:
             commit.set(rec.PAUSED, _dumps(item.held))
+        if type(state) is State and machine is not None and machine.chunkable and _large(state):
+            # From now on stored entry by entry: each event costs the same, however large.
+            state = ChunkedState.of(state) or state
+            item.state = state
         if type(state) is ChunkedState:
             write_changes(state, commit.fields, commit.removed)
         if commit.removed:  # a field removed then set again in this batch (resume, pause) stays
@@ -486,6 +490,18 @@ class Transition:
         """The retry/timeout policy of the node of instance ``key``."""
         node = int(key) if "." not in key else int(key.split(".", 1)[0])
         return self._task(item, machine, node).policy
+
+
+_CHUNK_AT = 64  # entries of one table (or one iteration's items) past which it is chunked
+
+
+def _large(state: State) -> bool:
+    """Whether ``state`` holds a table large enough to store entry by entry."""
+    if len(state.running) > _CHUNK_AT:
+        return True
+    if state.fanin and any(len(entry[1]) > _CHUNK_AT for entry in state.fanin.values()):
+        return True
+    return bool(state.waiting) and any(len(w) > _CHUNK_AT for w in state.waiting.values())
 
 
 def _stale(event_id: str, item: Pending, state: State, key: str, attempt: int | None) -> str:

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from flowlang.compiler import compile_text
 from flowlang.limits import Limits
-from flowlang.machine import ChunkedState, Finished, Machine, Missing, StartTask
+from flowlang.machine import ChunkedState, Finished, Machine, Missing, StartTask, State
 from flowlang.runner import run
 from lifecycle import records as rec
 from lifecycle.stored_state import (
@@ -98,25 +98,44 @@ class Store:
         raise AssertionError("a whole state found entries missing")
 
 
-def run_chunked(text: str, input: Any, seed: int, window: int) -> tuple[str, Any, Store]:
+def run_chunked(
+    text: str, input: Any, seed: int, window: int, whole_for: int = 0
+) -> tuple[str, Any, Store]:
+    """Run ``text`` with its state chunked from the start, or kept whole for the first
+    ``whole_for`` batches and then chunked (ChunkedState.of), as the lifecycle does once
+    a state grows large."""
     graph = compile_text(text)
     machine = Machine(graph, Limits(window=window))
-    state = machine.new_state()
-    assert isinstance(state, ChunkedState)
+    whole: State | None = State() if whole_for else None
+    state = whole or ChunkedState()
     waiting = [a for a in machine.start(state, input) if isinstance(a, StartTask)]
-    store = Store(state)
+    store = Store(state) if whole is None else None
     rng = random.Random(seed)
     result: tuple[str, Any] = ("running", None)
+    batches = 0
     while waiting:
         rng.shuffle(waiting)
         size = rng.randint(1, max(1, len(waiting)))
         batch, waiting = waiting[:size], waiting[size:]
         calls = [(s, task(_Call(s.name, s.input))) for s in batch]
-        for action in store.apply(machine, calls):
+        if whole is not None:
+            actions = [a for s, out in calls for a in machine.task_ended(whole, s.key, 1, out)]
+            batches += 1
+            if batches == whole_for and whole.status == "running":
+                chunked = ChunkedState.of(whole)
+                assert chunked is not None
+                store, whole = Store(chunked), None
+        else:
+            assert store is not None
+            actions = store.apply(machine, calls)
+        for action in actions:
             if isinstance(action, StartTask):
                 waiting.append(action)
             elif isinstance(action, Finished):
                 result = ("finished", action.output)
+    if store is None:  # it ended before it was chunked
+        assert whole is not None
+        store = Store(ChunkedState.of(whole) or ChunkedState())
     return result[0], result[1], store
 
 
@@ -131,14 +150,16 @@ class _Call:
     items=st.integers(0, 12),
     seed=st.integers(0, 2**16),
     window=st.sampled_from([1, 2, 5, 10_000]),
+    whole_for=st.integers(0, 3),
 )
 def test_a_chunked_state_loaded_by_entry_runs_as_the_whole_state_does(
-    flow: str, items: int, seed: int, window: int
+    flow: str, items: int, seed: int, window: int, whole_for: int
 ) -> None:
-    """Whatever the window of items running at once, and in any order of ends."""
+    """Whatever the window of items running at once, in any order of ends, chunked from
+    the start or after a few batches whole."""
     input = [{"n": i % 4, "keep": i % 2 == 0} for i in range(items)]
     expected = run(compile_text(flow), task, input)
-    status, output, store = run_chunked(flow, input, seed, window)
+    status, output, store = run_chunked(flow, input, seed, window, whole_for)
     assert (status, output) == (expected.status, expected.output)
     # Nothing of the run is left in its entries, and the core holds none of its tables.
     leftovers = [name for name in store.fields if name[:2] in ("r:", "f:", "i:", "w:", "a:", "q:")]
@@ -149,7 +170,7 @@ def test_a_chunked_state_loaded_by_entry_runs_as_the_whole_state_does(
 
 def test_the_core_of_a_large_iteration_stays_small_while_its_items_run() -> None:
     machine = Machine(compile_text("A → * B → C"))
-    state = machine.new_state()
+    state = ChunkedState()
     (a,) = machine.start(state, {})
     store = Store(state)
     starts = store.apply(machine, [(a, list(range(5000)))])
@@ -164,7 +185,7 @@ def test_the_core_of_a_large_iteration_stays_small_while_its_items_run() -> None
 
 def test_a_transition_that_needs_every_entry_asks_for_the_whole_state() -> None:
     machine = Machine(compile_text("A → * B → C"))
-    state = machine.new_state()
+    state = ChunkedState()
     (a,) = machine.start(state, {})
     store = Store(state)
     starts = store.apply(machine, [(a, [1, 2, 3])])
@@ -189,7 +210,7 @@ def test_an_entry_neither_loaded_nor_found_absent_is_missing_not_absent() -> Non
 
 def test_an_iteration_runs_at_most_its_window_of_items_at_once() -> None:
     machine = Machine(compile_text("A → * B → C"), Limits(window=100))
-    state = machine.new_state()
+    state = ChunkedState()
     (a,) = machine.start(state, {})
     store = Store(state)
     running = store.apply(machine, [(a, list(range(2500)))])
