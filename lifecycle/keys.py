@@ -95,12 +95,6 @@ class Keys:
         return f"{self.prefix}:expiring"
 
     @property
-    def compacting(self) -> str:
-        """Sorted set of finished workflows by the time (ms) their task records are
-        compacted (the archive keeps them): ``lifecycle worker --keep-details``."""
-        return f"{self.prefix}:compacting"
-
-    @property
     def retention(self) -> str:
         """String: the lifecycle workers' retention in ms (0: kept until deleted), set by
         each at start; replay tells a workflow removed on time from one Redis lost."""

@@ -16,6 +16,7 @@ __all__ = [
     "ENDED",
     "END_PREFIX",
     "ENDED_STATES",
+    "EXPIRES",
     "FAILED",
     "FANIN_PREFIX",
     "FINISHED",
@@ -59,6 +60,8 @@ END_PREFIX = "o:"  # o:<key>: [ended ms, ok, output, error, worker] of its lates
 # compacted away, its history left to the archive: the time (ms) they went.
 COMPACTED = "c"
 COMPACTED_PREFIXES = (START_PREFIX, END_PREFIX)
+# Set on a finished workflow until it is compacted: when retention removes it (ms, 0: never).
+EXPIRES = "x"
 # The entries of a chunked state, one field each (lifecycle.stored_state):
 RUNNING_PREFIX = "r:"  # r:<key>: the attempt of a running task instance
 FANIN_PREFIX = "f:"  # f:<key>: an open iteration, [items left, items]

@@ -21,7 +21,7 @@ from lifecycle.engine.retention import (
     DEFAULT_KEEP_DETAILS,
     DEFAULT_RETENTION,
     parse_duration,
-    retention_pumps,
+    retention_pump,
 )
 from lifecycle.engine.timers import timer_pump
 from lifecycle.keys import Keys
@@ -67,7 +67,7 @@ class LifecycleWorker(EventListener):
         )
         self.timers = timer_pump(self.connection, self.keys) if timers else None
         # Always on: workflows a worker scheduled are compacted and removed on time.
-        self.retention = retention_pumps(self.connection, self.keys)
+        self.retention = retention_pump(self.connection, self.keys)
         # Dead-lettered start-tasks answered as failures (lifecycle.engine.dead_tasks).
         self.dead_tasks = (
             DeadTasksThread(
@@ -87,16 +87,14 @@ class LifecycleWorker(EventListener):
         self.connection.set(self.keys.retention, self.advancer.transition.retain_ms)
         if self.timers is not None:
             self.timers.start()
-        for pump in self.retention:
-            pump.start()
+        self.retention.start()
         if self.dead_tasks is not None:
             self.dead_tasks.start()
 
     def onStop(self) -> None:  # noqa: N802
         if self.timers is not None:
             self.timers.stop()
-        for pump in self.retention:
-            pump.stop()
+        self.retention.stop()
         if self.dead_tasks is not None:
             self.dead_tasks.stop()
 

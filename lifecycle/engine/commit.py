@@ -133,14 +133,13 @@ def _getter(fields: Mapping[Any, Any]) -> Any:
     return get
 
 
-SharedKeys = tuple[str, str, str, str, str, str, str]
+SharedKeys = tuple[str, str, str, str, str, str]
 
 
 def shared_keys(keys: Keys) -> SharedKeys:
-    """KEYS[2…8] of every advance.lua call: built once per advancer, not per commit."""
+    """KEYS[2…7] of every advance.lua call: built once per advancer, not per commit."""
     return (
-        keys.lifecycle, keys.timers, keys.workflows, keys.outcomes, keys.expiring, keys.stopped,
-        keys.compacting,
+        keys.lifecycle, keys.timers, keys.workflows, keys.outcomes, keys.expiring, keys.stopped
     )  # fmt: skip
 
 
@@ -152,7 +151,6 @@ class Commit:
     __slots__ = (
         "keys", "workflow", "shared", "acks", "fields", "events", "timers", "cancels",
         "created", "outcome", "removed", "expire_at", "stopped", "unstop", "reopened", "deleted",
-        "compact_at",
     )  # fmt: skip
 
     def __init__(self, keys: Keys, workflow: str, shared: SharedKeys | None = None) -> None:
@@ -168,14 +166,15 @@ class Commit:
         self.created = ""
         self.outcome = ""  # the status the workflow ended with, when this commit ends it
         self.removed: list[str] = []  # hash fields to delete
-        self.expire_at = ""  # ms: when retention removes the workflow that this commit ends
+        # ms: retention's next step for the workflow this commit ends: its removal, or the
+        # compaction of its task records (then rec.EXPIRES holds when it is removed)
+        self.expire_at = ""
         # It ended failed or terminated: JSON {key: attempt} of the attempts it stopped, for
         # Keys.stopped (workers skip their queued start-tasks; {} = every one)
         self.stopped: bytes | str = ""
         self.unstop = False  # it finished after a restart: its stop record goes
         self.reopened = False  # restarted: no longer due for removal
         self.deleted = False  # the workflow's record goes (its acks still happen)
-        self.compact_at = ""  # ms: when its task records are compacted (it finished)
 
     def set(self, name: str, value: Any) -> None:
         self.fields += (name, value)
@@ -186,7 +185,7 @@ class Commit:
         delete before they write, so a start later in the same batch writes the id anew."""
         self.deleted = True
         self.fields, self.removed, self.timers = [], [], []
-        self.created, self.expire_at, self.stopped, self.compact_at = "", "", "", ""
+        self.created, self.expire_at, self.stopped = "", "", ""
         self.unstop = self.reopened = False
 
     def end(self, now: int, status: str) -> None:
@@ -221,13 +220,12 @@ class Commit:
         key = self.keys.workflow(self.workflow)
         commands: list[Any] = []
         if self.deleted:  # first: a start later in the same batch writes the id anew
-            _, _, workflows, _, expiring, stopped, compacting = self.shared
+            _, _, workflows, _, expiring, stopped = self.shared
             commands += [
                 ("DEL", key),
                 ("ZREM", workflows, self.workflow),
                 ("ZREM", expiring, self.workflow),
                 ("HDEL", stopped, self.workflow),
-                ("ZREM", compacting, self.workflow),
             ]
         if self.fields:
             commands.append(("HSET", key, *self.fields))
@@ -239,7 +237,7 @@ class Commit:
             else:
                 commands.append(template.fill(*fields))
         if self.timers or self.cancels or self.created or self.outcome or self.reopened:
-            _, timers, workflows, outcomes, expiring, stopped, compacting = self.shared
+            _, timers, workflows, outcomes, expiring, stopped = self.shared
             if self.timers:
                 commands.append(("ZADD", timers, *self.timers))
             if self.cancels:
@@ -250,8 +248,6 @@ class Commit:
                 commands.append(("HINCRBY", outcomes, self.outcome, 1))
             if self.expire_at:
                 commands.append(("ZADD", expiring, self.expire_at, self.workflow))
-            if self.compact_at:
-                commands.append(("ZADD", compacting, self.compact_at, self.workflow))
             if self.stopped:
                 commands.append(("HSET", stopped, self.workflow, self.stopped))
             elif self.unstop:
@@ -297,5 +293,4 @@ class Commit:
             self.stopped,
             "1" if self.unstop else "",
             "1" if self.reopened else "",
-            self.compact_at,
         ]

@@ -6,9 +6,10 @@ made here removes the due ones with ``expire.lua`` — the record, its entry in 
 workflow index and in the stopped set — in batches, at a cost that grows with
 what expires, not with what is kept. Their history stays in the receipts archive.
 
-A workflow that finished is compacted first (``Keys.compacting``, ``compact.lua``):
-after ``--keep-details`` its task records go — the archive holds every start and
-end — and the rest of its record stays until its removal. Failed and terminated
+A workflow that finished is compacted first: its commit schedules that step
+(after ``--keep-details``) and records in the workflow when its removal is due
+(``records.EXPIRES``); the same script then drops its task records — the archive
+holds every start and end — and schedules the removal. Failed and terminated
 workflows keep theirs: a restart runs from them.
 """
 
@@ -24,7 +25,7 @@ from lifecycle.keys import Keys
 from rqse import lua
 from rqse.pump import Pump
 
-__all__ = ["DEFAULT_KEEP_DETAILS", "DEFAULT_RETENTION", "parse_duration", "retention_pumps"]
+__all__ = ["DEFAULT_KEEP_DETAILS", "DEFAULT_RETENTION", "parse_duration", "retention_pump"]
 
 _SCRIPTS = lua.scripts_dir(__file__)
 DEFAULT_RETENTION = "7d"
@@ -44,25 +45,16 @@ def parse_duration(text: str) -> float:
     return float(match.group(1)) * _UNITS[match.group(2) or "s"]
 
 
-def retention_pumps(
+def retention_pump(
     client: redis.Redis, keys: Keys, interval: float = 1.0, batch: int = 500
-) -> tuple[Pump, Pump]:
-    """The pumps that compact finished workflows and remove those whose retention is
-    over (``start()`` them, or ``fire_due()``)."""
-    compact = Pump(
-        lua.load_script(client, "compact", _SCRIPTS),
-        [keys.compacting],
-        name="compaction",
-        interval=interval,
-        batch=batch,
-        args=[keys.workflow(""), rec.COMPACTED, *rec.COMPACTED_PREFIXES],
-    )
-    expire = Pump(
+) -> Pump:
+    """The pump that compacts the finished workflows and removes the ended ones when
+    their time comes (``start()`` it, or ``fire_due()``)."""
+    return Pump(
         lua.load_script(client, "expire", _SCRIPTS),
-        [keys.expiring, keys.workflows, keys.stopped, keys.compacting],
+        [keys.expiring, keys.workflows, keys.stopped],
         name="retention",
         interval=interval,
         batch=batch,
-        args=[keys.workflow("")],
+        args=[keys.workflow(""), rec.EXPIRES, rec.COMPACTED, *rec.COMPACTED_PREFIXES],
     )
-    return compact, expire

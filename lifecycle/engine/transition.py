@@ -167,10 +167,12 @@ class Transition:
             return
         if state.attempts:  # restarted (or cyclic) once: a stop record may be left
             commit.unstop = True
-        if self.keep_details_ms is not None and (
-            not self.retain_ms or self.keep_details_ms < self.retain_ms
-        ):
-            commit.compact_at = str(now + self.keep_details_ms)
+        keep = self.keep_details_ms
+        if keep is not None and (not self.retain_ms or keep < self.retain_ms):
+            # Retention's first step compacts its task records; it is removed when EXPIRES
+            # says (0: never).
+            commit.set(rec.EXPIRES, now + self.retain_ms if self.retain_ms else 0)
+            commit.expire_at = str(now + keep)
 
     # -- one workflow ------------------------------------------------------------
 

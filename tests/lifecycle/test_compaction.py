@@ -20,7 +20,7 @@ from lifecycle.audit.report import audit_archive
 from lifecycle.cli import main
 from lifecycle.client import Client
 from lifecycle.engine.advance import Advancer
-from lifecycle.engine.retention import retention_pumps
+from lifecycle.engine.retention import retention_pump
 from lifecycle.inspect import describe_workflow
 from lifecycle.keys import Keys
 from tests.lifecycle.audit_helpers import archive_all
@@ -39,7 +39,7 @@ def broken(call: TaskCall) -> Any:
 
 
 def compactor(client: redis.Redis) -> Any:
-    return retention_pumps(client, KEYS)[0]
+    return retention_pump(client, KEYS)
 
 
 @pytest.fixture
@@ -95,33 +95,39 @@ def test_failed_and_running_workflows_are_not_compacted(compacting: Harness) -> 
     compacting.pump(broken)
     running = compacting.submit(compile_text("A → B"), {}, "running")
     compacting.advance()
-    assert compacting.client.zscore(KEYS.compacting, failed) is None
-    assert compacting.client.zscore(KEYS.compacting, running) is None
+    assert compacting.client.zscore(KEYS.expiring, running) is None
+    # The failed one is due for removal only (in an hour): nothing is due now.
+    ended = int(compacting.client.hget(KEYS.workflow(failed), rec.ENDED) or 0)
+    assert compacting.client.zscore(KEYS.expiring, failed) == ended + 3_600_000
     assert compactor(compacting.client).fire_due() == 0
     assert task_fields(compacting.client, failed)  # a restart runs from them
 
 
-def test_details_are_kept_for_the_time_asked(redis_client: redis.Redis) -> None:
+def test_details_are_kept_for_the_time_asked_then_the_removal_is_scheduled(
+    redis_client: redis.Redis,
+) -> None:
     harness = Harness(redis_client, KEYS)
-    harness.advancer = Advancer(redis_client, KEYS, retain_ms=0, keep_details_ms=600_000)
+    harness.advancer = Advancer(redis_client, KEYS, retain_ms=3_600_000, keep_details_ms=600_000)
     harness.submit(CHAIN, {"n": 0}, "wf")
     harness.pump(ok)
     ended = int(redis_client.hget(KEYS.workflow("wf"), rec.ENDED) or 0)
-    assert redis_client.zscore(KEYS.compacting, "wf") == ended + 600_000
+    assert redis_client.zscore(KEYS.expiring, "wf") == ended + 600_000
     assert compactor(redis_client).fire_due() == 0
     assert compactor(redis_client).fire_due(ended + 600_000) == 1
     assert task_fields(redis_client, "wf") == []
+    assert redis_client.hget(KEYS.workflow("wf"), rec.EXPIRES) is None
+    assert redis_client.zscore(KEYS.expiring, "wf") == ended + 3_600_000  # removal next
+    assert compactor(redis_client).fire_due(ended + 3_600_000) == 1
+    assert not redis_client.exists(KEYS.workflow("wf"))
 
 
-def test_a_workflow_deleted_or_removed_first_leaves_the_schedule_too(
-    compacting: Harness,
+def test_kept_forever_a_finished_workflow_is_compacted_and_leaves_the_schedule(
+    redis_client: redis.Redis,
 ) -> None:
-    compacting.advancer = Advancer(compacting.client, KEYS, retain_ms=60_000, keep_details_ms=1)
-    compacting.submit(CHAIN, {"n": 0}, "deleted")
-    compacting.submit(CHAIN, {"n": 0}, "removed")
-    compacting.pump(ok)
-    Client(compacting.client, KEYS).delete("deleted")
-    compacting.advance()
-    compacting.client.zadd(KEYS.expiring, {"removed": 1})
-    assert retention_pumps(compacting.client, KEYS)[1].fire_due() == 1
-    assert compacting.client.zcard(KEYS.compacting) == 0
+    harness = Harness(redis_client, KEYS)
+    harness.advancer = Advancer(redis_client, KEYS, retain_ms=0, keep_details_ms=0)
+    harness.submit(CHAIN, {"n": 0}, "wf")
+    harness.pump(ok)
+    assert compactor(redis_client).fire_due() == 1
+    assert task_fields(redis_client, "wf") == []
+    assert redis_client.zcard(KEYS.expiring) == 0 and redis_client.exists(KEYS.workflow("wf"))

@@ -12,7 +12,7 @@ from flowlang.runner import TaskCall
 from lifecycle.cli import main
 from lifecycle.client import Client
 from lifecycle.engine.advance import Advancer
-from lifecycle.engine.retention import parse_duration, retention_pumps
+from lifecycle.engine.retention import parse_duration, retention_pump
 from lifecycle.errors import LifecycleError
 from lifecycle.keys import Keys
 from tests.conftest import wait_until
@@ -56,7 +56,7 @@ def test_the_pump_removes_only_what_is_due_with_its_index_entries(retaining: Har
     retaining.advance()
     due = {f"w{n}": 1 for n in range(10)}  # ten of them are due now
     retaining.client.zadd(KEYS.expiring, due)
-    removed = retention_pumps(retaining.client, KEYS)[1].fire_due()
+    removed = retention_pump(retaining.client, KEYS).fire_due()
     assert removed == 10
     assert not any(retaining.client.exists(KEYS.workflow(w)) for w in due)
     assert all(retaining.client.exists(KEYS.workflow(f"w{n}")) for n in range(10, 50))

@@ -7,15 +7,14 @@
 -- KEYS[5]  the outcome counters         ({flow}:outcomes)
 -- KEYS[6]  retention's schedule         ({flow}:expiring)
 -- KEYS[7]  the stop records            ({flow}:stopped: workflow id -> stopped attempts)
--- KEYS[8]  compaction's schedule        ({flow}:compacting)
--- KEYS[9…] task streams named by the XADD section
+-- KEYS[8…] task streams named by the XADD section
 --
 -- ARGV[1]  the lifecycle consumer group
 -- ARGV[2]  the version the transition was computed from ('' = the workflow must not exist)
 -- ARGV[3]  the name of the version field of KEYS[1]
 -- ARGV[4]  the workflow id (the member of KEYS[4])
 -- ARGV[5]  '1' to delete the workflow's record first (KEYS[1] and its members of KEYS[4],
---          [6], [7], [8]), before anything below writes: a start after a delete writes anew
+--          [6], [7]), before anything below writes: a start after a delete writes anew
 -- then six sections, each led by its count:
 --   acks    n, entry id × n                          XACK on KEYS[2]
 --   fields  n, (field, value) × n                    HSET on KEYS[1] (includes the new version)
@@ -28,8 +27,7 @@
 -- when retention removes it (ms, score in KEYS[6]), or '';
 -- its stop record for KEYS[7] (it ended failed or terminated: the attempts it stopped), or '';
 -- '1' to remove its stop record (it finished after a restart), or '';
--- '1' to take it off retention's schedule KEYS[6] (restarted), or '';
--- when its task records are compacted (ms, score in KEYS[8]: it finished), or ''.
+-- '1' to take it off retention's schedule KEYS[6] (restarted), or ''.
 --
 -- Returns 1 when committed, 0 when the version moved (another worker advanced
 -- the workflow first: nothing is written, the caller reloads and recomputes).
@@ -71,7 +69,6 @@ if ARGV[5] ~= '' then
   redis.call('ZREM', KEYS[4], ARGV[4])
   redis.call('ZREM', KEYS[6], ARGV[4])
   redis.call('HDEL', KEYS[7], ARGV[4])
-  redis.call('ZREM', KEYS[8], ARGV[4])
 end
 
 local i = 6
@@ -114,8 +111,5 @@ elseif ARGV[i + 4] ~= '' then
 end
 if ARGV[i + 5] ~= '' then
   redis.call('ZREM', KEYS[6], ARGV[4])
-end
-if ARGV[i + 6] ~= '' then
-  redis.call('ZADD', KEYS[8], ARGV[i + 6], ARGV[4])
 end
 return 1
