@@ -54,10 +54,11 @@ class Template:
 
     ``fill(*values)`` costs one bytes format, about half of packing every
     argument anew (the engine's events repeat most of their fields: names,
-    kinds, the stream). Slot values are ``bytes``.
+    kinds, the stream). Slot values are ``bytes``, exactly one per slot (else
+    TypeError).
     """
 
-    __slots__ = ("arguments", "_format", "_slots")
+    __slots__ = ("arguments", "fill", "_slots")
 
     def __init__(self, *arguments: Argument | None) -> None:
         self.arguments = arguments
@@ -67,22 +68,25 @@ class Template:
                 parts.append(b"$%d\r\n%b\r\n")
             else:  # the packed constant, its % escaped for the format
                 parts.append(hiredis.pack_command((argument,))[4:].replace(b"%", b"%%"))
-        self._format = b"".join(parts)
         self._slots = arguments.count(SLOT)
-
-    def fill(self, *values: bytes) -> bytes:
-        """The packed command with ``values`` in its slots, in order."""
-        if len(values) != self._slots:
-            raise ValueError(f"{self._slots} slot values expected, got {len(values)}")
-        sized: list[Any] = []
-        for value in values:
-            sized += (len(value), value)
-        return self._format % tuple(sized)
+        #: ``fill(*values)``: the packed command with ``values`` in its slots, in order.
+        self.fill: Callable[..., bytes] = _filler(b"".join(parts), self._slots)
 
     def unpacked(self, *values: bytes) -> list[Argument]:
         """The arguments ``fill(*values)`` packs, as a list."""
         slots = iter(values)
         return [next(slots) if a is SLOT else a for a in self.arguments]
+
+
+def _filler(format_: bytes, slots: int) -> Callable[..., bytes]:
+    """``fill`` of a Template: a function of exactly ``slots`` arguments that formats
+    them with their lengths, written out for that count (a loop building the
+    arguments' tuple took as long as the format itself, on every event)."""
+    names = [f"v{n}" for n in range(slots)]
+    sized = "".join(f"len({name}), {name}, " for name in names)
+    scope: dict[str, Any] = {"format_": format_}
+    exec(f"def fill({', '.join(names)}):\n    return format_ % ({sized})\n", scope)
+    return scope["fill"]  # type: ignore[no-any-return]
 
 
 def internals_missing(client: redis.Redis) -> list[str]:
