@@ -129,7 +129,8 @@ class BatchHandler:
         up for the whole batch in one round trip. The entry ids it returns are
         acknowledged without ``process()`` (counted as ignored). Raising leaves the
         whole batch pending: Redis weather is waited out as anywhere in the loop, any
-        other exception ends ``listen()``, as a hook's does."""
+        other exception ends ``listen()``, as a hook's does. For a read of new entries,
+        ``read_replies`` holds the replies to the listener's ``read_along`` commands."""
         return None
 
     def reject(self, event_id: str, reason: str) -> None:

@@ -268,6 +268,15 @@ class EventListener(Recovery, EventClient):
         """False once a stop was requested."""
         return not self._stopping.is_set()
 
+    #: Commands sent in the same round trip as each read of new entries, right after
+    #: it: Redis runs them as the read returns, so their replies (``read_replies``, in
+    #: order, an error reply as its exception) say how things stood when the entries
+    #: came, for ``prepare_batch`` to use at no round trip of its own.
+    read_along: Sequence[Sequence[Any]] = ()
+    #: The replies to ``read_along`` while the entries of a read are handled; None for
+    #: entries claimed or recovered (nothing was sent along) and outside a batch.
+    read_replies: list[Any] | None = None
+
     def process(self, event_id: str, event: dict[str, Any]) -> bool:
         """Handle one event: True = handled, False = not mine; raise to retry later."""
         return True
@@ -576,7 +585,7 @@ class EventListener(Recovery, EventClient):
         # raw, without redis-py's per-entry post-processing (raw_stream_items does it in
         # one loop: a read is the listener's largest cost per entry after decoding).
         block = ("BLOCK", block_ms) if block_ms is not None else ()
-        connection.send_command(  # type: ignore[no-untyped-call]
+        read = (
             "XREADGROUP",
             "GROUP",
             self._group,
@@ -588,19 +597,32 @@ class EventListener(Recovery, EventClient):
             *self._streams,
             *[">"] * len(self._streams),
         )
+        along = self.read_along
+        connection.send_packed_command(connection.pack_commands([read, *along]))  # type: ignore[no-untyped-call]
         self._blocking = block_ms is not None
         try:
             if self._stopping.is_set():
                 self._start_waking()
             reply = connection.read_response()
+            self._blocking = False
+            replies: list[Any] = []
+            for _ in along:
+                try:
+                    replies.append(connection.read_response())
+                except redis.ResponseError as error:  # the command's own answer
+                    replies.append(error)
         except BaseException:
             connection.disconnect()  # type: ignore[no-untyped-call]  # reply half read?
             raise
         finally:
             self._blocking = False
-        for name, entries in raw_stream_items(reply):
-            if entries:
-                self._handle(self._names[name], entries, None)
+        self.read_replies = replies if along else None
+        try:
+            for name, entries in raw_stream_items(reply):
+                if entries:
+                    self._handle(self._names[name], entries, None)
+        finally:
+            self.read_replies = None
 
     # -- waking and stopping -------------------------------------------------------
     def _wake(self) -> None:

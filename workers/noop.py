@@ -71,6 +71,7 @@ class NoopWorker(EventListener):
         super().__init__(streams, TASK_GROUP, [START_TASK], **options)
         self._end_task = end_task_template(self.keys.lifecycle, self.consumer)
         self._stopped = StoppedWorkflows(self.connection, self.keys, self.consumer)
+        self.read_along = (self._stopped.along,)
         # The echo is this class's own: a subclass that computes its output or handles
         # tasks itself gets decoded events.
         cls = type(self)
@@ -83,8 +84,9 @@ class NoopWorker(EventListener):
     def prepare_batch(
         self, stream: str, entries: Sequence[tuple[bytes, dict[bytes, bytes]]]
     ) -> set[bytes] | None:
-        """Start-tasks of attempts a workflow stopped are not answered (one HMGET)."""
-        return self._stopped(entries)
+        """Start-tasks of attempts a workflow stopped are not answered (one HMGET, when
+        any stop record exists)."""
+        return self._stopped(entries, self.read_replies[0] if self.read_replies else None)
 
     def decode_entry(self, fields: dict[bytes, bytes], event_id: str) -> dict[str, Any]:
         if not self._passes_through or not is_start_task(fields.get(b"kind")):
