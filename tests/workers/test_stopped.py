@@ -181,3 +181,24 @@ def test_garbage_naming_a_stopped_workflow_is_dead_lettered_not_set_aside(
     assert worker.listen(max_events=1, idle_timeout=2.0) == 1
     assert worker.stats.ignored == 0 and worker.stats.dead_lettered == 1
     assert _answered(redis_client) == []
+
+
+def test_a_user_refused_exists_still_has_stopped_tasks_set_aside(
+    redis_client: redis.Redis, redis_url: str
+) -> None:
+    # A task-worker ACL written before the EXISTS went along with each read.
+    redis_client.execute_command(
+        "ACL", "SETUSER", "no-exists", "on", ">pw", "~*", "&*", "+@all", "-exists"
+    )
+    try:
+        redis_client.hset(KEYS.stopped, "wf-ended", "{}")
+        for workflow in ("wf-ended", "wf-live"):
+            redis_client.xadd(KEYS.tasks("default"), _start_task(workflow))  # type: ignore[arg-type]
+        restricted = redis.Redis.from_url(redis_url, username="no-exists", password="pw")
+        worker = NoopWorker(["default"], batch_size=10, **_options(restricted))
+        assert worker.listen(max_events=2, idle_timeout=2.0) == 2
+        assert worker.stats.ignored == 1
+        assert _answered(redis_client) == ["wf-live"]
+        restricted.close()
+    finally:
+        redis_client.execute_command("ACL", "DELUSER", "no-exists")
