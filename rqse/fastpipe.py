@@ -36,8 +36,10 @@ __all__ = [
     "execute",
     "execute_transaction",
     "internals_missing",
+    "round_trip",
     "session",
     "transaction",
+    "transaction_replies",
 ]
 
 Argument = bytes | str | int | float
@@ -160,6 +162,30 @@ def session(client: redis.Redis) -> Iterator[Send]:
         raise
     finally:
         pool.release(connection)
+
+
+def round_trip(connection: Any, commands: Sequence[Command]) -> list[Any]:
+    """``commands`` in one round trip on ``connection`` (a redis-py connection the caller
+    holds): their replies in order, error replies as values. A lost connection raises
+    ``redis.ConnectionError``; the caller then drops the connection."""
+    return _round_trip(connection, commands, check_health=False)
+
+
+def transaction_replies(replies: Sequence[Any]) -> list[Any]:
+    """The replies of the commands a ``MULTI, ..., EXEC`` sent as is ran, from the
+    replies to all of it; raises the first error (a refused or a failed command)."""
+    executed = replies[-1]
+    if isinstance(executed, BaseException):  # EXECABORT: say which command was refused
+        for reply in replies:
+            if isinstance(reply, BaseException):
+                raise reply
+        raise executed
+    if executed is None:
+        raise redis.WatchError("transaction aborted")
+    for reply in executed:
+        if isinstance(reply, BaseException):
+            raise reply
+    return list(executed)
 
 
 def _round_trip(connection: Any, commands: Sequence[Command], check_health: bool) -> list[Any]:
