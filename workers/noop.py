@@ -73,6 +73,7 @@ class NoopWorker(EventListener):
         self._end_task = end_task_template(self.keys.lifecycle, self.consumer)
         self._stopped = StoppedWorkflows(self.connection, self.keys, self.consumer)
         self.read_along = (self._stopped.along,)
+        self.flush_with_next_read = True  # one round trip per batch
         # The echo is this class's own: a subclass that computes its output or handles
         # tasks itself gets decoded events.
         cls = type(self)

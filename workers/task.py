@@ -312,6 +312,7 @@ class TaskListener(EventListener):
         self._attempt_state = load_script(self.connection, "attempt_state")
         self._stopped = StoppedWorkflows(self.connection, self.keys, self.consumer)
         self.read_along = (self._stopped.along,)
+        self.flush_with_next_read = True  # one round trip per batch
 
     def prepare_batch(
         self, stream: str, entries: Sequence[tuple[bytes, dict[bytes, bytes]]]
