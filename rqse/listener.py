@@ -197,6 +197,7 @@ class EventListener(Recovery, EventClient):
         self._current_stream: str | None = None
         self._next_claim = 0.0
         self._limit: int | None = None  # stats.handled at which listen() returns
+        self._read_count = batch_size  # the COUNT of the last read
         self._claim_cursors = {stream: "0-0" for stream in streams}
         self._new_offsets: dict[Any, Any] = {stream: ">" for stream in streams}
         self._names = {stream.encode(): stream for stream in streams}
@@ -276,11 +277,12 @@ class EventListener(Recovery, EventClient):
     #: The replies to ``read_along`` while the entries of a read are handled; None for
     #: entries claimed or recovered (nothing was sent along) and outside a batch.
     read_replies: list[Any] | None = None
-    #: Send the writes of a batch of new entries (its acknowledgements, what it emitted)
-    #: in the round trip of the next read, which then does not block, rather than in one
-    #: of their own: one round trip per batch instead of two, which is most of what a
-    #: batch of one costs. The writes stay one transaction, sent before anything else
-    #: the listener does next (a claim scan, discovering streams, returning).
+    #: Send the writes of a full batch of new entries (its acknowledgements, what it
+    #: emitted) in the round trip of the next read, which then does not block, rather
+    #: than in one of their own: one round trip per batch instead of two, which is most
+    #: of what a batch of one costs. The writes stay one transaction, sent before
+    #: anything else the listener does next (a claim scan, discovering streams,
+    #: returning). A batch that did not fill its read is written at once, as usual.
     flush_with_next_read: bool = False
 
     def process(self, event_id: str, event: dict[str, Any]) -> bool:
@@ -628,13 +630,14 @@ class EventListener(Recovery, EventClient):
 
     def _read_command(self, block_ms: int | None) -> tuple[Any, ...]:
         block = ("BLOCK", block_ms) if block_ms is not None else ()
+        self._read_count = self._room()
         return (
             "XREADGROUP",
             "GROUP",
             self._group,
             self._consumer,
             "COUNT",
-            self._room(),
+            self._read_count,
             *block,
             "STREAMS",
             *self._streams,
@@ -648,8 +651,15 @@ class EventListener(Recovery, EventClient):
             read = [(self._names[name], entries) for name, entries in raw_stream_items(reply)]
             read = [(stream, entries) for stream, entries in read if entries]
             for n, (stream, entries) in enumerate(read):
-                last = n == len(read) - 1
-                self._handle(stream, entries, None, defer=last and self.flush_with_next_read)
+                # Deferred only after a full read: more is likely waiting, and the next
+                # read, which will not block, brings it. After a partial one the stream
+                # is most likely drained: the writes go at once, and the read blocks.
+                defer = (
+                    self.flush_with_next_read
+                    and n == len(read) - 1
+                    and len(entries) >= self._read_count
+                )
+                self._handle(stream, entries, None, defer=defer)
         finally:
             self.read_replies = None
 

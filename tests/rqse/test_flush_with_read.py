@@ -98,3 +98,18 @@ def test_writes_refused_with_the_next_read_leave_both_batches_pending_uncounted(
     assert redis_client.xlen(dead_letter_key("jobs")) == 0
     assert sorted(int(f[b"n"]) for _, f in redis_client.xrange("out")) == [0, 1, 2, 3]
     assert redis_client.xpending("jobs", "g")["pending"] == 0
+
+
+def test_a_batch_short_of_its_read_is_written_at_once(
+    jobs: EventClient, redis_url: str, redis_client: redis.Redis, monkeypatch: Any
+) -> None:
+    trips: list[Any] = []
+    monkeypatch.setattr(listener_module, "round_trip", lambda *a: trips.append(a))
+    listener = Echo("jobs", "g", url=redis_url, batch_size=5)
+    jobs.append_many([message({"n": n}, kind="job") for n in range(3)])
+    assert listener.listen(idle_timeout=0.5) == 3  # reads of 5: the 3 jobs do not fill one
+    # The stream is most likely drained: a non-blocking read would find nothing, so the
+    # writes went alone and the next read was free to block.
+    assert trips == []
+    assert redis_client.xlen("out") == 3
+    assert redis_client.xpending("jobs", "g")["pending"] == 0
