@@ -32,9 +32,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import orjson
 import redis
 
-from lifecycle.events import end_task_template
+from lifecycle.events import START_TASK, end_task_template
 from lifecycle.keys import TASK_GROUP, Keys
 from rqse.events import decode_fields, raw_stream_items
 from rqse.fastpipe import Template, execute, execute_transaction
@@ -70,7 +71,7 @@ def _fill(client: redis.Redis, tasks: int) -> None:
     client.xgroup_create(KEYS.lifecycle, ENGINE_GROUP, id="0", mkstream=True)
     start = Template(
         "XADD", TASKS, "*",
-        b"kind", b'"start-task"', b"workflow", None, b"name", b'"A3"', b"index", b"3",
+        b"kind", orjson.dumps(START_TASK), b"workflow", None, b"name", b'"A3"', b"index", b"3",
         b"key", b'"3"', b"attempt", b"1", b"id", None, b"token", None,
         b"input", None, b"parameters", b"{}",
     )  # fmt: skip
