@@ -36,7 +36,8 @@ __all__ = [
     "execute",
     "execute_transaction",
     "internals_missing",
-    "round_trip",
+    "read",
+    "send",
     "session",
     "transaction",
     "transaction_replies",
@@ -164,11 +165,17 @@ def session(client: redis.Redis) -> Iterator[Send]:
         pool.release(connection)
 
 
-def round_trip(connection: Any, commands: Sequence[Command]) -> list[Any]:
-    """``commands`` in one round trip on ``connection`` (a redis-py connection the caller
-    holds): their replies in order, error replies as values. A lost connection raises
-    ``redis.ConnectionError``; the caller then drops the connection."""
-    return _round_trip(connection, commands, check_health=False)
+def send(connection: Any, commands: Sequence[Command]) -> None:
+    """Write ``commands`` on ``connection`` (a redis-py connection the caller holds) in
+    one ``sendall``; :func:`read` takes their replies, in as many steps as the caller
+    likes (a blocking command's reply after those before it, say)."""
+    _send(connection, commands, check_health=False)
+
+
+def read(connection: Any, count: int) -> list[Any]:
+    """The next ``count`` replies on ``connection``, error replies as values. A lost
+    connection raises ``redis.ConnectionError``; the caller then drops the connection."""
+    return _read(connection, count)
 
 
 def transaction_replies(replies: Sequence[Any]) -> list[Any]:
@@ -191,11 +198,19 @@ def transaction_replies(replies: Sequence[Any]) -> list[Any]:
 def _round_trip(connection: Any, commands: Sequence[Command], check_health: bool) -> list[Any]:
     if not commands:
         return []
+    _send(connection, commands, check_health)
+    return _read(connection, len(commands))
+
+
+def _send(connection: Any, commands: Sequence[Command], check_health: bool) -> None:
     pack: Callable[[tuple[Argument, ...]], bytes] = hiredis.pack_command  # type: ignore[assignment]
     connection.send_packed_command(
         [b"".join([c if type(c) is bytes else pack(tuple(c)) for c in commands])],
         check_health=check_health,
     )
+
+
+def _read(connection: Any, count: int) -> list[Any]:
     parser = getattr(connection, "_parser", None)
     reader = getattr(parser, "_reader", None)
     sock = getattr(connection, "_sock", None)
@@ -209,9 +224,9 @@ def _round_trip(connection: Any, commands: Sequence[Command], check_health: bool
         and isinstance(reader, hiredis.Reader)
         and sock
     ):
-        return _read_replies(reader, sock, len(commands), None if resp2 else parser)
+        return _read_replies(reader, sock, count, None if resp2 else parser)
     replies: list[Any] = []
-    for _ in commands:
+    for _ in range(count):
         try:
             replies.append(connection.read_response())
         except redis.ResponseError as error:

@@ -62,7 +62,7 @@ from rqse.connection import translate_errors
 from rqse.durability import server_warnings
 from rqse.errors import ConfigurationError, RedisCommandError
 from rqse.events import KIND, encode_event, raw_stream_items
-from rqse.fastpipe import Template, execute, round_trip, transaction_replies
+from rqse.fastpipe import Template, execute, read, send, transaction_replies
 from rqse.lease import Lease
 from rqse.outbox import Outbox
 from rqse.recovery import Recovery
@@ -197,7 +197,6 @@ class EventListener(Recovery, EventClient):
         self._current_stream: str | None = None
         self._next_claim = 0.0
         self._limit: int | None = None  # stats.handled at which listen() returns
-        self._read_count = batch_size  # the COUNT of the last read
         self._claim_cursors = {stream: "0-0" for stream in streams}
         self._new_offsets: dict[Any, Any] = {stream: ">" for stream in streams}
         self._names = {stream.encode(): stream for stream in streams}
@@ -277,12 +276,12 @@ class EventListener(Recovery, EventClient):
     #: The replies to ``read_along`` while the entries of a read are handled; None for
     #: entries claimed or recovered (nothing was sent along) and outside a batch.
     read_replies: list[Any] | None = None
-    #: Send the writes of a full batch of new entries (its acknowledgements, what it
-    #: emitted) in the round trip of the next read, which then does not block, rather
-    #: than in one of their own: one round trip per batch instead of two, which is most
-    #: of what a batch of one costs. The writes stay one transaction, sent before
-    #: anything else the listener does next (a claim scan, discovering streams,
-    #: returning). A batch that did not fill its read is written at once, as usual.
+    #: Send the writes of a batch of new entries (its acknowledgements, what it emitted)
+    #: in the round trip of the next read rather than in one of their own: one round
+    #: trip per batch instead of two, which is most of what a batch of one costs. The
+    #: writes stay one transaction and run at once (the read, behind them, may block);
+    #: when the listener does something else first (a claim scan, discovering streams,
+    #: returning), they go alone before it.
     flush_with_next_read: bool = False
 
     def process(self, event_id: str, event: dict[str, Any]) -> bool:
@@ -594,7 +593,7 @@ class EventListener(Recovery, EventClient):
 
     def _read_new(self, block_ms: int | None) -> None:
         if self._deferred is not None:
-            self._flush_and_read()
+            self._flush_and_read(block_ms)
             return
         reader = self._reader
         assert reader is not None
@@ -630,14 +629,13 @@ class EventListener(Recovery, EventClient):
 
     def _read_command(self, block_ms: int | None) -> tuple[Any, ...]:
         block = ("BLOCK", block_ms) if block_ms is not None else ()
-        self._read_count = self._room()
         return (
             "XREADGROUP",
             "GROUP",
             self._group,
             self._consumer,
             "COUNT",
-            self._read_count,
+            self._room(),
             *block,
             "STREAMS",
             *self._streams,
@@ -648,24 +646,18 @@ class EventListener(Recovery, EventClient):
         """Handle what one read of new entries brought (``along``: read_along's replies)."""
         self.read_replies = along
         try:
-            read = [(self._names[name], entries) for name, entries in raw_stream_items(reply)]
-            read = [(stream, entries) for stream, entries in read if entries]
-            for n, (stream, entries) in enumerate(read):
-                # Deferred only after a full read: more is likely waiting, and the next
-                # read, which will not block, brings it. After a partial one the stream
-                # is most likely drained: the writes go at once, and the read blocks.
-                defer = (
-                    self.flush_with_next_read
-                    and n == len(read) - 1
-                    and len(entries) >= self._read_count
-                )
-                self._handle(stream, entries, None, defer=defer)
+            got = [(self._names[name], entries) for name, entries in raw_stream_items(reply)]
+            got = [(stream, entries) for stream, entries in got if entries]
+            for n, (stream, entries) in enumerate(got):
+                last = n == len(got) - 1
+                self._handle(stream, entries, None, defer=last and self.flush_with_next_read)
         finally:
             self.read_replies = None
 
-    def _flush_and_read(self) -> None:
-        """The deferred batch's transaction, then a read that does not block (its writes'
-        replies must not wait behind it), in one round trip of the reader's connection."""
+    def _flush_and_read(self, block_ms: int | None) -> None:
+        """The deferred batch's transaction, then the read, in one round trip of the
+        reader's connection: the transaction's replies come at once, the read's may
+        wait (``block_ms``), cut short by stop() as any read."""
         assert self._deferred is not None
         stream, entries, counts = self._deferred
         self._deferred = None
@@ -673,20 +665,28 @@ class EventListener(Recovery, EventClient):
         self._outbox.clear()
         reader = self._reader
         assert reader is not None
+        if block_ms is not None and self._reader_id is None:
+            self._reader_id = int(reader.client_id())
         connection = reader.connection
         assert connection is not None
         along = self.read_along
+        transaction = [("MULTI",), *writes, ("EXEC",)] if writes else []
         try:
-            transaction = [("MULTI",), *writes, ("EXEC",)] if writes else []
-            replies = round_trip(connection, [*transaction, self._read_command(None), *along])
+            send(connection, [*transaction, self._read_command(block_ms), *along])
+            written = read(connection, len(transaction))
+            self._blocking = block_ms is not None
+            if self._stopping.is_set():
+                self._start_waking()
+            reply, *replies = read(connection, 1 + len(along))
         except BaseException:
             connection.disconnect()  # type: ignore[no-untyped-call]  # replies half read?
             self._lease.clear()
             raise
-        reply = replies[len(transaction)]
+        finally:
+            self._blocking = False
         try:
             if transaction:
-                transaction_replies(replies[: len(transaction)])
+                transaction_replies(written)
         except Exception as error:
             if is_weather(error):  # nothing was written: give every delivery back
                 self._weather_hit(stream, entries, (), counts)
@@ -699,7 +699,7 @@ class EventListener(Recovery, EventClient):
             self._lease.clear()
         if isinstance(reply, BaseException):
             raise reply
-        self._handle_read(reply, replies[len(transaction) + 1 :] if along else None)
+        self._handle_read(reply, replies if along else None)
 
     # -- waking and stopping -------------------------------------------------------
     def _wake(self) -> None:
