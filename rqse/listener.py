@@ -605,9 +605,9 @@ class EventListener(Recovery, EventClient):
         # way, so a CLIENT UNBLOCK from stop() finds it blocked; and the reply is taken
         # raw, without redis-py's per-entry post-processing (raw_stream_items does it in
         # one loop: a read is the listener's largest cost per entry after decoding).
-        read = self._read_command(block_ms)
+        command = self._read_command(block_ms)
         along = self.read_along
-        connection.send_packed_command(connection.pack_commands([read, *along]))  # type: ignore[no-untyped-call]
+        connection.send_packed_command(connection.pack_commands([command, *along]))  # type: ignore[no-untyped-call]
         self._blocking = block_ms is not None
         try:
             if self._stopping.is_set():
