@@ -1,11 +1,15 @@
 """Task workers alone: how fast do they answer start-tasks? (No lifecycle worker.)
 
-``python -m bench.noop_workers --tasks 50000`` starts a private Redis, writes
-that many start-task events to ``{flow}:tasks:default``, starts the worker
-processes and times until every end-task is on ``{flow}:lifecycle``. Three
-setups: ``python -m workers noop`` (batches of 200, one process, then two),
-and a ``workers.TaskListener`` through ``python -m workers run`` (one task per
-batch, ``--concurrency`` threads) to show what the contract's defaults cost.
+``python -m bench.noop_workers --tasks 50000`` starts a private Redis and the
+worker processes, waits until they listen, writes that many start-task events
+to ``{flow}:tasks:default`` and times until every end-task is on
+``{flow}:lifecycle``. Three setups: ``python -m workers noop`` (batches of 200,
+one process, then two), and a ``workers.TaskListener`` through ``python -m
+workers run`` (one task per batch, ``--concurrency`` threads) to show what the
+contract's defaults cost. Besides the wall time, per task: the workers' CPU
+(their start-up left out), the server's CPU (the writing of the start-tasks
+included) and the workers' Redis commands (INFO commandstats, without the
+start-tasks' XADDs and this script's polling).
 """
 
 from __future__ import annotations
@@ -17,10 +21,13 @@ import time
 from typing import Any
 
 import redis
+from hiredis import pack_command
 
+from bench.engine import _cpu_seconds, redis_cpu_seconds
 from lifecycle.events import START_TASK
 from lifecycle.keys import TASK_GROUP, Keys
 from rqse.events import encode_event
+from rqse.fastpipe import execute
 from rqse.server import RedisServer
 from workers import Task, TaskListener
 
@@ -36,11 +43,10 @@ class Echo(TaskListener):
         return task.input
 
 
-def _fill(client: redis.Redis, tasks: int) -> None:
+def _start_tasks(tasks: int) -> list[Any]:
+    """XADDs of ``tasks`` start-tasks, packed."""
     stream = KEYS.tasks("default")
-    client.delete(stream, KEYS.lifecycle)
-    client.xgroup_create(stream, TASK_GROUP, id="0", mkstream=True)
-    pipe = client.pipeline(transaction=False)
+    commands = []
     for n in range(tasks):
         event = {
             "kind": START_TASK,
@@ -50,18 +56,27 @@ def _fill(client: redis.Redis, tasks: int) -> None:
             "key": "1",
             "attempt": 1,
             "id": f"w{n}/1/1",
+            "token": f"{n:016x}",
             "input": {"n": n},
             "parameters": {},
         }
-        pipe.xadd(stream, encode_event(event))
-        if n % 5000 == 4999:
-            pipe.execute()
-    pipe.execute()
+        fields = [part for field in encode_event(event).items() for part in field]
+        commands.append(pack_command(("XADD", stream, "*", *fields)))
+    return commands
 
 
-def _time(url: str, client: redis.Redis, tasks: int, commands: list[list[str]]) -> float:
-    _fill(client, tasks)
-    started = time.perf_counter()
+def _listening(client: redis.Redis, consumers: int) -> bool:
+    """Whether ``consumers`` consumers of the task group have made their first read."""
+    stream = KEYS.tasks("default")
+    if not client.exists(stream):
+        return False
+    groups = [g for g in client.xinfo_groups(stream) if g["name"].decode() == TASK_GROUP]
+    return bool(groups) and int(groups[0]["consumers"]) >= consumers
+
+
+def _time(url: str, client: redis.Redis, tasks: int, commands: list[list[str]]) -> dict[str, Any]:
+    client.delete(KEYS.tasks("default"), KEYS.lifecycle)
+    fill = _start_tasks(tasks)
     procs = [
         subprocess.Popen(
             [sys.executable, "-m", "workers", *command, "--redis-url", url],
@@ -70,15 +85,40 @@ def _time(url: str, client: redis.Redis, tasks: int, commands: list[list[str]]) 
         )
         for command in commands
     ]
+    consumers = sum(
+        int(c[c.index("--concurrency") + 1]) if "--concurrency" in c else 1 for c in commands
+    )
     try:
+        deadline = time.monotonic() + 60
+        while not _listening(client, consumers) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.2)  # past their first read: idle, blocked on the stream
+        client.config_resetstat()
+        cpu = sum(_cpu_seconds(p.pid) for p in procs)
+        server = redis_cpu_seconds(client)
+        started = time.perf_counter()
+        for first in range(0, tasks, 2000):
+            execute(client, fill[first : first + 2000])
         while client.xlen(KEYS.lifecycle) < tasks:
             time.sleep(0.01)
-        return time.perf_counter() - started
+        seconds = time.perf_counter() - started
+        cpu = sum(_cpu_seconds(p.pid) for p in procs) - cpu
+        server = redis_cpu_seconds(client) - server
+        stats = client.info("commandstats")
     finally:
         for proc in procs:
             proc.terminate()
         for proc in procs:
             proc.wait()
+    ours = {"cmdstat_xlen", "cmdstat_info", "cmdstat_config|resetstat"}
+    calls = sum(v["calls"] for k, v in stats.items() if k not in ours) - tasks  # the fill's XADDs
+    return {
+        "tasks": tasks,
+        "seconds": seconds,
+        "cpu_us": cpu / tasks * 1e6,
+        "redis_us": server / tasks * 1e6,
+        "commands": calls / tasks,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -94,11 +134,16 @@ def main(argv: list[str] | None = None) -> int:
     }
     with RedisServer() as server:
         client = redis.Redis.from_url(server.url)
-        print(f"{args.tasks} start-tasks, private Redis, process start-up included")
+        print(f"{args.tasks} start-tasks, private Redis; per task: workers' CPU, Redis CPU,")
+        print("the workers' Redis commands")
         for name, commands in setups.items():
             tasks = args.tasks if "noop" in name else args.tasks // 5
-            seconds = _time(server.url, client, tasks, commands)
-            print(f"{name:52} {tasks:7d} tasks {seconds:6.2f} s {tasks / seconds:9.0f} tasks/s")
+            f = _time(server.url, client, tasks, commands)
+            print(
+                f"{name:50} {tasks:6d} tasks {f['seconds']:5.2f} s {tasks / f['seconds']:7.0f}/s"
+                f"  cpu {f['cpu_us']:5.1f} µs  redis {f['redis_us']:5.1f} µs"
+                f"  {f['commands']:.3f} commands"
+            )
     return 0
 
 

@@ -48,7 +48,12 @@ def _drain(client: redis.Redis, listener: Any, idle: float) -> int:
     if not queued:
         return 0
     before = listener.stats.handled
-    listener.listen(max_events=queued, idle_timeout=idle)
+    for _ in range(3):
+        # A listener's first call establishes (groups, checks) before it reads: on a busy
+        # machine that alone can outlast ``idle`` and end the call with nothing read.
+        listener.listen(max_events=queued, idle_timeout=idle)
+        if listener.stats.handled != before:
+            break
     return int(listener.stats.handled - before)
 
 
@@ -58,9 +63,12 @@ def run(
     server_path: str | None,
     allocator: str = "auto",
     idle: float = 0.05,
+    commands: dict[str, dict[str, list[int]]] | None = None,
 ) -> dict[str, dict[str, float]]:
     """``idle``: how long a phase waits for more input before it counts as drained
-    (longer under valgrind, where start-up alone takes longer than the default)."""
+    (longer under valgrind, where start-up alone takes longer than the default).
+    ``commands``, when given, gathers each phase's Redis commands: name -> [calls,
+    usec] (INFO commandstats; the INFO calls themselves included)."""
     text, _ = SHAPES[shape]
     graph = compile_text(text)
     cpu: dict[str, float] = defaultdict(float)
@@ -85,11 +93,18 @@ def run(
         settle_process()
 
         def phase(name: str, step: Any) -> int:
+            before = _commandstats(client) if commands is not None else {}
             s0, c0 = redis_cpu_seconds(client), time.process_time()
             handled = step()
             cpu[name] += time.process_time() - c0
             server_cpu[name] += redis_cpu_seconds(client) - s0
             events[name] += handled
+            if commands is not None:
+                for command, (calls, usec) in _commandstats(client).items():
+                    was = before.get(command, (0, 0))
+                    kept = commands[name].setdefault(command, [0, 0])
+                    kept[0] += calls - was[0]
+                    kept[1] += usec - was[1]
             return int(handled)
 
         while phase("lifecycle", lambda: _drain(client, lifecycle, idle)):
@@ -113,6 +128,13 @@ def run(
     }
 
 
+def _commandstats(client: redis.Redis) -> dict[str, tuple[int, int]]:
+    return {
+        name.removeprefix("cmdstat_"): (int(stats["calls"]), int(stats["usec"]))
+        for name, stats in client.info("commandstats").items()
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.phases", description=__doc__)
     parser.add_argument("--workflows", type=int, default=5000)
@@ -125,17 +147,36 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--repeat", type=int, default=1, help="runs; each figure is the smallest of them"
     )
+    parser.add_argument(
+        "--commands",
+        action="store_true",
+        help="also print each phase's Redis commands per event: calls and server µs "
+        "(INFO commandstats; of the last run)",
+    )
     args = parser.parse_args(argv)
     best: dict[str, dict[str, float]] = {}
+    commands: dict[str, dict[str, list[int]]] | None = None
     for _ in range(args.repeat):
+        commands = defaultdict(dict) if args.commands else None
         for name, figures in run(
-            args.workflows, args.shape, args.server, args.allocator, args.idle
+            args.workflows, args.shape, args.server, args.allocator, args.idle, commands
         ).items():
             kept = best.setdefault(name, figures)
             for key, value in figures.items():
                 kept[key] = min(kept[key], value)
     for name, figures in best.items():
         print(f"{name:<10} " + "  ".join(f"{k} {v}" for k, v in figures.items()))
+        if commands is not None:
+            handled = max(int(figures["events"]), 1)
+            ranked = sorted(commands[name].items(), key=lambda item: -item[1][1])
+            print(
+                f"{'':<10} per event: "
+                + ", ".join(
+                    f"{command} {calls / handled:.3f} calls {usec / handled:.2f} µs"
+                    for command, (calls, usec) in ranked
+                    if command != "info" and (calls / handled >= 0.001 or usec / handled >= 0.01)
+                )
+            )
     return 0
 
 

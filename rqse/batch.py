@@ -101,6 +101,9 @@ class BatchHandler:
     _current_stream: str | None
     # (stream, entry id) -> deliveries lost to Redis weather, not yet made up for
     _weathered: dict[tuple[str, bytes], int]
+    # The batch whose writes wait in the outbox for the next read: (stream, entries,
+    # delivery counts), or None.
+    _deferred: tuple[str, Sequence[Entry], dict[bytes, int] | None] | None = None
 
     def process(self, event_id: str, event: dict[str, Any]) -> bool:
         raise NotImplementedError
@@ -129,7 +132,8 @@ class BatchHandler:
         up for the whole batch in one round trip. The entry ids it returns are
         acknowledged without ``process()`` (counted as ignored). Raising leaves the
         whole batch pending: Redis weather is waited out as anywhere in the loop, any
-        other exception ends ``listen()``, as a hook's does."""
+        other exception ends ``listen()``, as a hook's does. For a read of new entries,
+        ``read_replies`` holds the replies to the listener's ``read_along`` commands."""
         return None
 
     def reject(self, event_id: str, reason: str) -> None:
@@ -141,10 +145,16 @@ class BatchHandler:
         self._rejected.add(event_id)
 
     def _handle(
-        self, stream: str, entries: Sequence[Entry], counts: dict[bytes, int] | None
+        self,
+        stream: str,
+        entries: Sequence[Entry],
+        counts: dict[bytes, int] | None,
+        defer: bool = False,
     ) -> None:
         """Handle ``entries`` of ``stream`` and flush; ``counts`` are delivery counts
-        (None: first delivery of every entry)."""
+        (None: first delivery of every entry). ``defer``: leave the writes in the outbox
+        (``_deferred``) for the listener to send with its next read, or alone before
+        anything else it does."""
         set_aside = self.prepare_batch(stream, entries) or None
         stats = self.stats
         stats.received += len(entries)
@@ -236,17 +246,33 @@ class BatchHandler:
         finally:
             self._in_batch = False
             self._current_stream = None
+        if defer and weather is None:
+            self._deferred = (stream, entries, counts)  # the lease holds them meanwhile
+            return
+        self._flush(stream, entries, counts)
+        if weather is not None:
+            self._weather_hit(stream, entries, acks, counts)
+            raise weather
+
+    def _flush(
+        self, stream: str, entries: Sequence[Entry], counts: dict[bytes, int] | None
+    ) -> None:
+        """Write the outbox of the batch ``entries`` in one transaction; Redis weather
+        gives their deliveries back (nothing was written)."""
         try:
             self._outbox.flush(self._redis, self._group)
         except Exception as e:
             if is_weather(e):
-                self._weather_hit(stream, entries, (), counts)  # nothing was written
+                self._weather_hit(stream, entries, (), counts)
             raise
         finally:
             self._lease.clear()
-        if weather is not None:
-            self._weather_hit(stream, entries, acks, counts)
-            raise weather
+
+    def _flush_deferred(self) -> None:
+        """Write the writes a batch left for the next read, now."""
+        deferred, self._deferred = self._deferred, None
+        if deferred is not None:
+            self._flush(*deferred)
 
     def _our_weather(self, stream: str, error: BaseException) -> bool:
         """Whether this listener's Redis refuses writes now (one probe, on the failure

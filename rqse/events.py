@@ -183,14 +183,15 @@ def decode_fields(
     (``oversize``), every value is JSON (``invalid-json``), and, unless
     ``kind_field`` is None, that field is present and a string (``invalid-kind``).
     """
+    values = b"".join(fields.values())  # one pass serves the size and the digits
     if max_bytes is not None:
-        size = sum(map(len, fields.values())) + sum(map(len, fields))
+        size = len(values) + sum(map(len, fields))
         if size > max_bytes:
             raise MalformedEntry(
                 "oversize", f"entry is {size} bytes (limit {max_bytes})", entry_id=entry_id
             )
     try:
-        if has_long_digits(b"".join(fields.values())):
+        if has_long_digits(values):
             raise _MayRound  # read per field below, integers exact
         known = _NAMES.get
         event = {known(name) or _field_name(name): _loads(raw) for name, raw in fields.items()}

@@ -36,8 +36,11 @@ __all__ = [
     "execute",
     "execute_transaction",
     "internals_missing",
+    "read",
+    "send",
     "session",
     "transaction",
+    "transaction_replies",
 ]
 
 Argument = bytes | str | int | float
@@ -54,10 +57,11 @@ class Template:
 
     ``fill(*values)`` costs one bytes format, about half of packing every
     argument anew (the engine's events repeat most of their fields: names,
-    kinds, the stream). Slot values are ``bytes``.
+    kinds, the stream). Slot values are ``bytes``, exactly one per slot (else
+    TypeError).
     """
 
-    __slots__ = ("arguments", "_format", "_slots")
+    __slots__ = ("arguments", "fill", "_slots")
 
     def __init__(self, *arguments: Argument | None) -> None:
         self.arguments = arguments
@@ -67,22 +71,25 @@ class Template:
                 parts.append(b"$%d\r\n%b\r\n")
             else:  # the packed constant, its % escaped for the format
                 parts.append(hiredis.pack_command((argument,))[4:].replace(b"%", b"%%"))
-        self._format = b"".join(parts)
         self._slots = arguments.count(SLOT)
-
-    def fill(self, *values: bytes) -> bytes:
-        """The packed command with ``values`` in its slots, in order."""
-        if len(values) != self._slots:
-            raise ValueError(f"{self._slots} slot values expected, got {len(values)}")
-        sized: list[Any] = []
-        for value in values:
-            sized += (len(value), value)
-        return self._format % tuple(sized)
+        #: ``fill(*values)``: the packed command with ``values`` in its slots, in order.
+        self.fill: Callable[..., bytes] = _filler(b"".join(parts), self._slots)
 
     def unpacked(self, *values: bytes) -> list[Argument]:
         """The arguments ``fill(*values)`` packs, as a list."""
         slots = iter(values)
         return [next(slots) if a is SLOT else a for a in self.arguments]
+
+
+def _filler(format_: bytes, slots: int) -> Callable[..., bytes]:
+    """``fill`` of a Template: a function of exactly ``slots`` arguments that formats
+    them with their lengths, written out for that count (a loop building the
+    arguments' tuple took as long as the format itself, on every event)."""
+    names = [f"v{n}" for n in range(slots)]
+    sized = "".join(f"len({name}), {name}, " for name in names)
+    scope: dict[str, Any] = {"format_": format_}
+    exec(f"def fill({', '.join(names)}):\n    return format_ % ({sized})\n", scope)
+    return scope["fill"]  # type: ignore[no-any-return]
 
 
 def internals_missing(client: redis.Redis) -> list[str]:
@@ -158,14 +165,52 @@ def session(client: redis.Redis) -> Iterator[Send]:
         pool.release(connection)
 
 
+def send(connection: Any, commands: Sequence[Command]) -> None:
+    """Write ``commands`` on ``connection`` (a redis-py connection the caller holds) in
+    one ``sendall``; :func:`read` takes their replies, in as many steps as the caller
+    likes (a blocking command's reply after those before it, say)."""
+    _send(connection, commands, check_health=False)
+
+
+def read(connection: Any, count: int) -> list[Any]:
+    """The next ``count`` replies on ``connection``, error replies as values. A lost
+    connection raises ``redis.ConnectionError``; the caller then drops the connection."""
+    return _read(connection, count)
+
+
+def transaction_replies(replies: Sequence[Any]) -> list[Any]:
+    """The replies of the commands a ``MULTI, ..., EXEC`` sent as is ran, from the
+    replies to all of it; raises the first error (a refused or a failed command)."""
+    executed = replies[-1]
+    if isinstance(executed, BaseException):  # EXECABORT: say which command was refused
+        for reply in replies:
+            if isinstance(reply, BaseException):
+                raise reply
+        raise executed
+    if executed is None:
+        raise redis.WatchError("transaction aborted")
+    for reply in executed:
+        if isinstance(reply, BaseException):
+            raise reply
+    return list(executed)
+
+
 def _round_trip(connection: Any, commands: Sequence[Command], check_health: bool) -> list[Any]:
     if not commands:
         return []
+    _send(connection, commands, check_health)
+    return _read(connection, len(commands))
+
+
+def _send(connection: Any, commands: Sequence[Command], check_health: bool) -> None:
     pack: Callable[[tuple[Argument, ...]], bytes] = hiredis.pack_command  # type: ignore[assignment]
     connection.send_packed_command(
         [b"".join([c if type(c) is bytes else pack(tuple(c)) for c in commands])],
         check_health=check_health,
     )
+
+
+def _read(connection: Any, count: int) -> list[Any]:
     parser = getattr(connection, "_parser", None)
     reader = getattr(parser, "_reader", None)
     sock = getattr(connection, "_sock", None)
@@ -179,9 +224,9 @@ def _round_trip(connection: Any, commands: Sequence[Command], check_health: bool
         and isinstance(reader, hiredis.Reader)
         and sock
     ):
-        return _read_replies(reader, sock, len(commands), None if resp2 else parser)
+        return _read_replies(reader, sock, count, None if resp2 else parser)
     replies: list[Any] = []
-    for _ in commands:
+    for _ in range(count):
         try:
             replies.append(connection.read_response())
         except redis.ResponseError as error:

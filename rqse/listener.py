@@ -62,12 +62,12 @@ from rqse.connection import translate_errors
 from rqse.durability import server_warnings
 from rqse.errors import ConfigurationError, RedisCommandError
 from rqse.events import KIND, encode_event, raw_stream_items
-from rqse.fastpipe import Template, execute
+from rqse.fastpipe import Template, execute, read, send, transaction_replies
 from rqse.lease import Lease
 from rqse.outbox import Outbox
 from rqse.recovery import Recovery
 from rqse.shutdown import SignalHandlers
-from rqse.weather import READONLY, Forecast, classify
+from rqse.weather import READONLY, Forecast, classify, is_weather
 
 __all__ = ["EventListener", "ListenerStats", "default_consumer_name"]
 
@@ -267,6 +267,22 @@ class EventListener(Recovery, EventClient):
     def listening(self) -> bool:
         """False once a stop was requested."""
         return not self._stopping.is_set()
+
+    #: Commands sent in the same round trip as each read of new entries, right after
+    #: it: Redis runs them as the read returns, so their replies (``read_replies``, in
+    #: order, an error reply as its exception) say how things stood when the entries
+    #: came, for ``prepare_batch`` to use at no round trip of its own.
+    read_along: Sequence[Sequence[Any]] = ()
+    #: The replies to ``read_along`` while the entries of a read are handled; None for
+    #: entries claimed or recovered (nothing was sent along) and outside a batch.
+    read_replies: list[Any] | None = None
+    #: Send the writes of a batch of new entries (its acknowledgements, what it emitted)
+    #: in the round trip of the next read rather than in one of their own: one round
+    #: trip per batch instead of two, which is most of what a batch of one costs. The
+    #: writes stay one transaction and run at once (the read, behind them, may block);
+    #: when the listener does something else first (a claim scan, discovering streams,
+    #: returning), they go alone before it.
+    flush_with_next_read: bool = False
 
     def process(self, event_id: str, event: dict[str, Any]) -> bool:
         """Handle one event: True = handled, False = not mine; raise to retry later."""
@@ -469,11 +485,16 @@ class EventListener(Recovery, EventClient):
                 if not self._established:
                     self._establish()
                 else:
+                    # Writes a batch left for the next read go first when another step
+                    # comes before that read.
                     if self._discover is not None and monotonic() >= self._next_discover:
+                        self._flush_deferred()
                         self._discover_streams()
                     if self._added:
+                        self._flush_deferred()
                         self._follow_new()
                     if monotonic() >= self._next_claim:
+                        self._flush_deferred()
                         self._claim()
                     else:
                         self._read_new(self._block_time(idle_timeout, last_entry))
@@ -488,7 +509,12 @@ class EventListener(Recovery, EventClient):
             if self.stats.received != received:
                 last_entry = now
             elif idle_timeout is not None and now - last_entry >= idle_timeout:
-                return
+                break
+        if self._deferred is not None:  # the last batch's writes, before returning
+            try:
+                self._flush_deferred()
+            except Exception as e:
+                self._on_error(e)  # left pending: read again by whoever listens next
 
     def _room(self) -> int:
         """Entries the next read may return: batch_size, or fewer under max_events."""
@@ -510,6 +536,7 @@ class EventListener(Recovery, EventClient):
 
     def _on_error(self, error: Exception) -> None:
         self._outbox.clear()
+        self._deferred = None
         self._lease.clear()
         self._established = False
         self._close_reader()
@@ -565,6 +592,9 @@ class EventListener(Recovery, EventClient):
                 raise
 
     def _read_new(self, block_ms: int | None) -> None:
+        if self._deferred is not None:
+            self._flush_and_read(block_ms)
+            return
         reader = self._reader
         assert reader is not None
         if block_ms is not None and self._reader_id is None:
@@ -575,8 +605,31 @@ class EventListener(Recovery, EventClient):
         # way, so a CLIENT UNBLOCK from stop() finds it blocked; and the reply is taken
         # raw, without redis-py's per-entry post-processing (raw_stream_items does it in
         # one loop: a read is the listener's largest cost per entry after decoding).
+        command = self._read_command(block_ms)
+        along = self.read_along
+        connection.send_packed_command(connection.pack_commands([command, *along]))  # type: ignore[no-untyped-call]
+        self._blocking = block_ms is not None
+        try:
+            if self._stopping.is_set():
+                self._start_waking()
+            reply = connection.read_response()
+            self._blocking = False
+            replies: list[Any] = []
+            for _ in along:
+                try:
+                    replies.append(connection.read_response())
+                except redis.ResponseError as error:  # the command's own answer
+                    replies.append(error)
+        except BaseException:
+            connection.disconnect()  # type: ignore[no-untyped-call]  # reply half read?
+            raise
+        finally:
+            self._blocking = False
+        self._handle_read(reply, replies if along else None)
+
+    def _read_command(self, block_ms: int | None) -> tuple[Any, ...]:
         block = ("BLOCK", block_ms) if block_ms is not None else ()
-        connection.send_command(  # type: ignore[no-untyped-call]
+        return (
             "XREADGROUP",
             "GROUP",
             self._group,
@@ -588,19 +641,65 @@ class EventListener(Recovery, EventClient):
             *self._streams,
             *[">"] * len(self._streams),
         )
-        self._blocking = block_ms is not None
+
+    def _handle_read(self, reply: Any, along: list[Any] | None) -> None:
+        """Handle what one read of new entries brought (``along``: read_along's replies)."""
+        self.read_replies = along
         try:
+            got = [(self._names[name], entries) for name, entries in raw_stream_items(reply)]
+            got = [(stream, entries) for stream, entries in got if entries]
+            for n, (stream, entries) in enumerate(got):
+                last = n == len(got) - 1
+                self._handle(stream, entries, None, defer=last and self.flush_with_next_read)
+        finally:
+            self.read_replies = None
+
+    def _flush_and_read(self, block_ms: int | None) -> None:
+        """The deferred batch's transaction, then the read, in one round trip of the
+        reader's connection: the transaction's replies come at once, the read's may
+        wait (``block_ms``), cut short by stop() as any read."""
+        assert self._deferred is not None
+        stream, entries, counts = self._deferred
+        self._deferred = None
+        writes = self._outbox.commands(self._group)
+        self._outbox.clear()
+        reader = self._reader
+        assert reader is not None
+        if block_ms is not None and self._reader_id is None:
+            self._reader_id = int(reader.client_id())
+        connection = reader.connection
+        assert connection is not None
+        along = self.read_along
+        transaction = [("MULTI",), *writes, ("EXEC",)] if writes else []
+        try:
+            send(connection, [*transaction, self._read_command(block_ms), *along])
+            written = read(connection, len(transaction))
+            self._blocking = block_ms is not None
             if self._stopping.is_set():
                 self._start_waking()
-            reply = connection.read_response()
+            reply, *replies = read(connection, 1 + len(along))
         except BaseException:
-            connection.disconnect()  # type: ignore[no-untyped-call]  # reply half read?
+            connection.disconnect()  # type: ignore[no-untyped-call]  # replies half read?
+            self._lease.clear()
             raise
         finally:
             self._blocking = False
-        for name, entries in raw_stream_items(reply):
-            if entries:
-                self._handle(self._names[name], entries, None)
+        try:
+            if transaction:
+                transaction_replies(written)
+        except Exception as error:
+            if is_weather(error):  # nothing was written: give every delivery back
+                self._weather_hit(stream, entries, (), counts)
+                if not isinstance(reply, BaseException):
+                    for name, new in raw_stream_items(reply):
+                        if new:
+                            self._weather_hit(self._names[name], new, (), None)
+            raise
+        finally:
+            self._lease.clear()
+        if isinstance(reply, BaseException):
+            raise reply
+        self._handle_read(reply, replies if along else None)
 
     # -- waking and stopping -------------------------------------------------------
     def _wake(self) -> None:

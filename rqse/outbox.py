@@ -54,28 +54,33 @@ class Outbox:
         self.adds.clear()
         self.deletes.clear()
 
-    def flush(self, client: redis.Redis, group: str) -> None:
-        """Write everything in one transaction, then forget it (also on failure).
+    def commands(self, group: str) -> list[Any]:
+        """What :meth:`flush` sends inside MULTI/EXEC, in order (nothing is cleared).
 
         Appends go first, so an event emitted while processing an entry is in
         its stream before that entry's acknowledgement is visible.
         """
+        commands: list[Any] = []
+        for add in self.adds:
+            if isinstance(add, bytes):
+                commands.append(add)
+                continue
+            stream, fields, options = add
+            command: list[Any] = ["XADD", stream, *_trim_arguments(options), "*"]
+            for name, value in fields.items():
+                command += (name, value)
+            commands.append(command)
+        for stream, ids in self.deletes:
+            commands.append(["XDEL", stream, *ids])
+        for stream, acks in self.acks.items():
+            if acks:
+                commands.append(["XACK", stream, group, *acks])
+        return commands
+
+    def flush(self, client: redis.Redis, group: str) -> None:
+        """Write everything in one transaction, then forget it (also on failure)."""
         try:
-            commands: list[Any] = []
-            for add in self.adds:
-                if isinstance(add, bytes):
-                    commands.append(add)
-                    continue
-                stream, fields, options = add
-                command: list[Any] = ["XADD", stream, *_trim_arguments(options), "*"]
-                for name, value in fields.items():
-                    command += (name, value)
-                commands.append(command)
-            for stream, ids in self.deletes:
-                commands.append(["XDEL", stream, *ids])
-            for stream, acks in self.acks.items():
-                if acks:
-                    commands.append(["XACK", stream, group, *acks])
+            commands = self.commands(group)
             if commands:
                 execute_transaction(client, commands)
         finally:

@@ -16,7 +16,7 @@ from typing import Any
 import orjson
 
 from flowlang.graph import Graph, NodeKind
-from lifecycle.events import START_TASK, end_task, end_task_template, is_start_task
+from lifecycle.events import START_TASK, end_task, end_task_template
 from lifecycle.keys import DEFAULT_KIND, TASK_GROUP, Keys
 from lifecycle.records import GRAPH
 from rqse import EventListener
@@ -39,7 +39,8 @@ def served_kinds(client: Any, keys: Keys, kinds: Iterable[str] | None = None) ->
     return sorted((known | {DEFAULT_KIND}) - BUILT_IN_KINDS)
 
 
-_RAW = "raw"  # the event's key for the entry's own fields, on the pass-through path
+_RAW = "raw"  # the event's key for the values copied, on the pass-through path
+_START_TASK_JSON = orjson.dumps(START_TASK)  # an entry's raw kind field, for a start-task
 _loads = orjson.loads
 
 
@@ -71,6 +72,8 @@ class NoopWorker(EventListener):
         super().__init__(streams, TASK_GROUP, [START_TASK], **options)
         self._end_task = end_task_template(self.keys.lifecycle, self.consumer)
         self._stopped = StoppedWorkflows(self.connection, self.keys, self.consumer)
+        self.read_along = (self._stopped.along,)
+        self.flush_with_next_read = True  # one round trip per batch
         # The echo is this class's own: a subclass that computes its output or handles
         # tasks itself gets decoded events.
         cls = type(self)
@@ -83,31 +86,39 @@ class NoopWorker(EventListener):
     def prepare_batch(
         self, stream: str, entries: Sequence[tuple[bytes, dict[bytes, bytes]]]
     ) -> set[bytes] | None:
-        """Start-tasks of attempts a workflow stopped are not answered (one HMGET)."""
-        return self._stopped(entries)
+        """Start-tasks of attempts a workflow stopped are not answered (one HMGET, when
+        any stop record exists)."""
+        return self._stopped(entries, self.read_replies[0] if self.read_replies else None)
 
     def decode_entry(self, fields: dict[bytes, bytes], event_id: str) -> dict[str, Any]:
-        if not self._passes_through or not is_start_task(fields.get(b"kind")):
+        if not self._passes_through or fields.get(b"kind") != _START_TASK_JSON:
             return self._decoded(fields, event_id)
         try:
             # What is copied is checked as the ordinary path would check it (each value
             # JSON on its own, of the engine's types); what is not copied is not decoded.
-            workflow = _loads(fields[b"workflow"])
-            key = _loads(fields[b"key"])
-            attempt = _loads(fields[b"attempt"])
-            token = _loads(fields[b"token"])
-            _loads(fields.get(b"input", b"null"))
+            copied = (
+                fields[b"workflow"],
+                fields[b"key"],
+                fields[b"attempt"],
+                fields[b"token"],
+                fields.get(b"input", b"null"),
+            )
+            workflow, key, attempt, token, output = copied
+            if not (
+                type(_loads(workflow)) is str
+                and type(_loads(key)) is str
+                and type(_loads(attempt)) is int
+                and type(_loads(token)) is str
+                and sum(map(len, fields.values())) + sum(map(len, fields)) <= self._max_entry_bytes
+            ):
+                return self._decoded(fields, event_id)
+            if output == b"null":
+                copied = (workflow, key, attempt, token, b"{}")  # as end_task(): {} for none
+            else:
+                _loads(output)
         except (KeyError, orjson.JSONDecodeError):
             return self._decoded(fields, event_id)
-        if not (
-            isinstance(workflow, str)
-            and isinstance(key, str)
-            and type(attempt) is int
-            and isinstance(token, str)
-            and sum(map(len, fields.values())) + sum(map(len, fields)) <= self._max_entry_bytes
-        ):
-            return self._decoded(fields, event_id)
-        return {"kind": START_TASK, _RAW: fields}
+        return {"kind": START_TASK, _RAW: copied}
 
     def _decoded(self, fields: dict[bytes, bytes], event_id: str) -> dict[str, Any]:
         """The ordinary path; a start-task that names no workflow goes to the dead
@@ -123,20 +134,12 @@ class NoopWorker(EventListener):
         return event.get("input")
 
     def process(self, event_id: str, event: dict[str, Any]) -> bool:
-        fields = event.get(_RAW)
-        if fields is None:
+        copied = event.get(_RAW)
+        if copied is None:
             answer = end_task(event, self.output(event), worker=self.consumer)
             self.emit(answer, self.keys.lifecycle)
             return True
-        output = fields.get(b"input", b"{}")
-        self.emit_filled(
-            self._end_task,
-            fields[b"workflow"],
-            fields[b"key"],
-            fields[b"attempt"],
-            fields[b"token"],
-            b"{}" if output == b"null" else output,  # as end_task(): {} for none
-        )
+        self.emit_filled(self._end_task, *copied)
         return True
 
 

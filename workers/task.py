@@ -40,6 +40,7 @@ from lifecycle.events import START_TASK, end_task, is_start_task
 from lifecycle.keys import TASK_GROUP, Keys
 from rqse import EventListener
 from rqse.events import encode_event
+from rqse.fastpipe import execute
 from workers.errors import BadTask
 from workers.scripts import load_script
 
@@ -169,6 +170,11 @@ class StoppedWorkflows:
     running and without an answer, one INFO line each. A restart's next attempts are
     past the stopped ones: they run.
 
+    The HMGET only when the hash exists: :attr:`along` (``EXISTS``) goes with each read
+    of new entries (the listener's ``read_along``), and its reply, passed as
+    ``exists``, says whether there is any stop record to look up (most of the time,
+    none: no round trip then).
+
     The check saves work, it does not make anything correct (the lifecycle refuses
     late answers anyway): when Redis refuses it, the batch runs as it would without.
     A user not allowed HMGET on the hash is said once, then never asked again.
@@ -179,26 +185,42 @@ class StoppedWorkflows:
         self._key = keys.stopped
         self._consumer = consumer
         self._checking = True
+        #: For the listener's ``read_along``: whether any stop record exists.
+        self.along = ("EXISTS", self._key)
 
-    def __call__(self, entries: Sequence[tuple[bytes, Mapping[bytes, bytes]]]) -> set[bytes] | None:
-        """The ids of ``entries`` (raw, as read) not to run; None when there are none."""
-        if not self._checking:
+    def __call__(
+        self, entries: Sequence[tuple[bytes, Mapping[bytes, bytes]]], exists: Any = None
+    ) -> set[bytes] | None:
+        """The ids of ``entries`` (raw, as read) not to run; None when there are none.
+        ``exists``: the reply to :attr:`along` sent with the read of ``entries`` (0: no
+        stop record, nothing to look up), None when it was not sent."""
+        if not self._checking or exists == 0:
             return None
-        starts: list[tuple[bytes, str, Mapping[bytes, bytes]]] = []
+        starts: list[tuple[bytes, bytes, Mapping[bytes, bytes]]] = []
         for entry_id, fields in entries:
             if not fields or not is_start_task(fields.get(b"kind")):
                 continue
+            raw = fields.get(b"workflow") or b"null"
+            name = raw[1:-1]
+            if raw[:1] == b'"' and raw[-1:] == b'"' and b'"' not in name and b"\\" not in name:
+                # A JSON string without escapes is its UTF-8 between the quotes (should
+                # it not be JSON after all, _stopped() says so: the decoding path
+                # dead-letters it).
+                starts.append((entry_id, name, fields))
+                continue
             try:
-                workflow = _loads(fields.get(b"workflow") or b"null")
+                workflow = _loads(raw)
             except orjson.JSONDecodeError:
                 continue  # the decoding path dead-letters it
             if isinstance(workflow, str):
-                starts.append((entry_id, workflow, fields))
+                starts.append((entry_id, workflow.encode(), fields))
         if not starts:
             return None
         workflows = list(dict.fromkeys(workflow for _, workflow, _ in starts))
         try:
-            records: list[bytes | None] = self._client.hmget(self._key, workflows)  # type: ignore[assignment]
+            (records,) = execute(self._client, [("HMGET", self._key, *workflows)])
+            if isinstance(records, BaseException):
+                raise records
         except redis.exceptions.NoPermissionError as error:
             self._checking = False
             log.warning(
@@ -221,20 +243,27 @@ class StoppedWorkflows:
         skipped = set()
         for entry_id, workflow, fields in starts:
             record = stops.get(workflow)
-            if record is not None and _stopped(record, fields):
-                log.info("task %s not started: workflow %s stopped it", _task_id(fields), workflow)
+            if record is not None and _stopped(record, workflow, fields):
+                log.info(
+                    "task %s not started: workflow %s stopped it",
+                    _task_id(fields),
+                    workflow.decode(errors="replace"),
+                )
                 skipped.add(entry_id)
         return skipped
 
 
-def _stopped(record: bytes, fields: Mapping[bytes, bytes]) -> bool:
-    """Whether a stop record (``{key: attempt}``, ``{}`` = all) covers this start-task."""
+def _stopped(record: bytes, workflow: bytes, fields: Mapping[bytes, bytes]) -> bool:
+    """Whether a stop record (``{key: attempt}``, ``{}`` = all) of ``workflow`` covers this
+    start-task (which must name it in proper JSON)."""
     try:
+        if _loads(fields.get(b"workflow") or b"null") != workflow.decode():
+            return False
         stopped = _loads(record)
         if not stopped:
             return True
         key, attempt = _loads(fields.get(b"key") or b"null"), _loads(fields.get(b"attempt") or b"0")
-    except orjson.JSONDecodeError:
+    except (orjson.JSONDecodeError, UnicodeDecodeError):
         return False  # not ours to judge: it runs, the lifecycle decides on its answer
     last = stopped.get(key) if isinstance(stopped, dict) else None
     return isinstance(last, int) and isinstance(attempt, int) and attempt <= last
@@ -282,12 +311,14 @@ class TaskListener(EventListener):
         super().__init__(self.keys.tasks(kind), TASK_GROUP, [START_TASK], **options)
         self._attempt_state = load_script(self.connection, "attempt_state")
         self._stopped = StoppedWorkflows(self.connection, self.keys, self.consumer)
+        self.read_along = (self._stopped.along,)
+        self.flush_with_next_read = True  # one round trip per batch
 
     def prepare_batch(
         self, stream: str, entries: Sequence[tuple[bytes, dict[bytes, bytes]]]
     ) -> set[bytes] | None:
         """Start-tasks of workflows that have ended are not run (:class:`StoppedWorkflows`)."""
-        return self._stopped(entries)
+        return self._stopped(entries, self.read_replies[0] if self.read_replies else None)
 
     def run(self, task: Task) -> Any:
         """Do the task; return its output (None means ``{}``). Raise to fail it."""

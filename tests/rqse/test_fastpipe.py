@@ -2,10 +2,12 @@
 
 import time
 
+import hiredis
 import pytest
 import redis
 
 from rqse import fastpipe
+from rqse.fastpipe import SLOT, Template
 
 
 def test_replies_come_back_in_order_with_errors_in_place_and_the_connection_stays_usable(
@@ -131,3 +133,14 @@ def test_a_transaction_returns_none_when_its_watch_fired_and_raises_on_an_error(
         raise AssertionError("an error inside EXEC must raise")
     except redis.ResponseError as error:
         assert "not an integer" in str(error)
+
+
+@pytest.mark.parametrize("slots", [0, 1, 3, 6])
+def test_a_filled_template_packs_as_hiredis_packs_the_same_arguments(slots: int) -> None:
+    # Values that a format could mistake for its own: % signs, CRLF, empty, long.
+    values = [b"%d%b%%", b"a\r\nb", b"", b"x" * 70_000, b'{"n":1}', b"%"][:slots]
+    arguments = ["XADD", "s%s", "*", *[a for n in range(slots) for a in (f"f{n}", SLOT)]]
+    template = Template(*arguments)
+    assert template.fill(*values) == hiredis.pack_command(tuple(template.unpacked(*values)))
+    with pytest.raises(TypeError):
+        template.fill(*values, b"one too many")

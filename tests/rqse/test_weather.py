@@ -104,12 +104,13 @@ def ride_out(
     direct.close()
 
 
-@pytest.mark.parametrize("mode", ["emit", "append"])
+@pytest.mark.parametrize("mode", ["emit", "append", "emit with the next read"])
 def test_a_full_redis_loses_and_dead_letters_nothing_and_the_listener_resumes(
     server, run_listener, caplog, mode
 ):
     side = redis.Redis(port=server.port)
-    listener = relay(server.url, lambda: side.config_set("maxmemory", 1), mode)
+    listener = relay(server.url, lambda: side.config_set("maxmemory", 1), mode.split()[0])
+    listener.flush_with_next_read = mode.endswith("next read")
     ride_out(
         server,
         listener,

@@ -141,3 +141,64 @@ def test_a_restarts_next_attempt_runs_while_the_attempt_it_replaced_is_skipped(
     assert worker.listen(max_events=3, idle_timeout=2.0) == 3
     assert worker.stats.ignored == 1
     assert _answered(redis_client) == ["wf-again", "wf-again"]
+
+
+@pytest.mark.parametrize("batch_size", [1, 10])
+def test_without_any_stop_record_no_hmget_is_sent_and_no_round_trip_added(
+    batch_size: int, redis_client: redis.Redis
+) -> None:
+    for n in range(3):
+        redis_client.xadd(KEYS.tasks("default"), _start_task(f"wf-{n}"))  # type: ignore[arg-type]
+    worker = Recording(batch_size=batch_size, **_options(redis_client))
+    before = _calls(redis_client, "hmget"), _calls(redis_client, "exists")
+    assert worker.listen(max_events=3, idle_timeout=2.0) == 3
+    assert worker.ran == ["wf-0", "wf-1", "wf-2"]
+    assert _calls(redis_client, "hmget") == before[0]
+    # The EXISTS went with the reads (XREADGROUP ... then EXISTS, one round trip each).
+    reads = 3 // batch_size + (3 % batch_size > 0)
+    assert _calls(redis_client, "exists") - before[1] >= reads
+
+
+def test_a_stop_record_written_while_the_worker_reads_is_seen_at_its_next_read(
+    redis_client: redis.Redis,
+) -> None:
+    redis_client.xadd(KEYS.tasks("default"), _start_task("wf-live"))  # type: ignore[arg-type]
+    worker = Recording(batch_size=10, **_options(redis_client))
+    assert worker.listen(max_events=1, idle_timeout=2.0) == 1
+    redis_client.hset(KEYS.stopped, "wf-gone", "{}")
+    redis_client.xadd(KEYS.tasks("default"), _start_task("wf-gone"))  # type: ignore[arg-type]
+    assert worker.listen(max_events=1, idle_timeout=2.0) == 1
+    assert worker.ran == ["wf-live"] and worker.stats.ignored == 1
+
+
+def test_garbage_naming_a_stopped_workflow_is_dead_lettered_not_set_aside(
+    redis_client: redis.Redis,
+) -> None:
+    redis_client.hset(KEYS.stopped, "wf\x01", "{}")
+    garbage = {**_start_task("wf"), b"workflow": b'"wf\x01"'}  # a raw control character
+    redis_client.xadd(KEYS.tasks("default"), garbage)  # type: ignore[arg-type]
+    worker = NoopWorker(["default"], batch_size=10, **_options(redis_client))
+    assert worker.listen(max_events=1, idle_timeout=2.0) == 1
+    assert worker.stats.ignored == 0 and worker.stats.dead_lettered == 1
+    assert _answered(redis_client) == []
+
+
+def test_a_user_refused_exists_still_has_stopped_tasks_set_aside(
+    redis_client: redis.Redis, redis_url: str
+) -> None:
+    # A task-worker ACL written before the EXISTS went along with each read.
+    redis_client.execute_command(
+        "ACL", "SETUSER", "no-exists", "on", ">pw", "~*", "&*", "+@all", "-exists"
+    )
+    try:
+        redis_client.hset(KEYS.stopped, "wf-ended", "{}")
+        for workflow in ("wf-ended", "wf-live"):
+            redis_client.xadd(KEYS.tasks("default"), _start_task(workflow))  # type: ignore[arg-type]
+        restricted = redis.Redis.from_url(redis_url, username="no-exists", password="pw")
+        worker = NoopWorker(["default"], batch_size=10, **_options(restricted))
+        assert worker.listen(max_events=2, idle_timeout=2.0) == 2
+        assert worker.stats.ignored == 1
+        assert _answered(redis_client) == ["wf-live"]
+        restricted.close()
+    finally:
+        redis_client.execute_command("ACL", "DELUSER", "no-exists")
