@@ -27,7 +27,7 @@ from flowlang.machine import ChunkedState, Machine, Missing, State
 from flowlang.state import FANIN, WAITING, Entry
 from lifecycle import events as ev
 from lifecycle import records as rec
-from lifecycle.engine.commit import BatchResult, Commit, Pending, Said, shared_keys
+from lifecycle.engine.commit import BatchResult, Commit, Pending, Said, SharedWrites, shared_keys
 from lifecycle.engine.store import GraphCache
 from lifecycle.engine.transition import Transition
 from lifecycle.errors import BadEvent, LifecycleError
@@ -325,10 +325,14 @@ class Advancer:
             return []
         commands: list[tuple[Any, ...]] = []
         sizes = []  # commands per commit: which commit a failed command belongs to
+        shared = SharedWrites(self._shared)
         for commit in commits:
-            own = commit.commands()
+            own = commit.commands(shared)
             commands += own
             sizes.append(len(own))
+        # Then the index, counters and schedules of them all: one command each. A refusal
+        # of one of these is Redis's trouble, not a workflow's: the batch is retried.
+        commands += shared.commands()
         acks = [event_id for commit in commits for event_id in commit.acks]
         commands.append((*xack, *acks, *extra_acks))
         replies = fastpipe.transaction(send, commands, raise_errors=False)
@@ -342,7 +346,7 @@ class Advancer:
             if not isinstance(reply, BaseException):
                 continue
             if n >= len(owners) or not isinstance(reply, redis.ResponseError):
-                raise reply  # the acknowledgement itself
+                raise reply  # a shared write or the acknowledgement: Redis's trouble
             if not _workflow_error(reply):
                 raise reply  # Redis trouble: the batch is retried
             # EXEC does not roll back: the workflow's other writes stand, so it is failed

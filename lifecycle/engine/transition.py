@@ -160,6 +160,7 @@ class Transition:
         finished, a stop record its workers check: the attempts it stopped (their
         start-tasks still queued are skipped; a restart's next attempts are not)."""
         commit.end(now, status)
+        commit.reopened = False  # restarted, then ended again in this batch: scheduled anew
         if self.retain_ms:
             commit.expire_at = str(now + self.retain_ms)
         if status != rec.FINISHED:
