@@ -90,9 +90,11 @@ def _engine(fields: list[bytes]) -> bool:
 
 def _check(stream: str, entries: list[list[Any]], lines: list[tuple[bytes, Any]]) -> None:
     """The chain holds; after the checkpoint, one line per entry (none broken in two), each
-    reading back as the decoded entry, and an engine entry's the bytes orjson writes."""
+    reading back as the decoded entry, and an engine entry's the bytes orjson writes;
+    then the batch's seal."""
     assert not check_chain(lines)[0]
-    lines = lines[1:]
+    assert "adler32" in lines[-1][1]
+    lines = lines[1:-1]
     assert len(lines) == len(entries)
     for (entry_id, fields), (line, record) in zip(entries, lines, strict=True):
         assert record["stream"] == stream and record["id"] == entry_id.decode()
@@ -103,7 +105,7 @@ def _check(stream: str, entries: list[list[Any]], lines: list[tuple[bytes, Any]]
         assert record["event"] == event
         assert {name: raw_value(record, name) for name in record.get("raw", {})} == raw
         if _engine(fields):
-            head = {key: record[key] for key in ("seq", "prev", "stream", "id")}
+            head = {key: record[key] for key in ("seq", "stream", "id")}
             assert line == orjson.dumps({**head, "event": event})
 
 
@@ -250,7 +252,10 @@ def test_write_encoded_lines_equal_the_dict_records_lines_and_a_failed_batch_kee
     ).read_bytes()
     lines = list(read_archive(tmp_path / "fast"))
     assert not check_chain(lines)[0]
-    assert lines[-1][1]["prev"] == line_hash(lines[-2][0])
+    # The last seal's prev: the sha256 of the lines since the seal before it, that one
+    # included, joined by their newlines.
+    assert "adler32" in lines[-3][1] and "adler32" in lines[-1][1]
+    assert lines[-1][1]["prev"] == line_hash(lines[-3][0] + b"\n" + lines[-2][0])
     reopened = SegmentSink(tmp_path / "fast")
     assert reopened.last_ids() == {"s%": "2-0"} and reopened.has_graph("g")
     reopened.close()
@@ -272,7 +277,7 @@ def test_a_value_too_deep_for_a_line_is_kept_raw_and_no_entry_after_it_is_lost(
         for number, output in enumerate([b"1", deep, _nested(300), b"2", deep + b" "])
     ]
     lines = _archive("{flow}:lifecycle", entries, tmp_path)
-    outputs = [r["event"].get("output", raw_value(r, "output")) for _, r in lines[1:]]
+    outputs = [r["event"].get("output", raw_value(r, "output")) for _, r in lines[1:-1]]
     assert outputs == [1, deep, _nested(300), 2, deep + b" "]
     reopened = SegmentSink(tmp_path)
     assert reopened.last_ids() == {"{flow}:lifecycle": "1-4"}
@@ -342,10 +347,11 @@ def test_a_torn_last_line_is_dropped_on_opening_and_reported(
     sink.close()
     (segment,) = tmp_path.glob("segment-*")
     with open(segment, "ab") as file:
-        file.write(b'{"seq":2,"prev":"ab')  # a crash in the middle of a write
+        file.write(b'{"seq":3,"prev":"ab')  # a crash in the middle of a write
     with caplog.at_level("WARNING", logger="lifecycle.audit.segments"):
         reopened = SegmentSink(tmp_path)
     assert reopened.last_ids() == {"s": "1-0"}
     reopened.close()
-    assert "jsonl:3: dropping an incomplete final line (19 bytes" in caplog.text
-    assert [record.get("id") for _, record in read_archive(tmp_path)] == [None, "1-0"]
+    assert "jsonl:4: dropping an incomplete final line (19 bytes" in caplog.text
+    ids = [record.get("id") for _, record in read_archive(tmp_path)]
+    assert ids == [None, "1-0", None]  # checkpoint, entry, seal

@@ -81,7 +81,7 @@ def test_a_restart_keeps_a_corrupt_middle_line_and_archives_what_follows(
     assert segment.read_bytes().startswith(damaged)
     items = list(iter_archive(tmp_path))
     assert [(i.file, i.line) for i in items if isinstance(i, ArchiveProblem)] == [(segment.name, 3)]
-    assert [i.id for i in items if isinstance(i, ArchivedEvent)][-3:] == later
+    assert [i.id for i in items if isinstance(i, ArchivedEvent) and i.id][-3:] == later
 
 
 def _trim_setup(client: redis.Redis, tmp_path: Path) -> tuple[ReceiptsWorker, SegmentSink]:
