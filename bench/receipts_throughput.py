@@ -33,6 +33,7 @@ from bench.engine import SHAPES, redis_cpu_seconds, spawn, stop_processes
 from flowlang.compiler import compile_text
 from lifecycle.audit.receipts import ReceiptsWorker
 from lifecycle.audit.segments import SegmentSink
+from lifecycle.events import END_TASK, START_TASK
 from lifecycle.keys import LIFECYCLE_GROUP, RECEIPTS_GROUP, Keys
 from lifecycle.submit import start_workflows
 from rqse.fastpipe import SLOT, Command, Template, execute
@@ -47,13 +48,13 @@ def _templates() -> tuple[Template, Template]:
     events of the chain10 benchmark, their values as orjson writes them."""
     tasks = KEYS.tasks("default")
     start = Template(
-        "XADD", tasks, "*", "kind", b'"start-task"', "workflow", SLOT, "name", SLOT,
+        "XADD", tasks, "*", "kind", orjson.dumps(START_TASK), "workflow", SLOT, "name", SLOT,
         "index", SLOT, "key", SLOT, "attempt", b"1", "id", SLOT, "input", SLOT,
         "parameters", b"{}",
     )  # fmt: skip
     end = Template(
-        "XADD", KEYS.lifecycle, "*", "kind", b'"end-task"', "workflow", SLOT, "key", SLOT,
-        "attempt", b"1", "status", b'"SUCCESS"', "output", SLOT,
+        "XADD", KEYS.lifecycle, "*", "kind", orjson.dumps(END_TASK), "workflow", SLOT,
+        "key", SLOT, "attempt", b"1", "status", b'"SUCCESS"', "output", SLOT,
         "worker", b'"noop-host-1234-abcdef"',
     )  # fmt: skip
     return start, end

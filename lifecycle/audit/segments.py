@@ -14,8 +14,11 @@ Its rules, each for a reason:
 * **Evidence is never cut.** Opening drops only an incomplete final line (bytes
   after the last newline: a write torn by a crash). A complete line that does not
   parse, anywhere, is kept and reported once, ``FILE:LINE``; the chain runs on
-  through it (it takes one ``seq``, its bytes' hash is the next ``prev``), so
+  through it (it takes one ``seq``, the next seal's ``prev`` covers its bytes), so
   replay's chain check points at it.
+* **One seal per batch.** Each ``write`` ends with a seal record: the sha256 of
+  the lines since the last chained record and an Adler-32 per line
+  (:mod:`lifecycle.audit.archive`), written and fsync'd with the batch.
 * **Private files.** Segments and the lock are created 0600 and directories 0700,
   whatever the umask.
 * **A new segment appears whole.** It is written as ``.tmp`` (checkpoint line,
