@@ -301,35 +301,6 @@ def check_chunk(text: bytes, count: int) -> tuple[bool, bool]:
     return plain, True
 
 
-# Levels around a batch's values for one parse to tell their depth too: orjson reads
-# 1,024 levels, so a value parses within them only if it is at most 1,023 - 772 - 1 =
-# 251 deep, as deep as entry_record keeps a value (it must write three levels down).
-_WRAP = 772
-_WRAP_OPEN, _WRAP_CLOSE = b"[" * _WRAP, b"]" * _WRAP
-
-
-def check_batch(text: bytes, count: int) -> bool:
-    """:func:`check_chunk` for a whole batch when it says True twice, with one parse:
-    every one of the ``count`` values joined in ``text`` (:func:`joined_values`) is JSON
-    on its own, holds no line break, and nests at most 251 levels. The text is parsed
-    wrapped in ``_WRAP`` arrays, whose depth orjson's own limit then checks; each must
-    hold one element, else the values did not make one array. False says only that the
-    batch must be checked a chunk at a time."""
-    if not count:
-        return True
-    if 10 in text or 13 in text or text.count(b"null") != count - 1:
-        return False
-    try:
-        parsed = orjson.loads(_WRAP_OPEN + text + _WRAP_CLOSE)
-    except orjson.JSONDecodeError:
-        return False
-    for _ in range(_WRAP):
-        if len(parsed) != 1:
-            return False
-        parsed = parsed[0]
-    return len(parsed) == 2 * count - 1 and parsed[1::2].count(None) == count - 1
-
-
 def fits_a_line(record: bytes) -> bool:
     """A record copied from its values' bytes still makes one line the archive reads back:
     no line break or carriage return in it (JSON whitespace, yet they would end the

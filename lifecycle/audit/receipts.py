@@ -52,7 +52,6 @@ from lifecycle.audit.archive import (
     EntryShape,
     EntryShapes,
     Sink,
-    check_batch,
     check_chunk,
     each_json,
     entry_record,
@@ -79,7 +78,7 @@ _dumps = orjson.dumps
 RECEIPTS_GROUP_BYTES = RECEIPTS_GROUP.encode()
 DEFAULT_CONSUMER = "receipts"  # stable: finds what an older worker of this name left pending
 _pack: Callable[[tuple[str | int, ...]], bytes] = hiredis.pack_command  # type: ignore[assignment]
-_CHECKED_TOGETHER = 128  # entries one parse checks when the batch cannot be at once
+_CHECKED_TOGETHER = 128  # entries whose values one parse checks (all_plain)
 
 
 def _order(entry_id: bytes) -> int:
@@ -521,42 +520,23 @@ class ReceiptsWorker:
     ) -> None:
         """Add the entries' records to ``batch`` encoded from their own JSON values
         (``SegmentSink.write_encoded``), not decoded and encoded again. Their values are
-        checked all at once (:func:`check_batch`), else a chunk at a time
-        (:func:`check_chunk`): in a chunk that cannot be checked so (a value with null
-        in it) each entry's values are parsed on their own, and in one with many
-        brackets each record's brackets are counted (:func:`fits_a_line`)."""
+        checked a chunk at a time (:func:`all_plain`): in a chunk that cannot be checked
+        so (a value with null in it) each entry's values are parsed on their own, and in
+        one with many brackets each record's brackets are counted (:func:`fits_a_line`)."""
         shapes = self._shapes.get(stream) or self._shapes.setdefault(stream, EntryShapes(stream))
-        values_lists = [fields[1::2] if fields else None for _, fields in entries]
-        text, count = joined_values(values_lists)
-        if check_batch(text, count):
-            self._add_chunk(shapes, entries, values_lists, text, True, True, batch, graphs)
-            return
         for start in range(0, len(entries), _CHECKED_TOGETHER):
-            end = start + _CHECKED_TOGETHER
-            chunk_values = values_lists[start:end]
-            text, count = joined_values(chunk_values)
-            checked, shallow = check_chunk(text, count)
-            self._add_chunk(
-                shapes, entries[start:end], chunk_values, text, checked, shallow, batch, graphs
-            )
+            self._add_chunk(shapes, entries[start : start + _CHECKED_TOGETHER], batch, graphs)
 
     def _add_chunk(
-        self,
-        shapes: EntryShapes,
-        entries: list[Any],
-        values_lists: list[list[bytes] | None],
-        text: bytes,
-        checked: bool,
-        shallow: bool,
-        batch: list[Any],
-        graphs: set[str],
+        self, shapes: EntryShapes, entries: list[Any], batch: list[Any], graphs: set[str]
     ) -> None:
-        """The worker's hot loop, over entries whose values joined make ``text``
-        (``checked``: each is JSON on its own; ``shallow``: each fits a line's depth).
-        An entry that is not plain is decoded instead (:meth:`_add_decoded`): a name
-        not UTF-8 or repeated, a value that is not JSON on its own, a record that would
-        not make a line (:func:`fits_a_line`)."""
+        """The worker's hot loop. An entry that is not plain is decoded instead
+        (:meth:`_add_decoded`): a name not UTF-8 or repeated, a value that is not JSON
+        on its own, a record that would not make a line (:func:`fits_a_line`)."""
         stream = shapes.stream
+        values_lists = [fields[1::2] if fields else None for _, fields in entries]
+        text, count = joined_values(values_lists)
+        checked, shallow = check_chunk(text, count)
         # An integer past 64 bits is kept raw (entry_record): entries with 19 digits in
         # a row, rare (ids and ms times have 13), take the decoding path, which tells.
         long_digits = has_long_digits(text)

@@ -15,8 +15,8 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from lifecycle.audit.archive import all_plain as _all_plain
-from lifecycle.audit.archive import check_batch, check_chunk, line_hash, raw_value, read_archive
 from lifecycle.audit.archive import joined_values as _joined
+from lifecycle.audit.archive import line_hash, raw_value, read_archive
 from lifecycle.audit.receipts import ReceiptsWorker
 from lifecycle.audit.segments import SegmentSink
 from lifecycle.audit.verify import check_chain
@@ -203,29 +203,6 @@ def test_values_not_checked_at_once_when_they_hold_null_a_line_break_or_are_not_
     values_: list[bytes],
 ) -> None:
     assert not _all_plain(*_joined(_lists_of(values_)))
-
-
-@settings(max_examples=10 * EXAMPLES, deadline=None)
-@given(st.lists(fragments | canonical, max_size=6))
-@example([b"1,null,[2", b"3]", b"4"])
-@example([b"1],[2", b"3"])  # joined: [1],[2,null,3]: two arrays, not one
-@example([b'"a', b'b"'])
-def test_a_batch_checked_at_once_only_when_each_value_is_json_on_its_own(
-    values_: list[bytes],
-) -> None:
-    joined = _joined(_lists_of(values_))
-    if check_batch(*joined):
-        assert _each_plain(values_)
-        assert check_chunk(*joined) == (True, True)
-
-
-@pytest.mark.parametrize(("depth", "at_once"), [(1, True), (251, True), (252, False)])
-def test_a_batch_is_checked_at_once_only_with_values_at_most_251_levels_deep(
-    depth: int, at_once: bool
-) -> None:
-    # 251 levels is as deep as a decoded value may be and still be written in a line.
-    for nested in (_nested(depth), b'{"a":' * (depth - 1) + b"{}" + b"}" * (depth - 1)):
-        assert check_batch(*_joined([[b'"end-task"', nested], [b"1", b"{}"]])) is at_once
 
 
 def test_write_encoded_lines_equal_the_dict_records_lines_and_a_failed_batch_keeps_the_chain(
