@@ -250,15 +250,22 @@ _MAX_SHAPES = 1024  # field-name tuples remembered per stream (engine events hav
 _consume: Callable[[Iterator[Any]], None] = deque(maxlen=0).extend  # runs it, keeps nothing
 
 
-def joined_values(values_lists: list[list[bytes] | None]) -> tuple[bytes, int]:
+# Literals that can separate values (all_plain): each has one spelling (no escape, no
+# number form); a value holding one is checked with the next.
+_SEPARATORS: dict[bytes, Any] = {b"null": None, b"false": False, b"true": True}
+
+
+def joined_values(
+    values_lists: list[list[bytes] | None], separator: bytes = b"null"
+) -> tuple[bytes, int]:
     """The values of these lists (an entry's values each, None for a deleted entry)
-    as one array with a ``null`` between each two, ``[v0,null,v1,null,v2]``, and how
-    many they are (:func:`all_plain`)."""
+    as one array with ``separator`` between each two, ``[v0,null,v1,null,v2]``, and
+    how many they are (:func:`all_plain`)."""
     values = list(chain.from_iterable(filter(None, values_lists)))
-    return b"[" + b",null,".join(values) + b"]", len(values)
+    return b"[" + (b",%b," % separator).join(values) + b"]", len(values)
 
 
-def all_plain(text: bytes, count: int) -> bool:
+def all_plain(text: bytes, count: int, separator: bytes = b"null") -> bool:
     """True if each of the ``count`` values joined in ``text`` (:func:`joined_values`) is
     JSON on its own and holds no line break or carriage return, told by one parse of
     them all instead of one per value (the calls cost more than the parsing); False if
@@ -270,28 +277,55 @@ def all_plain(text: bytes, count: int) -> bool:
     one, at the top level, and so are the commas around it. Between two such commas (or
     a bracket and a comma) the array holds one element, made of one value's bytes
     alone, tokenised as they are on their own (no token runs past those commas): each
-    value is one JSON value on its own.
+    value is one JSON value on its own. The same holds for ``false`` and ``true`` as
+    separators, their odd elements then booleans (not 0 or 1, which equal them).
 
-    Values each JSON on their own always join into such a text, unless one holds
-    ``null`` or is nested to orjson's depth limit (the array adds a level).
+    Values each JSON on their own always join into such a text, unless they hold every
+    separator (:func:`check_values` tries each) or one is nested to orjson's depth
+    limit (the array adds a level).
     """
-    return check_chunk(text, count)[0]
+    return check_chunk(text, count, separator)[0]
 
 
-def check_chunk(text: bytes, count: int) -> tuple[bool, bool]:
+def check_values(values_lists: list[list[bytes] | None]) -> tuple[bool, bool, bytes]:
+    """:func:`check_chunk` of the values joined by the first separator they do not
+    hold (``null``, else ``false``, else ``true``), and the text joined."""
+    values = list(chain.from_iterable(filter(None, values_lists)))
+    count = len(values)
+    if not count:
+        return True, True, b"[]"
+    text = b"[]"
+    for separator in _SEPARATORS:
+        text = b"[" + (b",%b," % separator).join(values) + b"]"
+        if text.count(separator) == count - 1:
+            return (*_check_separated(text, count, separator), text)
+    return False, False, text
+
+
+def check_chunk(text: bytes, count: int, separator: bytes = b"null") -> tuple[bool, bool]:
     """:func:`all_plain`, and whether every value, copied as written, stays within the
     depth orjson writes two levels down (a record in a line): the brackets of the whole
     chunk bound it, else one write of the parsed chunk, wrapped once more, tells. One
     parse for both."""
     if not count:
         return True, True
-    if 10 in text or 13 in text or text.count(b"null") != count - 1:
+    if text.count(separator) != count - 1:
+        return False, False
+    return _check_separated(text, count, separator)
+
+
+def _check_separated(text: bytes, count: int, separator: bytes) -> tuple[bool, bool]:
+    """:func:`check_chunk` once ``separator`` is known to occur only between values."""
+    if 10 in text or 13 in text:
         return False, False
     try:
         parsed = orjson.loads(text)
     except orjson.JSONDecodeError:
         return False, False
-    plain = len(parsed) == 2 * count - 1 and parsed[1::2].count(None) == count - 1
+    between = parsed[1::2]
+    plain = len(parsed) == 2 * count - 1 and between.count(_SEPARATORS[separator]) == count - 1
+    if plain and separator != b"null":  # False == 0 and True == 1: only booleans count
+        plain = set(map(type, between)) <= {bool}
     if not plain or text.count(b"[") + text.count(b"{") <= MAX_BRACKETS:
         return plain, plain
     try:

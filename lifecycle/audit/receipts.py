@@ -52,12 +52,11 @@ from lifecycle.audit.archive import (
     EntryShape,
     EntryShapes,
     Sink,
-    check_chunk,
+    check_values,
     each_json,
     entry_record,
     fits_a_line,
     id_order,
-    joined_values,
     raw_record,
 )
 from lifecycle.events import START_WORKFLOW
@@ -520,9 +519,10 @@ class ReceiptsWorker:
     ) -> None:
         """Add the entries' records to ``batch`` encoded from their own JSON values
         (``SegmentSink.write_encoded``), not decoded and encoded again. Their values are
-        checked a chunk at a time (:func:`all_plain`): in a chunk that cannot be checked
-        so (a value with null in it) each entry's values are parsed on their own, and in
-        one with many brackets each record's brackets are counted (:func:`fits_a_line`)."""
+        checked a chunk at a time (:func:`check_values`): in a chunk that cannot be
+        checked so (its values hold null, false and true, or one is not JSON) each
+        entry's values are parsed on their own, and in one with many brackets each
+        record's brackets are counted (:func:`fits_a_line`)."""
         shapes = self._shapes.get(stream) or self._shapes.setdefault(stream, EntryShapes(stream))
         for start in range(0, len(entries), _CHECKED_TOGETHER):
             self._add_chunk(shapes, entries[start : start + _CHECKED_TOGETHER], batch, graphs)
@@ -535,8 +535,7 @@ class ReceiptsWorker:
         on its own, a record that would not make a line (:func:`fits_a_line`)."""
         stream = shapes.stream
         values_lists = [fields[1::2] if fields else None for _, fields in entries]
-        text, count = joined_values(values_lists)
-        checked, shallow = check_chunk(text, count)
+        checked, shallow, text = check_values(values_lists)
         # An integer past 64 bits is kept raw (entry_record): entries with 19 digits in
         # a row, rare (ids and ms times have 13), take the decoding path, which tells.
         long_digits = has_long_digits(text)

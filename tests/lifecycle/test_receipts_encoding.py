@@ -15,8 +15,8 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from lifecycle.audit.archive import all_plain as _all_plain
+from lifecycle.audit.archive import check_values, line_hash, raw_value, read_archive
 from lifecycle.audit.archive import joined_values as _joined
-from lifecycle.audit.archive import line_hash, raw_value, read_archive
 from lifecycle.audit.receipts import ReceiptsWorker
 from lifecycle.audit.segments import SegmentSink
 from lifecycle.audit.verify import check_chain
@@ -42,7 +42,8 @@ canonical = json_values.map(orjson.dumps)  # as the engine writes its values
 # JSON tokens and pieces of them: joined at random they make values that are JSON on
 # their own, values that are not, and values that are only JSON once joined to others.
 tokens = st.sampled_from(
-    [b"1", b"-0", b"2.5e3", b"null", b"true", b'"a"', b'"nu', b'll"', b'"\\u006eull"']
+    [b"1", b"-0", b"0", b"2.5e3", b"null", b"true", b"false", b'"a"', b'"nu', b'll"']
+    + [b'"\\u006eull"']
     + [b",", b":", b"[", b"]", b"{", b"}", b'"', b"\\", b" ", b"\t", b"\n", b"\r", b"\xff"]
 )
 fragments = st.lists(tokens, max_size=6).map(b"".join)
@@ -178,9 +179,26 @@ def _each_plain(values_: list[bytes]) -> bool:
 @example([b"[1", b"2]"])
 @example([b'"a', b'b"'])
 @example([b'"\\u006eull"', b"1"])  # "null" spelt with an escape: a string, not a separator
+@example([b"1,0,[2", b"3]", b"null"])  # with false between: [1,0,[2,false,3],false,null]
 def test_values_checked_at_once_only_when_each_is_json_on_its_own(values_: list[bytes]) -> None:
-    if _all_plain(*_joined(_lists_of(values_))):
+    for separator in (b"null", b"false", b"true"):
+        if _all_plain(*_joined(_lists_of(values_), separator), separator):
+            assert _each_plain(values_)
+    checked, _, _ = check_values(_lists_of(values_))
+    if checked:
         assert _each_plain(values_)
+
+
+@pytest.mark.parametrize(("separator", "number"), [(b"false", b"0"), (b"true", b"1.0")])
+def test_a_number_equal_to_a_boolean_separator_does_not_pass_for_one(
+    separator: bytes, number: bytes
+) -> None:
+    # Joined: [1,0,[2,false,3],false,4], parsed [1, 0, [2, False, 3], False, 4]: five
+    # elements, and 0 == False, yet "1,0,[2" is no JSON value on its own.
+    values_ = [b"1," + number + b",[2", b"3]", b"4"]
+    text, count = _joined(_lists_of(values_), separator)
+    assert text.count(separator) == count - 1
+    assert not _all_plain(text, count, separator)
 
 
 @pytest.mark.parametrize(
@@ -203,6 +221,13 @@ def test_values_not_checked_at_once_when_they_hold_null_a_line_break_or_are_not_
     values_: list[bytes],
 ) -> None:
     assert not _all_plain(*_joined(_lists_of(values_)))
+
+
+def test_values_holding_null_are_checked_at_once_with_false_or_true_between_them() -> None:
+    assert check_values(_lists_of([b'{"x":null}', b"1"]))[:2] == (True, True)
+    assert check_values(_lists_of([b"[null,false]", b"1"]))[:2] == (True, True)
+    assert check_values(_lists_of([b"[null,false,true]", b"1"]))[:2] == (False, False)
+    assert check_values(_lists_of([b'{"x":null}', b"1,2"]))[:2] == (False, False)
 
 
 def test_write_encoded_lines_equal_the_dict_records_lines_and_a_failed_batch_keeps_the_chain(
