@@ -1,14 +1,23 @@
 """The receipts archive's format: one line per record, chained by sha256 (docs/audit.md).
 
 One record per line. Every record carries ``seq`` (0, 1, 2, ... over the whole
-archive) and ``prev``, the sha256 of the previous record's line, so altering,
-dropping or reordering a record breaks the chain where it happened. Kinds of
-record:
+archive). A *chained* record also carries ``prev``: the sha256 of the archive's
+bytes from the start of the previous chained record to the end of the line before
+this one (its newline excluded; :data:`GENESIS` for the first). Entries and graphs
+are not chained one by one (a hash per line was a fifth of the worker's time): the
+seal after each batch covers them, so altering, dropping or reordering a record
+breaks the chain at the next seal, and the seal's Adler-32 per line tells which
+line changed. An archive chaining every line (as written before seals) reads and
+verifies by the same rule. Kinds of record:
 
 ``{"seq", "prev", "checkpoint": {"streams": {stream: last id}, "graphs": [hash]}}``
-    first line of every segment: where the archive stood, so a restart reads
-    one segment, not the whole archive;
-``{"seq", "prev", "stream", "id", "event"[, "raw"]}``
+    first line of every segment (chained): where the archive stood, so a restart
+    reads one segment, not the whole archive;
+``{"seq", "prev", "adler32": [checksum, ...]}``
+    a seal, after each batch written (chained): ``adler32`` holds one Adler-32
+    per line of the batch, the last one just before the seal; they only locate a
+    change the seal's sha256 found (anyone can recompute them);
+``{"seq", "stream", "id", "event"[, "raw"]}``
     one stream entry, its fields decoded. A value that does not decode within
     :data:`VALUE_LIMITS` (not JSON, not UTF-8, nested deeper than 256 levels,
     larger than 8 MiB, an integer past 64 bits, a lone surrogate) is not in
@@ -16,7 +25,7 @@ record:
     exact, so nothing is lost and the worker goes on. A field name that is not
     UTF-8 is in ``raw`` too, its bad bytes written as ``\\xNN`` escapes.
     ``"gone": true`` and no event when the entry was deleted before it was read;
-``{"seq", "prev", "graph", "text"}``
+``{"seq", "graph", "text"}``
     a compiled graph's canonical JSON, archived before its first start-workflow.
 
 :func:`entry_record` encodes one entry (the worker's fast path copies values as
@@ -51,6 +60,7 @@ __all__ = [
     "ArchiveError",
     "ArchiveProblem",
     "ArchivedEvent",
+    "Chain",
     "Sink",
     "decode_line",
     "entry_record",
@@ -62,8 +72,10 @@ __all__ = [
 
 GENESIS = "0" * 64  # ``prev`` of record 0
 _PREFIX, _PLAIN, _PACKED = "segment-", ".jsonl", ".jsonl.gz"
-# An encoded record's line: what orjson.dumps({"seq": seq, "prev": prev, **record}) spells.
-ENCODED_LINE = b'{"seq":%d,"prev":"%b",%b'
+# An encoded record's line: what orjson.dumps({"seq": seq, **record}) spells.
+ENCODED_LINE = b'{"seq":%d,%b'
+# A seal's line: what orjson.dumps({"seq": seq, "prev": prev, "adler32": [...]}) spells.
+SEAL_LINE = b'{"seq":%d,"prev":"%b","adler32":%b}'
 # Values decoded into ``event``; the others go to ``raw``. flowlang's limits: a value
 # the engine would refuse at its doors is kept exact rather than interpreted.
 VALUE_LIMITS: Limits = DEFAULT_LIMITS
@@ -83,6 +95,42 @@ def id_order(entry_id: str) -> tuple[int, int]:
 
 def line_hash(line: bytes) -> str:
     return hashlib.sha256(line).hexdigest()
+
+
+class Chain:
+    """The running hash a chained record's ``prev`` is checked against: the sha256 of
+    the bytes from the last chained record read (included) to the last line read."""
+
+    __slots__ = ("_hash",)
+
+    def __init__(self) -> None:
+        self._hash: Any = None  # None: no record yet, the next prev is GENESIS
+
+    def copy(self) -> Chain:
+        chain = Chain()
+        chain._hash = None if self._hash is None else self._hash.copy()
+        return chain
+
+    @property
+    def head(self) -> str:
+        """The ``prev`` the next chained record must carry."""
+        return GENESIS if self._hash is None else str(self._hash.hexdigest())
+
+    def add(self, line: bytes, chained: bool) -> None:
+        """Take one more line (without its newline); a chained one starts anew."""
+        if chained or self._hash is None:
+            self._hash = hashlib.sha256(line)
+        else:
+            self._hash.update(b"\n")
+            self._hash.update(line)
+
+    def add_lines(self, data: bytes) -> None:
+        """Take lines of unchained records joined by newlines (one call for a batch)."""
+        if self._hash is None:
+            self._hash = hashlib.sha256(data)
+        else:
+            self._hash.update(b"\n")
+            self._hash.update(data)
 
 
 class Sink(Protocol):
@@ -202,15 +250,22 @@ _MAX_SHAPES = 1024  # field-name tuples remembered per stream (engine events hav
 _consume: Callable[[Iterator[Any]], None] = deque(maxlen=0).extend  # runs it, keeps nothing
 
 
-def joined_values(values_lists: list[list[bytes] | None]) -> tuple[bytes, int]:
+# Literals that can separate values (all_plain): each has one spelling (no escape, no
+# number form); a value holding one is checked with the next.
+_SEPARATORS: dict[bytes, Any] = {b"null": None, b"false": False, b"true": True}
+
+
+def joined_values(
+    values_lists: list[list[bytes] | None], separator: bytes = b"null"
+) -> tuple[bytes, int]:
     """The values of these lists (an entry's values each, None for a deleted entry)
-    as one array with a ``null`` between each two, ``[v0,null,v1,null,v2]``, and how
-    many they are (:func:`all_plain`)."""
+    as one array with ``separator`` between each two, ``[v0,null,v1,null,v2]``, and
+    how many they are (:func:`all_plain`)."""
     values = list(chain.from_iterable(filter(None, values_lists)))
-    return b"[" + b",null,".join(values) + b"]", len(values)
+    return b"[" + (b",%b," % separator).join(values) + b"]", len(values)
 
 
-def all_plain(text: bytes, count: int) -> bool:
+def all_plain(text: bytes, count: int, separator: bytes = b"null") -> bool:
     """True if each of the ``count`` values joined in ``text`` (:func:`joined_values`) is
     JSON on its own and holds no line break or carriage return, told by one parse of
     them all instead of one per value (the calls cost more than the parsing); False if
@@ -222,28 +277,55 @@ def all_plain(text: bytes, count: int) -> bool:
     one, at the top level, and so are the commas around it. Between two such commas (or
     a bracket and a comma) the array holds one element, made of one value's bytes
     alone, tokenised as they are on their own (no token runs past those commas): each
-    value is one JSON value on its own.
+    value is one JSON value on its own. The same holds for ``false`` and ``true`` as
+    separators, their odd elements then booleans (not 0 or 1, which equal them).
 
-    Values each JSON on their own always join into such a text, unless one holds
-    ``null`` or is nested to orjson's depth limit (the array adds a level).
+    Values each JSON on their own always join into such a text, unless they hold every
+    separator (:func:`check_values` tries each) or one is nested to orjson's depth
+    limit (the array adds a level).
     """
-    return check_chunk(text, count)[0]
+    return check_chunk(text, count, separator)[0]
 
 
-def check_chunk(text: bytes, count: int) -> tuple[bool, bool]:
+def check_values(values_lists: list[list[bytes] | None]) -> tuple[bool, bool, bytes]:
+    """:func:`check_chunk` of the values joined by the first separator they do not
+    hold (``null``, else ``false``, else ``true``), and the text joined."""
+    values = list(chain.from_iterable(filter(None, values_lists)))
+    count = len(values)
+    if not count:
+        return True, True, b"[]"
+    text = b"[]"
+    for separator in _SEPARATORS:
+        text = b"[" + (b",%b," % separator).join(values) + b"]"
+        if text.count(separator) == count - 1:
+            return (*_check_separated(text, count, separator), text)
+    return False, False, text
+
+
+def check_chunk(text: bytes, count: int, separator: bytes = b"null") -> tuple[bool, bool]:
     """:func:`all_plain`, and whether every value, copied as written, stays within the
     depth orjson writes two levels down (a record in a line): the brackets of the whole
     chunk bound it, else one write of the parsed chunk, wrapped once more, tells. One
     parse for both."""
     if not count:
         return True, True
-    if 10 in text or 13 in text or text.count(b"null") != count - 1:
+    if text.count(separator) != count - 1:
+        return False, False
+    return _check_separated(text, count, separator)
+
+
+def _check_separated(text: bytes, count: int, separator: bytes) -> tuple[bool, bool]:
+    """:func:`check_chunk` once ``separator`` is known to occur only between values."""
+    if 10 in text or 13 in text:
         return False, False
     try:
         parsed = orjson.loads(text)
     except orjson.JSONDecodeError:
         return False, False
-    plain = len(parsed) == 2 * count - 1 and parsed[1::2].count(None) == count - 1
+    between = parsed[1::2]
+    plain = len(parsed) == 2 * count - 1 and between.count(_SEPARATORS[separator]) == count - 1
+    if plain and separator != b"null":  # False == 0 and True == 1: only booleans count
+        plain = set(map(type, between)) <= {bool}
     if not plain or text.count(b"[") + text.count(b"{") <= MAX_BRACKETS:
         return plain, plain
     try:
@@ -378,8 +460,10 @@ def decode_line(line: bytes) -> dict[str, Any] | str:
         return f"not JSON ({error})"
     if not isinstance(record, dict):
         return "not a JSON object"
-    if type(record.get("seq")) is not int or not isinstance(record.get("prev"), str):
-        return "not a record (no seq or prev)"
+    if type(record.get("seq")) is not int:
+        return "not a record (no seq)"
+    if "prev" in record and not isinstance(record["prev"], str):
+        return "not a record (a prev that is not text)"
     return record
 
 

@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import hiredis
 import orjson
 import redis
 
@@ -51,12 +52,11 @@ from lifecycle.audit.archive import (
     EntryShape,
     EntryShapes,
     Sink,
-    check_chunk,
+    check_values,
     each_json,
     entry_record,
     fits_a_line,
     id_order,
-    joined_values,
     raw_record,
 )
 from lifecycle.events import START_WORKFLOW
@@ -76,6 +76,7 @@ _loads = orjson.loads
 _dumps = orjson.dumps
 RECEIPTS_GROUP_BYTES = RECEIPTS_GROUP.encode()
 DEFAULT_CONSUMER = "receipts"  # stable: finds what an older worker of this name left pending
+_pack: Callable[[tuple[str | int, ...]], bytes] = hiredis.pack_command  # type: ignore[assignment]
 _CHECKED_TOGETHER = 128  # entries whose values one parse checks (all_plain)
 
 
@@ -92,6 +93,7 @@ class ReceiptsStats:
     skipped: int = 0  # entries an older worker left pending that the archive holds already
     gone: int = 0  # entries an older worker left pending, deleted before they were archived
     batches: int = 0
+    read_ahead: int = 0  # XREADs sent before the batch in hand was archived (a backlog)
     trimmed: int = 0
     raw: int = 0  # entries archived with a value kept raw (lifecycle.archive.entry_record)
     refused_flushes: int = 0  # flushes the sink refused (disk full, read-only), retried
@@ -142,6 +144,9 @@ class ReceiptsWorker:
         self.streams: list[str] = []
         self._last = sink.last_ids()
         self._positions: dict[str, str] = {}  # stream -> the id XREAD reads after
+        # A connection whose XREAD of the next batch went out before this batch was
+        # archived (a backlog: Redis prepares it meanwhile); its reply not read yet.
+        self._ahead: Any = None
         # A sink that takes entries encoded (SegmentSink) gets them so.
         self._write_encoded: Callable[[list[Any], dict[str, str]], None] | None = getattr(
             sink, "write_encoded", None
@@ -215,6 +220,7 @@ class ReceiptsWorker:
                     self._stopping.wait(delay)
                     next_rescan = 0.0
         finally:
+            self._drop_read_ahead()
             self._signals.restore()
             if self._signals.received:
                 log.info("receipts: stopped on signal %s", self._signals.received)
@@ -250,8 +256,9 @@ class ReceiptsWorker:
             return
 
     def _discard(self) -> None:
-        """Drop what the sink holds unflushed: those entries are read again (from the
-        archive's last ids), and must not be archived twice."""
+        """Drop what the sink holds unflushed, and a read sent ahead: those entries are
+        read again (from the archive's last ids), and must not be archived twice."""
+        self._drop_read_ahead()
         discard = getattr(self.sink, "discard", None)
         if discard is not None:
             discard()
@@ -351,17 +358,17 @@ class ReceiptsWorker:
                 return
 
     def _read(self, block_ms: int | None) -> int:
-        """One XREAD of every stream from its position; archive, then move the group.
-        Returns the number of entries read."""
+        """One XREAD of every stream from its position (or the reply of the one sent
+        ahead); archive, then move the group. Returns the number of entries read."""
         streams = self.streams
         if not streams:
             return 0
         positions = self._positions
-        command: list[str | int] = ["XREAD", "COUNT", self.batch_size]
-        if block_ms is not None:
-            command += ["BLOCK", block_ms]
-        command += ["STREAMS", *streams, *[positions[s] for s in streams]]
-        read = self._archive(self._reply(command))
+        reply = self._read_ahead_reply()
+        if not reply:
+            reply = self._reply(self._xread(streams, positions, block_ms))
+        self._send_read_ahead(reply)
+        read = self._archive(reply)
         if not read:
             return 0
         last = {stream: entries[-1][0].decode() for stream, entries in read.items()}
@@ -370,6 +377,63 @@ class ReceiptsWorker:
             [("XGROUP", "SETID", stream, RECEIPTS_GROUP, id_) for stream, id_ in last.items()]
         )
         return sum(map(len, read.values()))
+
+    def _xread(
+        self, streams: list[str], positions: dict[str, str], block_ms: int | None
+    ) -> list[str | int]:
+        command: list[str | int] = ["XREAD", "COUNT", self.batch_size]
+        if block_ms is not None:
+            command += ["BLOCK", block_ms]
+        return [*command, "STREAMS", *streams, *[positions[s] for s in streams]]
+
+    def _send_read_ahead(self, reply: Any) -> None:
+        """After a full batch (a backlog), send the next XREAD now, without blocking,
+        from after this batch, on a connection of its own: Redis prepares the next
+        batch while this one is archived and fsync'd. Its reply is read by the next
+        ``_read``; if this batch is not archived after all, it is dropped unread
+        (:meth:`_discard`) and reading starts again from the archive."""
+        if not reply:  # nothing new: XREAD timed out
+            return
+        pairs = list(reply.items() if isinstance(reply, dict) else reply)
+        if not any(len(entries or ()) >= self.batch_size for _, entries in pairs):
+            return
+        positions = dict(self._positions)
+        for name, entries in pairs:
+            if entries:
+                positions[name.decode()] = entries[-1][0].decode()
+        command = self._xread([s for s in self.streams if s in positions], positions, None)
+        connection = self.client.connection_pool.get_connection()
+        try:
+            connection.send_packed_command([_pack(tuple(command))])
+        except BaseException:
+            self._release(connection, broken=True)
+            raise
+        self._ahead = connection
+        self.stats.read_ahead += 1
+
+    def _read_ahead_reply(self) -> Any:
+        """The reply of the XREAD sent ahead, or None if none was."""
+        connection, self._ahead = self._ahead, None
+        if connection is None:
+            return None
+        try:
+            reply = connection.read_response()
+        except BaseException:
+            self._release(connection, broken=True)
+            raise
+        self._release(connection, broken=False)
+        return reply
+
+    def _drop_read_ahead(self) -> None:
+        """Forget the XREAD sent ahead: its connection, reply unread, is closed."""
+        connection, self._ahead = self._ahead, None
+        if connection is not None:
+            self._release(connection, broken=True)
+
+    def _release(self, connection: Any, *, broken: bool) -> None:
+        if broken:  # replies may be out of step with commands: never reuse it as it is
+            connection.disconnect()
+        self.client.connection_pool.release(connection)
 
     def _read_pending(self, stream: str) -> int:
         """Entries this consumer holds pending in the group (left by an older worker):
@@ -455,9 +519,10 @@ class ReceiptsWorker:
     ) -> None:
         """Add the entries' records to ``batch`` encoded from their own JSON values
         (``SegmentSink.write_encoded``), not decoded and encoded again. Their values are
-        checked a chunk at a time (:func:`all_plain`): in a chunk that cannot be checked
-        so (a value with null in it) each entry's values are parsed on their own, and in
-        one with many brackets each record's brackets are counted (:func:`fits_a_line`)."""
+        checked a chunk at a time (:func:`check_values`): in a chunk that cannot be
+        checked so (its values hold null, false and true, or one is not JSON) each
+        entry's values are parsed on their own, and in one with many brackets each
+        record's brackets are counted (:func:`fits_a_line`)."""
         shapes = self._shapes.get(stream) or self._shapes.setdefault(stream, EntryShapes(stream))
         for start in range(0, len(entries), _CHECKED_TOGETHER):
             self._add_chunk(shapes, entries[start : start + _CHECKED_TOGETHER], batch, graphs)
@@ -470,8 +535,7 @@ class ReceiptsWorker:
         on its own, a record that would not make a line (:func:`fits_a_line`)."""
         stream = shapes.stream
         values_lists = [fields[1::2] if fields else None for _, fields in entries]
-        text, count = joined_values(values_lists)
-        checked, shallow = check_chunk(text, count)
+        checked, shallow, text = check_values(values_lists)
         # An integer past 64 bits is kept raw (entry_record): entries with 19 digits in
         # a row, rare (ids and ms times have 13), take the decoding path, which tells.
         long_digits = has_long_digits(text)

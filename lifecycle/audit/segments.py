@@ -14,8 +14,11 @@ Its rules, each for a reason:
 * **Evidence is never cut.** Opening drops only an incomplete final line (bytes
   after the last newline: a write torn by a crash). A complete line that does not
   parse, anywhere, is kept and reported once, ``FILE:LINE``; the chain runs on
-  through it (it takes one ``seq``, its bytes' hash is the next ``prev``), so
+  through it (it takes one ``seq``, the next seal's ``prev`` covers its bytes), so
   replay's chain check points at it.
+* **One seal per batch.** Each ``write`` ends with a seal record: the sha256 of
+  the lines since the last chained record and an Adler-32 per line
+  (:mod:`lifecycle.audit.archive`), written and fsync'd with the batch.
 * **Private files.** Segments and the lock are created 0600 and directories 0700,
   whatever the umask.
 * **A new segment appears whole.** It is written as ``.tmp`` (checkpoint line,
@@ -29,9 +32,9 @@ import contextlib
 import errno
 import fcntl
 import gzip
-import hashlib
 import logging
 import os
+import zlib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -40,10 +43,10 @@ import orjson
 
 from lifecycle.audit.archive import (
     ENCODED_LINE,
-    GENESIS,
+    SEAL_LINE,
     ArchiveError,
+    Chain,
     decode_line,
-    line_hash,
     segment_paths,
 )
 
@@ -155,14 +158,14 @@ class SegmentSink:
         except BlockingIOError:
             os.close(self._lock)
             raise ArchiveError(f"{self.directory}: another receipts worker holds it") from None
-        # The durable state: chain head (next seq, hex sha256 of the last line), last
-        # id per stream, graphs; moved only once a flush's fsync returned.
-        self._seq, self._prev = 0, GENESIS.encode()
+        # The durable state: chain head (next seq, the hash since the last chained
+        # record), last id per stream, graphs; moved only once a flush's fsync returned.
+        self._seq, self._chain = 0, Chain()
         self._last: dict[str, str] = {}
         self._graphs: set[str] = set()
         # What write() staged since: lines and what they will add to the state above.
         self._staged: list[bytes] = []
-        self._staged_head = (self._seq, self._prev)
+        self._staged_head = (self._seq, self._chain)
         self._staged_last: dict[str, str] = {}
         self._staged_graphs: set[str] = set()
         self._path: Path | None = None
@@ -194,24 +197,31 @@ class SegmentSink:
         orjson spells it, without the opening brace (``"stream":…,"id":…,"event":{…}}``).
         Its line is then the record's line, byte for byte, at the cost of one format;
         ``last_ids`` (the last entry per stream in the batch) stands in for the stream
-        and id the sink would otherwise read from the records. Staged until ``flush``."""
-        seq, prev = self._staged_head
-        sha256 = hashlib.sha256
+        and id the sink would otherwise read from the records. Staged until ``flush``,
+        followed by a seal: the chain's hash over the batch (one sha256 for all its
+        lines) and an Adler-32 per line (docs/audit.md)."""
+        if not batch:
+            return
+        seq, chain = self._staged_head
         lines, records = [], []
         for record in batch:
             if type(record) is bytes:
-                line = ENCODED_LINE % (seq, prev, record)
+                line = ENCODED_LINE % (seq, record)
             else:
                 assert isinstance(record, dict)
-                line = orjson.dumps({"seq": seq, "prev": prev.decode(), **record})
+                line = orjson.dumps({"seq": seq, **record})
                 records.append(record)
             lines.append(line)
             seq += 1
-            prev = sha256(line).hexdigest().encode()
-        lines.append(b"")  # the last line's end
+        data = b"\n".join(lines)
+        chain = chain.copy()
+        chain.add_lines(data)
+        checksums = orjson.dumps(list(map(zlib.adler32, lines)))
+        seal = SEAL_LINE % (seq, chain.head.encode(), checksums)
+        chain.add(seal, chained=True)
         # Staged once every line is made: a record orjson cannot write stages nothing.
-        self._staged.append(b"\n".join(lines))
-        self._staged_head = seq, prev
+        self._staged.append(b"%b\n%b\n" % (data, seal))
+        self._staged_head = seq + 1, chain
         for record in records:
             if "stream" in record:
                 self._staged_last[record["stream"]] = record["id"]
@@ -238,7 +248,7 @@ class SegmentSink:
         entries again); returns how many bytes were dropped."""
         dropped = sum(map(len, self._staged))
         self._staged = []
-        self._staged_head = self._seq, self._prev
+        self._staged_head = self._seq, self._chain
         self._staged_last = {}
         self._staged_graphs = set()
         return dropped
@@ -281,7 +291,7 @@ class SegmentSink:
         self._torn = False
         self._durable += len(data)
         self.bytes_written += len(data)
-        self._seq, self._prev = self._staged_head
+        self._seq, self._chain = self._staged_head
         self._last.update(self._staged_last)
         self._graphs |= self._staged_graphs
         self._staged = []
@@ -302,7 +312,7 @@ class SegmentSink:
 
     def _checkpoint_line(self) -> bytes:
         checkpoint = {"streams": self._last, "graphs": sorted(self._graphs)}
-        record = {"seq": self._seq, "prev": self._prev.decode(), "checkpoint": checkpoint}
+        record = {"seq": self._seq, "prev": self._chain.head, "checkpoint": checkpoint}
         return orjson.dumps(record) + b"\n"
 
     def _new_segment(self) -> None:
@@ -328,8 +338,10 @@ class SegmentSink:
             self._dir_unsynced = True  # the rename happened; made durable at a later flush
         self._close_segment()
         self._path, self._fd, self._durable = path, fd, len(line)
-        self._seq, self._prev = self._seq + 1, line_hash(line[:-1]).encode()
-        self._staged_head = self._seq, self._prev
+        chain = self._chain.copy()
+        chain.add(line[:-1], chained=True)
+        self._seq, self._chain = self._seq + 1, chain
+        self._staged_head = self._seq, self._chain
 
     def _rotate(self) -> None:
         closed = self._path
@@ -383,7 +395,7 @@ class SegmentSink:
         self._fd = os.open(self._path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
         os.fsync(self._fd)  # what a killed process wrote may be in the page cache only
         self._durable = self._path.stat().st_size
-        self._staged_head = self._seq, self._prev
+        self._staged_head = self._seq, self._chain
 
     def _drop_incomplete_line(self, path: Path) -> int:
         """Cut the bytes after the last newline of ``path`` (a torn write: never
@@ -431,6 +443,7 @@ class SegmentSink:
                             log.warning("%s:%d: %s; kept as evidence", path, number, decoded)
                         self.problems.append(f"{path.name}:{number}: {decoded}")
                         self._seq += 1  # it took a seq; the chain runs on through it
+                        self._chain.add(line, chained=False)
                     else:
                         record = decoded
                         if "checkpoint" in record:
@@ -441,7 +454,7 @@ class SegmentSink:
                         elif isinstance(record.get("graph"), str):
                             self._graphs.add(record["graph"])
                         self._seq = int(record["seq"]) + 1
-                    self._prev = line_hash(line).encode()
+                        self._chain.add(line, chained="prev" in record)
         if problems > _REPORTED_PROBLEMS:
             log.warning(
                 "%s: %d more corrupt lines kept as evidence (replay lists them)",

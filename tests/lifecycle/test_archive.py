@@ -51,14 +51,14 @@ def _corrupt(segment: Path, number: int, garbage: bytes = b"#garbage#") -> bytes
 def test_a_corrupt_middle_line_is_kept_and_reported_once_with_file_and_line(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    segment = _archive(tmp_path)
-    before = _corrupt(segment, 3)
+    segment = _archive(tmp_path)  # checkpoint, then each entry and its batch's seal
+    before = _corrupt(segment, 4)  # entry 1-1
     with caplog.at_level("WARNING", logger="lifecycle.audit.segments"):
         sink = SegmentSink(tmp_path)
     assert segment.read_bytes() == before  # nothing cut: the evidence stays
     reports = [r.getMessage() for r in caplog.records if "evidence" in r.getMessage()]
-    assert len(reports) == 1 and f"{segment}:3: not JSON" in reports[0]
-    assert len(sink.problems) == 1 and sink.problems[0].startswith(f"{segment.name}:3: not JSON")
+    assert len(reports) == 1 and f"{segment}:4: not JSON" in reports[0]
+    assert len(sink.problems) == 1 and sink.problems[0].startswith(f"{segment.name}:4: not JSON")
     # The archive goes on after it: the last ids come from the lines after the bad one.
     assert sink.last_ids() == {"s": "1-4"}
     _entries(sink, "s", 5, 2)
@@ -66,27 +66,31 @@ def test_a_corrupt_middle_line_is_kept_and_reported_once_with_file_and_line(
     assert segment.read_bytes().startswith(before)
     items = list(iter_archive(tmp_path))
     problems = [i for i in items if isinstance(i, ArchiveProblem)]
-    assert [(p.file, p.line) for p in problems] == [(segment.name, 3)]
+    assert [(p.file, p.line) for p in problems] == [(segment.name, 4)]
     records = [i for i in items if isinstance(i, ArchivedEvent)]
-    assert [r.seq for r in records] == [0, 1, 3, 4, 5, 6, 7]  # seq 2 is the corrupt line's
-    # New records chain on from the last line; the check flags the corrupt line alone.
-    assert records[5].record["prev"] == line_hash(records[4].line)
+    assert [r.seq for r in records] == [0, 1, 2, *range(4, 15)]  # seq 3 is the corrupt line's
+    # New records chain on from the last seal; the check flags the corrupt line alone.
+    seal, entry, next_seal = records[9:12]
+    assert next_seal.record["prev"] == line_hash(seal.line + b"\n" + entry.line)
     findings, _ = check_chain([(r.line, r.record) for r in records])
-    assert len(findings) == 1 and "record 2 is missing" in str(findings[0])
+    assert len(findings) == 1 and "record 3 is missing" in str(findings[0])
 
 
 def test_a_corrupt_last_complete_line_is_kept_and_the_chain_continues_through_it(
     tmp_path: Path,
 ) -> None:
     segment = _archive(tmp_path, 3)
-    before = _corrupt(segment, 4, b'{"seq":3,"prev":"broken')  # newline kept: not torn
+    before = _corrupt(segment, 7, b'{"seq":6,"prev":"broken')  # the last seal; not torn
     sink = SegmentSink(tmp_path)
     assert segment.read_bytes() == before and len(sink.problems) == 1
     _entries(sink, "s", 3, 1)
     sink.close()
     last = list(iter_archive(tmp_path))[-1]
-    assert isinstance(last, ArchivedEvent) and last.seq == 4
-    assert last.record["prev"] == line_hash(b'{"seq":3,"prev":"broken')
+    assert isinstance(last, ArchivedEvent) and last.seq == 8
+    # The new seal covers what follows the last good seal: the corrupt line included.
+    lines = segment.read_bytes().split(b"\n")
+    assert lines[6] == b'{"seq":6,"prev":"broken'
+    assert last.record["prev"] == line_hash(b"\n".join(lines[4:8]))
 
 
 def test_a_corrupt_checkpoint_takes_the_state_from_the_previous_segment(tmp_path: Path) -> None:
@@ -215,7 +219,7 @@ def test_iter_archive_skips_a_line_longer_than_its_bound_without_holding_it(
         "ArchivedEvent",
         "ArchivedEvent",
         "ArchiveProblem",
-        "ArchivedEvent",
+        *["ArchivedEvent"] * 3,  # the first seal, the second entry and its seal
     ]
 
 

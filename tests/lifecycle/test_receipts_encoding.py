@@ -15,8 +15,8 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from lifecycle.audit.archive import all_plain as _all_plain
+from lifecycle.audit.archive import check_values, line_hash, raw_value, read_archive
 from lifecycle.audit.archive import joined_values as _joined
-from lifecycle.audit.archive import line_hash, raw_value, read_archive
 from lifecycle.audit.receipts import ReceiptsWorker
 from lifecycle.audit.segments import SegmentSink
 from lifecycle.audit.verify import check_chain
@@ -42,7 +42,8 @@ canonical = json_values.map(orjson.dumps)  # as the engine writes its values
 # JSON tokens and pieces of them: joined at random they make values that are JSON on
 # their own, values that are not, and values that are only JSON once joined to others.
 tokens = st.sampled_from(
-    [b"1", b"-0", b"2.5e3", b"null", b"true", b'"a"', b'"nu', b'll"', b'"\\u006eull"']
+    [b"1", b"-0", b"0", b"2.5e3", b"null", b"true", b"false", b'"a"', b'"nu', b'll"']
+    + [b'"\\u006eull"']
     + [b",", b":", b"[", b"]", b"{", b"}", b'"', b"\\", b" ", b"\t", b"\n", b"\r", b"\xff"]
 )
 fragments = st.lists(tokens, max_size=6).map(b"".join)
@@ -90,9 +91,11 @@ def _engine(fields: list[bytes]) -> bool:
 
 def _check(stream: str, entries: list[list[Any]], lines: list[tuple[bytes, Any]]) -> None:
     """The chain holds; after the checkpoint, one line per entry (none broken in two), each
-    reading back as the decoded entry, and an engine entry's the bytes orjson writes."""
+    reading back as the decoded entry, and an engine entry's the bytes orjson writes;
+    then the batch's seal."""
     assert not check_chain(lines)[0]
-    lines = lines[1:]
+    assert "adler32" in lines[-1][1]
+    lines = lines[1:-1]
     assert len(lines) == len(entries)
     for (entry_id, fields), (line, record) in zip(entries, lines, strict=True):
         assert record["stream"] == stream and record["id"] == entry_id.decode()
@@ -103,7 +106,7 @@ def _check(stream: str, entries: list[list[Any]], lines: list[tuple[bytes, Any]]
         assert record["event"] == event
         assert {name: raw_value(record, name) for name in record.get("raw", {})} == raw
         if _engine(fields):
-            head = {key: record[key] for key in ("seq", "prev", "stream", "id")}
+            head = {key: record[key] for key in ("seq", "stream", "id")}
             assert line == orjson.dumps({**head, "event": event})
 
 
@@ -176,9 +179,26 @@ def _each_plain(values_: list[bytes]) -> bool:
 @example([b"[1", b"2]"])
 @example([b'"a', b'b"'])
 @example([b'"\\u006eull"', b"1"])  # "null" spelt with an escape: a string, not a separator
+@example([b"1,0,[2", b"3]", b"null"])  # with false between: [1,0,[2,false,3],false,null]
 def test_values_checked_at_once_only_when_each_is_json_on_its_own(values_: list[bytes]) -> None:
-    if _all_plain(*_joined(_lists_of(values_))):
+    for separator in (b"null", b"false", b"true"):
+        if _all_plain(*_joined(_lists_of(values_), separator), separator):
+            assert _each_plain(values_)
+    checked, _, _ = check_values(_lists_of(values_))
+    if checked:
         assert _each_plain(values_)
+
+
+@pytest.mark.parametrize(("separator", "number"), [(b"false", b"0"), (b"true", b"1.0")])
+def test_a_number_equal_to_a_boolean_separator_does_not_pass_for_one(
+    separator: bytes, number: bytes
+) -> None:
+    # Joined: [1,0,[2,false,3],false,4], parsed [1, 0, [2, False, 3], False, 4]: five
+    # elements, and 0 == False, yet "1,0,[2" is no JSON value on its own.
+    values_ = [b"1," + number + b",[2", b"3]", b"4"]
+    text, count = _joined(_lists_of(values_), separator)
+    assert text.count(separator) == count - 1
+    assert not _all_plain(text, count, separator)
 
 
 @pytest.mark.parametrize(
@@ -201,6 +221,13 @@ def test_values_not_checked_at_once_when_they_hold_null_a_line_break_or_are_not_
     values_: list[bytes],
 ) -> None:
     assert not _all_plain(*_joined(_lists_of(values_)))
+
+
+def test_values_holding_null_are_checked_at_once_with_false_or_true_between_them() -> None:
+    assert check_values(_lists_of([b'{"x":null}', b"1"]))[:2] == (True, True)
+    assert check_values(_lists_of([b"[null,false]", b"1"]))[:2] == (True, True)
+    assert check_values(_lists_of([b"[null,false,true]", b"1"]))[:2] == (False, False)
+    assert check_values(_lists_of([b'{"x":null}', b"1,2"]))[:2] == (False, False)
 
 
 def test_write_encoded_lines_equal_the_dict_records_lines_and_a_failed_batch_keeps_the_chain(
@@ -227,7 +254,10 @@ def test_write_encoded_lines_equal_the_dict_records_lines_and_a_failed_batch_kee
     ).read_bytes()
     lines = list(read_archive(tmp_path / "fast"))
     assert not check_chain(lines)[0]
-    assert lines[-1][1]["prev"] == line_hash(lines[-2][0])
+    # The last seal's prev: the sha256 of the lines since the seal before it, that one
+    # included, joined by their newlines.
+    assert "adler32" in lines[-3][1] and "adler32" in lines[-1][1]
+    assert lines[-1][1]["prev"] == line_hash(lines[-3][0] + b"\n" + lines[-2][0])
     reopened = SegmentSink(tmp_path / "fast")
     assert reopened.last_ids() == {"s%": "2-0"} and reopened.has_graph("g")
     reopened.close()
@@ -249,7 +279,7 @@ def test_a_value_too_deep_for_a_line_is_kept_raw_and_no_entry_after_it_is_lost(
         for number, output in enumerate([b"1", deep, _nested(300), b"2", deep + b" "])
     ]
     lines = _archive("{flow}:lifecycle", entries, tmp_path)
-    outputs = [r["event"].get("output", raw_value(r, "output")) for _, r in lines[1:]]
+    outputs = [r["event"].get("output", raw_value(r, "output")) for _, r in lines[1:-1]]
     assert outputs == [1, deep, _nested(300), 2, deep + b" "]
     reopened = SegmentSink(tmp_path)
     assert reopened.last_ids() == {"{flow}:lifecycle": "1-4"}
@@ -319,10 +349,11 @@ def test_a_torn_last_line_is_dropped_on_opening_and_reported(
     sink.close()
     (segment,) = tmp_path.glob("segment-*")
     with open(segment, "ab") as file:
-        file.write(b'{"seq":2,"prev":"ab')  # a crash in the middle of a write
+        file.write(b'{"seq":3,"prev":"ab')  # a crash in the middle of a write
     with caplog.at_level("WARNING", logger="lifecycle.audit.segments"):
         reopened = SegmentSink(tmp_path)
     assert reopened.last_ids() == {"s": "1-0"}
     reopened.close()
-    assert "jsonl:3: dropping an incomplete final line (19 bytes" in caplog.text
-    assert [record.get("id") for _, record in read_archive(tmp_path)] == [None, "1-0"]
+    assert "jsonl:4: dropping an incomplete final line (19 bytes" in caplog.text
+    ids = [record.get("id") for _, record in read_archive(tmp_path)]
+    assert ids == [None, "1-0", None]  # checkpoint, entry, seal

@@ -81,7 +81,7 @@ def test_a_restart_keeps_a_corrupt_middle_line_and_archives_what_follows(
     assert segment.read_bytes().startswith(damaged)
     items = list(iter_archive(tmp_path))
     assert [(i.file, i.line) for i in items if isinstance(i, ArchiveProblem)] == [(segment.name, 3)]
-    assert [i.id for i in items if isinstance(i, ArchivedEvent)][-3:] == later
+    assert [i.id for i in items if isinstance(i, ArchivedEvent) and i.id][-3:] == later
 
 
 def _trim_setup(client: redis.Redis, tmp_path: Path) -> tuple[ReceiptsWorker, SegmentSink]:
@@ -218,5 +218,45 @@ def test_a_task_key_that_is_not_a_stream_is_reported_once_and_the_others_archive
     sink.close()
     assert worker.stats.errors == 0
     assert caplog.text.count(f"{KEYS.tasks('broken')}: not archived") == 1
+    archived = [i.id for i in iter_archive(tmp_path) if isinstance(i, ArchivedEvent) and i.id]
+    assert archived == ids
+
+
+def test_a_backlog_read_ahead_of_its_archiving_is_archived_once_in_id_order(
+    redis_client: redis.Redis, tmp_path: Path
+) -> None:
+    redis_client.sadd(KEYS.kinds, "default")
+    for n in range(250):
+        redis_client.xadd(KEYS.lifecycle, {"n": b"%d" % n})
+        if n % 2:
+            redis_client.xadd(KEYS.tasks("default"), {"n": b"%d" % n})
+    worker = archive_all(redis_client, tmp_path, batch_size=20)
+    assert worker.stats.read_ahead >= 10  # each full batch sent the next XREAD ahead
+    counts = assert_exactly_once(redis_client, tmp_path)
+    assert counts == {KEYS.lifecycle: 250, KEYS.tasks("default"): 125}
+
+
+def test_a_batch_that_fails_after_the_next_read_went_out_is_archived_once_after_a_backoff(
+    redis_client: redis.Redis, tmp_path: Path
+) -> None:
+    class FailingThird(SegmentSink):
+        """A sink whose third flush fails as a bug would, with a read sent ahead."""
+
+        flushes = 0
+
+        def flush(self) -> None:
+            self.flushes += 1
+            if self.flushes == 3:
+                raise RuntimeError("a bug in a sink")
+            super().flush()
+
+    ids = [redis_client.xadd(KEYS.lifecycle, {"n": b"%d" % n}).decode() for n in range(95)]
+    sink = FailingThird(tmp_path)
+    worker = ReceiptsWorker(
+        redis_client, sink, KEYS, batch_size=10, block_ms=20, trim_every=None, retry_max=0.1
+    )
+    worker.run(idle_timeout=0.5)
+    sink.close()
+    assert worker.stats.errors == 1 and worker.stats.read_ahead > 3
     archived = [i.id for i in iter_archive(tmp_path) if isinstance(i, ArchivedEvent) and i.id]
     assert archived == ids
