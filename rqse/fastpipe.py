@@ -84,12 +84,25 @@ class Template:
 def _filler(format_: bytes, slots: int) -> Callable[..., bytes]:
     """``fill`` of a Template: a function of exactly ``slots`` arguments that formats
     them with their lengths, written out for that count (a loop building the
-    arguments' tuple took as long as the format itself, on every event)."""
-    names = [f"v{n}" for n in range(slots)]
-    sized = "".join(f"len({name}), {name}, " for name in names)
-    scope: dict[str, Any] = {"format_": format_}
-    exec(f"def fill({', '.join(names)}):\n    return format_ % ({sized})\n", scope)
-    return scope["fill"]  # type: ignore[no-any-return]
+    arguments' tuple took as long as the format itself, on every event). The code is
+    made once per count: a flow with thousands of nodes has thousands of templates."""
+    maker = _FILLER_MAKERS.get(slots)
+    if maker is None:
+        names = [f"v{n}" for n in range(slots)]
+        sized = "".join(f"len({name}), {name}, " for name in names)
+        scope: dict[str, Any] = {}
+        exec(
+            "def make(format_):\n"
+            f"    def fill({', '.join(names)}):\n"
+            f"        return format_ % ({sized})\n"
+            "    return fill\n",
+            scope,
+        )
+        maker = _FILLER_MAKERS[slots] = scope["make"]
+    return maker(format_)  # type: ignore[no-any-return]
+
+
+_FILLER_MAKERS: dict[int, Callable[[bytes], Callable[..., bytes]]] = {}
 
 
 def internals_missing(client: redis.Redis) -> list[str]:
