@@ -21,7 +21,7 @@ import orjson
 from bench.engine import build_parser, throughput
 from bench.shapes import GROWING
 
-__all__ = ["main", "row"]
+__all__ = ["main", "parse_sizes", "row"]
 
 COLUMNS = (  # figure, header, format (every column 10 wide)
     ("items", "items", "{:>10,}"),
@@ -52,7 +52,7 @@ def row(figures: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _sizes(text: str) -> list[int]:
+def parse_sizes(text: str) -> list[int]:
     try:
         sizes = [int(part.replace("_", "")) for part in text.split(",") if part.strip()]
     except ValueError:
@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
         epilog="example: python -m bench.sizes --shape join --items 1000,10000 --lifecycle 2",
     )
     parser.add_argument("--shape", choices=sorted(GROWING), default="iterate")
-    parser.add_argument("--items", type=_sizes, default=[1000, 10000, 100000], help="N,N,...")
+    parser.add_argument("--items", type=parse_sizes, default=[1000, 10000, 100000], help="N,N,...")
     parser.add_argument(
         "--max-wall", type=float, default=60.0, help="no larger size after a run this long"
     )
