@@ -84,9 +84,8 @@ def main(argv: list[str] | None = None) -> int:
             print(_line(lifecycle, row), flush=True)
     costs = [row["cpu_us_per_task"] for row in cells if row["tasks"]]
     if len(costs) > 1:
-        print(
-            f"cpu µs per task: {min(costs):.1f} to {max(costs):.1f} ({max(costs) / min(costs):.2f}×)"
-        )
+        spread = max(costs) / min(costs)
+        print(f"cpu µs per task: {min(costs):.1f} to {max(costs):.1f} ({spread:.2f}×)")
     if args.json:
         Path(args.json).write_bytes(orjson.dumps(cells, option=orjson.OPT_INDENT_2))
     return 0
