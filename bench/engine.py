@@ -30,7 +30,7 @@ from bench.rig import (
     spawn,
     start_rig,
     stop_processes,
-    used_memory,
+    stored_memory,
     wait_trimmed,
 )
 from bench.shapes import GROWING, SHAPES, Workload, workload
@@ -73,8 +73,8 @@ class Figures:
     items: int | None = None
     per_item_us: float | None = None
     compile_s: float = 0.0
-    # used_memory once every workflow ended and the streams were trimmed, minus the
-    # baseline taken after the warm-up, per workflow (see retained_memory()).
+    # Redis memory (used_memory less the clients' buffers) once every workflow ended and
+    # the streams were trimmed, minus the baseline taken after the warm-up, per workflow.
     redis_baseline_bytes: int = 0
     redis_retained_per_workflow_bytes: float | None = None
     streams_trimmed: bool = False
@@ -87,6 +87,22 @@ class Figures:
 def _events_added(client: redis.Redis) -> int:
     """Entries ever added to the lifecycle stream: any step of any workflow adds one."""
     return int(client.xinfo_stream(KEYS.lifecycle)["entries-added"])
+
+
+def _poll(client: redis.Redis) -> dict[str, int]:
+    """The stream lengths, read while the run goes on."""
+    return {"lifecycle": client.xlen(KEYS.lifecycle), "tasks": client.xlen(KEYS.tasks("default"))}
+
+
+def _since(after: dict[str, Any], before: dict[str, Any]) -> dict[str, dict[str, float]]:
+    """INFO commandstats ``calls`` and ``usec`` counted between two readings."""
+    counted = {}
+    for name, stats in after.items():
+        earlier = before.get(name, {})
+        calls = stats["calls"] - earlier.get("calls", 0)
+        if calls:
+            counted[name] = {"calls": calls, "usec": stats["usec"] - earlier.get("usec", 0)}
+    return counted
 
 
 def _per_task(
@@ -113,8 +129,13 @@ def throughput(args: argparse.Namespace) -> Figures:
         rig = start_rig(stack, args, work.worker_flags, args.persistence)
         client = rig.client
         warm_ended = rig.warm_up()
-        baseline = used_memory(client)
-        client.config_resetstat()
+        # The server allocates each command's statistics at its first call: not the run's.
+        _poll(client), _events_added(client), client.info("commandstats")
+        baseline = stored_memory(client)
+        # Counted as differences from here: CONFIG RESETSTAT would also free the server's
+        # per-command latency histograms (about 190 kB), which the run then allocates
+        # again, and the retained memory would count them.
+        commands_before = client.info("commandstats")
         # CPU from here on: the workers' start-up (imports, connecting) is not the run's.
         cpu_before = rig.cpu()
         redis_before = redis_cpu_seconds(client)
@@ -135,15 +156,15 @@ def throughput(args: argparse.Namespace) -> Figures:
                 break
             if args.timeout and now - started > args.timeout:
                 break
-            peaks["lifecycle"] = max(peaks["lifecycle"], client.xlen(KEYS.lifecycle))
-            peaks["tasks"] = max(peaks["tasks"], client.xlen(KEYS.tasks("default")))
+            lengths = _poll(client)
+            peaks = {name: max(peaks[name], length) for name, length in lengths.items()}
         wall = time.perf_counter() - started
         cpu = rig.cpu_since(cpu_before)
         cpu["redis"] = round(redis_cpu_seconds(client) - redis_before, 2)
         cpu["bench"] = round(time.process_time() - bench_cpu, 2)
         cpu["total"] = round(sum(cpu.values()), 2)
         name = server_name(client, rig.server)
-        commandstats = client.info("commandstats")
+        commandstats = _since(client.info("commandstats"), commands_before)
         commands = sum(v["calls"] for v in commandstats.values())
         peak = int(client.info("memory")["used_memory_peak"])
         finished, failed = ended_count(client)
@@ -153,7 +174,7 @@ def throughput(args: argparse.Namespace) -> Figures:
         # are in the archive once it has trimmed them, so they are waited for and not
         # counted; without it they stay in Redis, and in the figure.
         trimmed = rig.receipts and wait_trimmed(client)
-        retained = (used_memory(client) - baseline) / max(args.workflows, 1)
+        retained = (stored_memory(client) - baseline) / max(args.workflows, 1)
     tasks = finished * work.tasks_per_workflow
     return Figures(
         shape=args.shape,

@@ -18,7 +18,7 @@ from pathlib import Path
 import redis
 
 from flowlang.compiler import compile_text
-from lifecycle.keys import Keys
+from lifecycle.keys import LIFECYCLE_GROUP, TASK_GROUP, Keys
 from lifecycle.submit import start_workflows
 from rqse.server import RedisServer
 
@@ -33,7 +33,7 @@ __all__ = [
     "spawn",
     "start_rig",
     "stop_processes",
-    "used_memory",
+    "stored_memory",
     "wait_trimmed",
 ]
 
@@ -98,14 +98,17 @@ def ended_count(client: redis.Redis) -> tuple[int, int]:
     return int(finished or 0), int(failed or 0) + int(terminated or 0)
 
 
-def used_memory(client: redis.Redis) -> int:
-    """Redis ``used_memory``: the median of three readings 0.1 s apart (a worker's
-    reply buffer in flight moves a single reading by a few kB)."""
+def stored_memory(client: redis.Redis) -> int:
+    """Redis ``used_memory`` less the clients' buffers (``mem_clients_normal``): what the
+    data holds. The buffers follow the connections' traffic (a worker's last batch
+    leaves a query buffer that shrinks seconds later), not what is kept. The median of
+    three readings 0.1 s apart."""
     readings = []
     for n in range(3):
         if n:
             time.sleep(0.1)
-        readings.append(int(client.info("memory")["used_memory"]))
+        memory = client.info("memory")
+        readings.append(int(memory["used_memory"]) - int(memory.get("mem_clients_normal", 0)))
     return sorted(readings)[1]
 
 
@@ -144,15 +147,35 @@ class Rig:
     def ended(self) -> int:
         return sum(ended_count(self.client))
 
+    def _listening(self) -> bool:
+        """Whether every lifecycle and no-op worker has read from its group (a worker
+        still importing would put its start-up CPU into the measured run)."""
+        streams = {
+            "lifecycle": (KEYS.lifecycle, LIFECYCLE_GROUP),
+            "noop": (KEYS.tasks("default"), TASK_GROUP),
+        }
+        for kind, (stream, group) in streams.items():
+            wanted = len(self.procs[kind])
+            try:
+                consumers = self.client.xinfo_consumers(stream, group)
+            except redis.ResponseError:  # no stream or no group yet
+                consumers = []
+            if len(consumers) < wanted:
+                return False
+        return True
+
     def warm_up(self) -> int:
-        """Run a few single-task workflows and wait until they ended and the streams are
-        trimmed: streams, groups, scripts and the server's first allocations exist before
-        anything is measured. Returns the workflows ended so far."""
+        """Run a few single-task workflows and wait until they ended, every worker
+        listens and the streams are trimmed: streams, groups, scripts and the server's
+        first allocations exist before anything is measured. Returns the workflows
+        ended so far."""
         graph = compile_text("A")
         ids = [f"warm-up-{n}" for n in range(WARMUP_WORKFLOWS)]
         start_workflows(self.client, graph, [{"n": n} for n in range(len(ids))], ids, KEYS)
-        deadline = time.perf_counter() + 30
-        while self.ended() < len(ids) and time.perf_counter() < deadline:
+        deadline = time.perf_counter() + 60
+        while time.perf_counter() < deadline:
+            if self.ended() >= len(ids) and self._listening():
+                break
             time.sleep(0.02)
         if self.receipts:
             wait_trimmed(self.client, timeout=5)
@@ -184,8 +207,9 @@ def start_rig(
     lifecycle_flags: tuple[str, ...] = (),
     persistence: str = "none",
 ) -> Rig:
-    """Start the server and the worker processes (stopped when ``stack`` closes), and
-    give the workers a second to create their groups."""
+    """Start the server and the worker processes (stopped when ``stack`` closes). They
+    create their groups at id 0 and read what was sent before they listen: nothing
+    waits for them here (:meth:`Rig.warm_up` does, before anything is measured)."""
     server = stack.enter_context(
         RedisServer(args.server, persistence=persistence, allocator=args.allocator)
     )
@@ -209,5 +233,4 @@ def start_rig(
         command = ("lifecycle", "receipts", "--archive", archive)
         procs["receipts"] = [spawn(server.url, *command, log=log("receipts"))]
     stack.callback(stop_processes, [p for group in procs.values() for p in group])
-    time.sleep(1.0)  # let the workers create their groups
     return Rig(server, client, procs, receipts=not args.no_receipts)

@@ -1,0 +1,44 @@
+"""The growing shapes compile to what their names say (no Redis)."""
+
+import pytest
+
+from bench.shapes import NESTING_DEPTH, join_text, nested_text, workload
+from flowlang.compiler import compile_text
+from flowlang.graph import NodeKind
+from flowlang.limits import DEFAULT_LIMITS
+
+
+def _tasks(text: str) -> list[str]:
+    return [n.name or "" for n in compile_text(text).nodes if n.kind is NodeKind.TASK]
+
+
+def test_the_join_shape_is_n_tasks_feeding_one() -> None:
+    graph = compile_text(join_text(5))
+    nodes = {n.id: n for n in graph.nodes}
+    # A1|...|A5 → C is { A1 ... A5 } → C: the subflow's end waits for all five.
+    (meet,) = [a for a, b in graph.edges if nodes[b].name == "C"]
+    assert nodes[meet].kind is NodeKind.SUBFLOW_END
+    assert sorted(str(nodes[a].name) for a, b in graph.edges if b == meet) == [
+        f"A{i}" for i in range(1, 6)
+    ]
+
+
+def test_the_nested_shape_has_one_task_per_subflow_beyond_the_nesting_limit() -> None:
+    items = NESTING_DEPTH * 2 + 3  # two full blocks and a short one
+    graph = compile_text(nested_text(items))
+    assert _tasks(nested_text(items)).count("B") == items
+    starts = [n for n in graph.nodes if n.kind is NodeKind.SUBFLOW_START]
+    assert len(starts) == items
+
+
+def test_an_iteration_past_the_default_item_limit_raises_the_workers_limit() -> None:
+    small, large = workload("iterate", 10), workload("iterate", DEFAULT_LIMITS.items + 1)
+    assert small.worker_flags == () and small.tasks_per_workflow == 12
+    assert large.worker_flags == ("--max-items", str(DEFAULT_LIMITS.items + 1))
+    assert large.limits.items == DEFAULT_LIMITS.items + 1
+    assert large.inputs(1)[0] == list(range(DEFAULT_LIMITS.items + 1))
+
+
+def test_a_growing_shape_without_a_size_is_refused_with_its_name() -> None:
+    with pytest.raises(ValueError, match="--shape join needs --items"):
+        workload("join", None)
