@@ -35,10 +35,20 @@ __all__ = [
     "stop_processes",
     "stored_memory",
     "wait_trimmed",
+    "yardstick",
 ]
 
 KEYS = Keys()
 WARMUP_WORKFLOWS = 20
+
+
+def yardstick() -> float:
+    """Seconds for ``for i in range(5_000_000): s += i`` here and now: the machine's
+    state, quoted beside figures taken on a shared machine (docs/performance.md)."""
+    began, total = time.perf_counter(), 0
+    for i in range(5_000_000):
+        total += i
+    return round(time.perf_counter() - began, 2)
 
 
 def process_cpu_seconds(pid: int) -> float:

@@ -20,6 +20,7 @@ from typing import Any
 import orjson
 
 from bench.engine import build_parser, throughput
+from bench.rig import yardstick
 from bench.sizes import parse_sizes
 
 __all__ = ["cell", "main"]
@@ -63,6 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=1, help="no-op worker processes")
     parser.add_argument("--json", help="also write every cell's figures to this file")
     args = parser.parse_args(argv)
+    print(f"chain10, {args.workers} no-op worker(s); yardstick {yardstick()} s")
     print(
         f"{'W':>9} {'lc':>3} {'tasks/s':>10} {'wall s':>8} {'cpu µs':>8}  "
         f"{'µs/task ' + ' / '.join(KINDS):<34} {'cmds':>5} {'stuck':>5}"

@@ -19,6 +19,7 @@ from typing import Any
 import orjson
 
 from bench.engine import build_parser, throughput
+from bench.rig import yardstick
 from bench.shapes import GROWING
 
 __all__ = ["main", "parse_sizes", "row"]
@@ -80,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", help="also write every run's figures to this file")
     args = parser.parse_args(argv)
     runs: list[dict[str, Any]] = []
-    print(f"{args.shape}, {args.lifecycle} lifecycle worker(s)")
+    print(f"{args.shape}, {args.lifecycle} lifecycle worker(s); yardstick {yardstick()} s")
     print(" ".join(f"{header:>10}" for _, header, _ in COLUMNS))
     for items in args.items:
         bench_args = build_parser().parse_args(
