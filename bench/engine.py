@@ -84,9 +84,13 @@ class Figures:
     redis_calls_per_task: dict[str, float] = field(default_factory=dict)
 
 
-def _events_added(client: redis.Redis) -> int:
-    """Entries ever added to the lifecycle stream: any step of any workflow adds one."""
-    return int(client.xinfo_stream(KEYS.lifecycle)["entries-added"])
+def _progress(client: redis.Redis) -> int:
+    """Entries ever added to the lifecycle stream plus those its groups have read: any
+    step of any workflow adds one, and a lifecycle worker busy with one large workflow
+    reads its next batch (adding nothing for a while) when it is done with the last."""
+    added = int(client.xinfo_stream(KEYS.lifecycle)["entries-added"])
+    groups = client.xinfo_groups(KEYS.lifecycle)
+    return added + sum(int(group.get("entries-read") or 0) for group in groups)
 
 
 def _poll(client: redis.Redis) -> dict[str, int]:
@@ -130,7 +134,7 @@ def throughput(args: argparse.Namespace) -> Figures:
         client = rig.client
         warm_ended = rig.warm_up()
         # The server allocates each command's statistics at its first call: not the run's.
-        _poll(client), _events_added(client), client.info("commandstats")
+        _poll(client), _progress(client), client.info("commandstats")
         baseline = stored_memory(client)
         # Counted as differences from here: CONFIG RESETSTAT would also free the server's
         # per-command latency histograms (about 190 kB), which the run then allocates
@@ -144,14 +148,14 @@ def throughput(args: argparse.Namespace) -> Figures:
         start_workflows(client, graph, inputs, ids, KEYS, limits=work.limits)
         submitted = time.perf_counter() - started
         peaks = {"lifecycle": 0, "tasks": 0}
-        last_change, added = time.perf_counter(), 0
+        last_change, seen = time.perf_counter(), 0
         while rig.ended() - warm_ended < args.workflows:
             time.sleep(0.05)
             now = time.perf_counter()
-            # Progress is any new lifecycle event: with many workflows in flight at once,
-            # none may finish for a long while although tasks end all the time.
-            if (now_added := _events_added(client)) != added:
-                last_change, added = now, now_added
+            # Progress is any lifecycle event added or read: with many workflows in flight
+            # at once, none may finish for a long while although tasks end all the time.
+            if (progress := _progress(client)) != seen:
+                last_change, seen = now, progress
             elif now - last_change > args.stall:
                 break
             if args.timeout and now - started > args.timeout:
