@@ -80,13 +80,21 @@ def _iterate(items: int) -> Workload:
     return Workload("iterate", "A → * B → C", items + 2, lambda n: values, items, limits, flags)
 
 
+def _text_limits(text: str) -> Limits:
+    """The flow-size limit guards against untrusted text; the benchmark's own generated
+    text may pass it (a 100,000-level chain is 1.0 MB, the default limit 1 MiB)."""
+    return Limits(flow_bytes=max(DEFAULT_LIMITS.flow_bytes, len(text.encode())))
+
+
 def _join(items: int) -> Workload:
     # Each Ai echoes the workflow input; C's input is the list of the N outputs.
-    return Workload("join", join_text(items), items + 1, lambda n: {"n": n}, items)
+    text = join_text(items)
+    return Workload("join", text, items + 1, lambda n: {"n": n}, items, _text_limits(text))
 
 
 def _nested(items: int) -> Workload:
-    return Workload("nested", nested_text(items), items + 2, lambda n: {"n": n}, items)
+    text = nested_text(items)
+    return Workload("nested", text, items + 2, lambda n: {"n": n}, items, _text_limits(text))
 
 
 GROWING: dict[str, Callable[[int], Workload]] = {
