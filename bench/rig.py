@@ -88,7 +88,7 @@ def spawn(url: str, *command: str, log: Path | None = None) -> subprocess.Popen[
             stderr=subprocess.STDOUT if log else subprocess.DEVNULL,
         )
     finally:
-        if log:
+        if not isinstance(output, int):
             output.close()
 
 
