@@ -12,6 +12,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import orjson
+
 from flowlang.limits import DEFAULT_LIMITS, Limits
 
 __all__ = [
@@ -75,9 +77,23 @@ def _iterate(items: int) -> Workload:
     # C receives the list of B's outputs. Items are integers: the list of 1,000,000
     # is 6.9 MB, under the 8 MiB a stream entry (and a value) may hold by default.
     values = list(range(items))
-    limits = Limits(items=max(items, DEFAULT_LIMITS.items))
-    flags = ("--max-items", str(limits.items)) if items > DEFAULT_LIMITS.items else ()
+    limits = Limits(
+        items=max(items, DEFAULT_LIMITS.items),
+        value_bytes=max(_encoded_size(values), DEFAULT_LIMITS.value_bytes),
+    )
+    flags: tuple[str, ...] = ()
+    if limits.items > DEFAULT_LIMITS.items:
+        flags += ("--max-items", str(limits.items))
+    if limits.value_bytes > DEFAULT_LIMITS.value_bytes:
+        # Past about 1,200,000 items: the workers' stream entries are still capped at
+        # 8 MiB (rqse's max_entry_bytes, no flag), so such a run fails visibly.
+        flags += ("--max-value-bytes", str(limits.value_bytes))
     return Workload("iterate", "A → * B → C", items + 2, lambda n: values, items, limits, flags)
+
+
+def _encoded_size(value: Any) -> int:
+    """Bytes of ``value`` as JSON, with room for the fields around it."""
+    return len(orjson.dumps(value)) + 4096
 
 
 def _text_limits(text: str) -> Limits:
