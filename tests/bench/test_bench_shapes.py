@@ -42,3 +42,13 @@ def test_an_iteration_past_the_default_item_limit_raises_the_workers_limit() -> 
 def test_a_growing_shape_without_a_size_is_refused_with_its_name() -> None:
     with pytest.raises(ValueError, match="--shape join needs --items"):
         workload("join", None)
+
+
+def test_a_growing_shape_of_no_items_is_one_line_on_stderr_and_exit_2(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from bench.engine import main
+
+    assert main(["--shape", "iterate", "--items", "0"]) == 2
+    err = capsys.readouterr().err
+    assert err == "error: --shape iterate needs --items N (N at least 1), got 0\n"
