@@ -78,6 +78,7 @@ class Figures:
     redis_baseline_bytes: int = 0
     redis_retained_per_workflow_bytes: float | None = None
     streams_trimmed: bool = False
+    gave_up: str | None = None  # why the run stopped before every workflow ended
     peak_stream_length: dict[str, int] = field(default_factory=dict)
     cpu_s: dict[str, float] = field(default_factory=dict)
     redis_us_per_task: dict[str, float] = field(default_factory=dict)  # by command
@@ -149,6 +150,7 @@ def throughput(args: argparse.Namespace) -> Figures:
         submitted = time.perf_counter() - started
         peaks = {"lifecycle": 0, "tasks": 0}
         last_change, seen = time.perf_counter(), 0
+        gave_up: str | None = None
         while rig.ended() - warm_ended < args.workflows:
             time.sleep(0.05)
             now = time.perf_counter()
@@ -157,8 +159,16 @@ def throughput(args: argparse.Namespace) -> Figures:
             if (progress := _progress(client)) != seen:
                 last_change, seen = now, progress
             elif now - last_change > args.stall:
+                gave_up = f"no progress for {args.stall:g} s"
                 break
             if args.timeout and now - started > args.timeout:
+                gave_up = f"timeout after {args.timeout:g} s"
+                break
+            # One workflow too large for the engine can take a worker's memory past what
+            # the machine has: the run stops before that (a shared machine's neighbours).
+            rss_name, rss = rig.largest_rss()
+            if args.max_rss_gb and rss > args.max_rss_gb * 1e9:
+                gave_up = f"{rss_name} process over {args.max_rss_gb:g} GB RSS"
                 break
             lengths = _poll(client)
             peaks = {name: max(peaks[name], length) for name, length in lengths.items()}
@@ -177,7 +187,7 @@ def throughput(args: argparse.Namespace) -> Figures:
         # retention schedule, the graph. With the receipts worker, the streams' entries
         # are in the archive once it has trimmed them, so they are waited for and not
         # counted; without it they stay in Redis, and in the figure.
-        trimmed = rig.receipts and wait_trimmed(client)
+        trimmed = rig.receipts and gave_up is None and wait_trimmed(client)
         retained = (stored_memory(client) - baseline) / max(args.workflows, 1)
     tasks = finished * work.tasks_per_workflow
     return Figures(
@@ -201,6 +211,7 @@ def throughput(args: argparse.Namespace) -> Figures:
         redis_baseline_bytes=baseline,
         redis_retained_per_workflow_bytes=round(retained, 1),
         streams_trimmed=trimmed,
+        gave_up=gave_up,
         peak_stream_length=peaks,
         cpu_s=cpu,
         redis_us_per_task=_per_task(commandstats, tasks, "usec", 0.05),
@@ -242,6 +253,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--stall", type=float, default=30.0, help="give up after this long without progress"
     )
     parser.add_argument("--timeout", type=float, help="give up after this many seconds in all")
+    parser.add_argument(
+        "--max-rss-gb",
+        type=float,
+        default=8.0,
+        help="give up when a worker process holds more memory than this (default 8; 0: never)",
+    )
     parser.add_argument("--json", help="also write the figures to this file")
     return parser
 

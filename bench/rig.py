@@ -40,6 +40,7 @@ __all__ = [
 
 KEYS = Keys()
 WARMUP_WORKFLOWS = 20
+_PAGE_BYTES = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
 def yardstick() -> float:
@@ -153,6 +154,19 @@ class Rig:
             kind: round(sum(process_cpu_seconds(p.pid) - before[p.pid] for p in group), 2)
             for kind, group in self.procs.items()
         }
+
+    def largest_rss(self) -> tuple[str, int]:
+        """The worker process holding the most memory: (its kind, its resident bytes)."""
+        largest = ("", 0)
+        for kind, group in self.procs.items():
+            for proc in group:
+                try:
+                    pages = int(Path(f"/proc/{proc.pid}/statm").read_text().split()[1])
+                except (OSError, IndexError, ValueError):
+                    continue  # not Linux, or the process is gone
+                if pages * _PAGE_BYTES > largest[1]:
+                    largest = (kind, pages * _PAGE_BYTES)
+        return largest
 
     def ended(self) -> int:
         return sum(ended_count(self.client))

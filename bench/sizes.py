@@ -77,6 +77,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--timeout", type=float, default=300.0, help="give up on one run after this long"
     )
+    parser.add_argument(
+        "--max-rss-gb", type=float, default=8.0, help="give up on a run whose worker holds more"
+    )
     parser.add_argument("--lifecycle", type=int, default=1, help="lifecycle worker processes")
     parser.add_argument("--json", help="also write every run's figures to this file")
     args = parser.parse_args(argv)
@@ -91,6 +94,7 @@ def main(argv: list[str] | None = None) -> int:
                 "--workflows", "1",
                 "--lifecycle", str(args.lifecycle),
                 "--timeout", str(args.timeout),
+                "--max-rss-gb", str(args.max_rss_gb),
             ]
         )  # fmt: skip
         figures = asdict(throughput(bench_args))
@@ -99,8 +103,11 @@ def main(argv: list[str] | None = None) -> int:
         print(" ".join(fmt.format(cells[name]) for name, _, fmt in COLUMNS), flush=True)
         if figures["wall_s"] > args.max_wall or figures["finished"] < 1:
             later = [n for n in args.items if n > items]
+            why = figures["gave_up"] or f"{figures['wall_s']} s"
             if later:
-                print(f"stopped: {figures['wall_s']} s at {items:,} items; not run: {later}")
+                print(f"stopped at {items:,} items ({why}); not run: {later}")
+            elif figures["gave_up"]:
+                print(f"gave up at {items:,} items: {why}")
             break
     if args.json:
         Path(args.json).write_bytes(orjson.dumps(runs, option=orjson.OPT_INDENT_2))

@@ -1,7 +1,13 @@
-"""The growing shapes compile to what their names say (no Redis)."""
+"""The growing shapes compile to what their names say; the benchmark's own checks
+(no Redis)."""
+
+import subprocess
+import sys
+from typing import Any
 
 import pytest
 
+from bench.rig import Rig
 from bench.shapes import NESTING_DEPTH, join_text, nested_text, workload
 from flowlang.compiler import compile_text
 from flowlang.graph import NodeKind
@@ -52,3 +58,26 @@ def test_a_growing_shape_of_no_items_is_one_line_on_stderr_and_exit_2(
     assert main(["--shape", "iterate", "--items", "0"]) == 2
     err = capsys.readouterr().err
     assert err == "error: --shape iterate needs --items N (N at least 1), got 0\n"
+
+
+def test_the_largest_worker_is_found_by_its_resident_memory() -> None:
+    # What stops a run before one oversized workflow takes the machine's memory.
+    code = (
+        "import sys, time\n"
+        "x = bytearray(60_000_000)\n"
+        "x[::4096] = b'1' * len(x[::4096])  # every page touched: resident\n"
+        "print('ready', flush=True)\n"
+        "time.sleep(30)\n"
+    )
+    big = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE)
+    small = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        assert big.stdout is not None and big.stdout.readline() == b"ready\n"
+        nowhere: Any = None  # no server: only the processes are looked at
+        rig = Rig(nowhere, nowhere, {"lifecycle": [small], "noop": [big]}, receipts=False)
+        kind, rss = rig.largest_rss()
+        assert kind == "noop" and rss > 60_000_000
+    finally:
+        for proc in (big, small):
+            proc.kill()
+            proc.wait()
