@@ -103,6 +103,18 @@ def _poll(client: redis.Redis) -> dict[str, int]:
     return {"lifecycle": client.xlen(KEYS.lifecycle), "tasks": client.xlen(KEYS.tasks("default"))}
 
 
+def _wait_settled(client: redis.Redis, timeout: float = 60.0) -> None:
+    """Until Redis memory stops falling (two readings a second apart within 0.5 %)."""
+    deadline = time.perf_counter() + timeout
+    last = stored_memory(client)
+    while time.perf_counter() < deadline:
+        time.sleep(1.0)
+        now = stored_memory(client)
+        if abs(last - now) <= last * 0.005:
+            return
+        last = now
+
+
 def _since(after: dict[str, Any], before: dict[str, Any]) -> dict[str, dict[str, float]]:
     """INFO commandstats ``calls`` and ``usec`` counted between two readings."""
     counted = {}
@@ -135,7 +147,10 @@ def throughput(args: argparse.Namespace) -> Figures:
     compile_s = time.perf_counter() - compiled
     inputs = work.inputs(args.workflows)
     with ExitStack() as stack:
-        rig = start_rig(stack, args, work.worker_flags, args.persistence)
+        flags = work.worker_flags
+        if args.keep_details is not None:
+            flags += ("--keep-details", args.keep_details)
+        rig = start_rig(stack, args, flags, args.persistence)
         client = rig.client
         warm_ended = rig.warm_up()
         # The server allocates each command's statistics at its first call: not the run's.
@@ -192,6 +207,8 @@ def throughput(args: argparse.Namespace) -> Figures:
         # are in the archive once it has trimmed them, so they are waited for and not
         # counted; without it they stay in Redis, and in the figure.
         trimmed = rig.receipts and gave_up is None and wait_trimmed(client)
+        if args.keep_details is not None and gave_up is None:
+            _wait_settled(client)  # compaction runs in the background after the end
         retained = (stored_memory(client) - baseline) / max(args.workflows, 1)
     tasks = finished * work.tasks_per_workflow
     return Figures(
@@ -257,6 +274,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--stall", type=float, default=30.0, help="give up after this long without progress"
     )
     parser.add_argument("--timeout", type=float, help="give up after this many seconds in all")
+    parser.add_argument(
+        "--keep-details",
+        metavar="DURATION",
+        help="passed to the lifecycle workers (engines that compact finished workflows); "
+        "the retained memory is then read once compaction has settled, e.g. 0",
+    )
     parser.add_argument(
         "--max-rss-gb",
         type=float,
