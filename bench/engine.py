@@ -3,18 +3,15 @@
 ``python -m bench --workflows 10000 --shape chain10`` starts a private Redis
 (the server the tests use), the workers as separate processes, submits every
 workflow as fast as it can, waits until all have ended, and prints one table.
-``python -m bench latency`` measures submit→finished of single-task workflows
-one at a time on an idle system.
+``python -m bench --shape iterate --items N`` runs one workflow that grows with
+N instead (also ``join``, ``nested``: bench/shapes.py). ``python -m bench
+latency`` times single-task workflows submit→finished (bench/latency.py).
 """
 
 from __future__ import annotations
 
 import argparse
-import os
-import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field
@@ -24,24 +21,40 @@ from typing import Any
 import orjson
 import redis
 
+from bench.rig import (
+    KEYS,
+    add_rig_arguments,
+    ended_count,
+    process_cpu_seconds,
+    redis_cpu_seconds,
+    server_name,
+    spawn,
+    start_rig,
+    stop_processes,
+    stored_memory,
+    wait_trimmed,
+)
+from bench.shapes import GROWING, SHAPES, Workload, workload
 from flowlang.compiler import compile_text
-from lifecycle.events import END_WORKFLOW
-from lifecycle.keys import Keys
-from lifecycle.submit import start_workflow, start_workflows
-from rqse.server import PERSISTENCE_OPTIONS, RedisServer
+from flowlang.errors import FlowError
+from lifecycle.submit import start_workflows
+from rqse.server import PERSISTENCE_OPTIONS
 
-__all__ = ["KEYS", "SHAPES", "ended_count", "main", "spawn", "stop_processes"]
+# The other benchmarks import these from here.
+__all__ = [
+    "KEYS",
+    "SHAPES",
+    "Figures",
+    "ended_count",
+    "main",
+    "redis_cpu_seconds",
+    "spawn",
+    "stop_processes",
+    "throughput",
+]
 
-SHAPES = {
-    "chain10": ("→".join(f"A{i}" for i in range(1, 11)), 10),
-    "fan": ("A → { B C D E } → F", 6),
-    "single": ("A", 1),
-    # map10: one task whose output is 10 items (the no-op echoes the list input), then * B, then C.
-    "map10": ("A → * B → C", 12),
-}
-MAP_INPUT = [{"item": i} for i in range(10)]
-KEYS = Keys()
-_END_WORKFLOW_JSON = orjson.dumps(END_WORKFLOW)
+
+_cpu_seconds = process_cpu_seconds  # the name bench.noop_workers imports
 
 
 @dataclass
@@ -60,72 +73,57 @@ class Figures:
     finished: int
     failed: int
     stuck: int
+    # Growing shapes: the size, wall time per item, and the flow's parse + compile time.
+    items: int | None = None
+    per_item_us: float | None = None
+    compile_s: float = 0.0
+    # Redis memory (used_memory less the clients' buffers) once every workflow ended and
+    # the streams were trimmed, minus the baseline taken after the warm-up, per workflow.
+    redis_baseline_bytes: int = 0
+    redis_retained_per_workflow_bytes: float | None = None
+    streams_trimmed: bool = False
+    gave_up: str | None = None  # why the run stopped before every workflow ended
     peak_stream_length: dict[str, int] = field(default_factory=dict)
     cpu_s: dict[str, float] = field(default_factory=dict)
     redis_us_per_task: dict[str, float] = field(default_factory=dict)  # by command
     redis_calls_per_task: dict[str, float] = field(default_factory=dict)
 
 
-def _cpu_seconds(pid: int) -> float:
-    """utime + stime of a live process, from /proc (Linux); 0 elsewhere."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    except (OSError, IndexError, ValueError):
-        return 0.0
+def _progress(client: redis.Redis) -> int:
+    """Entries ever added to the lifecycle stream plus those its groups have read: any
+    step of any workflow adds one, and a lifecycle worker busy with one large workflow
+    reads its next batch (adding nothing for a while) when it is done with the last."""
+    added = int(client.xinfo_stream(KEYS.lifecycle)["entries-added"])
+    groups = client.xinfo_groups(KEYS.lifecycle)
+    return added + sum(int(group.get("entries-read") or 0) for group in groups)
 
 
-def redis_cpu_seconds(client: redis.Redis) -> float:
-    """The server's user + system CPU so far (INFO cpu)."""
-    info = client.info("cpu")
-    return float(info["used_cpu_user"] + info["used_cpu_sys"])
+def _poll(client: redis.Redis) -> dict[str, int]:
+    """The stream lengths, read while the run goes on."""
+    return {"lifecycle": client.xlen(KEYS.lifecycle), "tasks": client.xlen(KEYS.tasks("default"))}
 
 
-def _server_name(client: redis.Redis, server: RedisServer) -> str:
-    """E.g. ``valkey 8.1.8 (libc, mimalloc preloaded)``: figures depend on the server and
-    its allocator (a preloaded one replaces malloc unbeknown to the server's INFO)."""
-    info = client.info("server")
-    name = info.get("server_name") or "redis"
-    version = info.get("valkey_version") or info.get("redis_version")
-    allocator = client.info("memory").get("mem_allocator", "?")
-    if server.preloaded:
-        allocator += f", {Path(server.preloaded).stem.removeprefix('lib')} preloaded"
-    return f"{name} {version} ({allocator})"
+def _wait_settled(client: redis.Redis, timeout: float = 60.0) -> None:
+    """Until Redis memory stops falling (two readings a second apart within 0.5 %)."""
+    deadline = time.perf_counter() + timeout
+    last = stored_memory(client)
+    while time.perf_counter() < deadline:
+        time.sleep(1.0)
+        now = stored_memory(client)
+        if abs(last - now) <= last * 0.005:
+            return
+        last = now
 
 
-def spawn(url: str, *command: str, log: Path | None = None) -> subprocess.Popen[bytes]:
-    """A worker process; its output goes to ``log`` (appended) or nowhere."""
-    output = open(log, "ab") if log else subprocess.DEVNULL  # noqa: SIM115 - the child's
-    try:
-        return subprocess.Popen(
-            [sys.executable, "-m", *command, "--redis-url", url],
-            stdout=output,
-            stderr=subprocess.STDOUT if log else subprocess.DEVNULL,
-        )
-    finally:
-        if log:
-            output.close()
-
-
-def stop_processes(procs: list[subprocess.Popen[bytes]]) -> None:
-    for proc in procs:
-        proc.terminate()
-    for proc in procs:
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-
-
-def ended_count(client: redis.Redis) -> tuple[int, int]:
-    """(finished, failed or terminated) workflows, from the engine's outcome counters."""
-    finished, failed, terminated = client.hmget(KEYS.outcomes, "finished", "failed", "terminated")
-    return int(finished or 0), int(failed or 0) + int(terminated or 0)
-
-
-def _events_added(client: redis.Redis) -> int:
-    """Entries ever added to the lifecycle stream: any step of any workflow adds one."""
-    return int(client.xinfo_stream(KEYS.lifecycle)["entries-added"])
+def _since(after: dict[str, Any], before: dict[str, Any]) -> dict[str, dict[str, float]]:
+    """INFO commandstats ``calls`` and ``usec`` counted between two readings."""
+    counted = {}
+    for name, stats in after.items():
+        earlier = before.get(name, {})
+        calls = stats["calls"] - earlier.get("calls", 0)
+        if calls:
+            counted[name] = {"calls": calls, "usec": stats["usec"] - earlier.get("usec", 0)}
+    return counted
 
 
 def _per_task(
@@ -143,70 +141,79 @@ def _per_task(
 
 
 def throughput(args: argparse.Namespace) -> Figures:
-    text, tasks_per_workflow = SHAPES[args.shape]
-    graph = compile_text(text)
-    inputs = [MAP_INPUT if args.shape == "map10" else {"n": i} for i in range(args.workflows)]
+    work: Workload = workload(args.shape, args.items)
+    compiled = time.perf_counter()
+    graph = compile_text(work.text, limits=work.limits)
+    compile_s = time.perf_counter() - compiled
+    inputs = work.inputs(args.workflows)
     with ExitStack() as stack:
-        server = stack.enter_context(
-            RedisServer(args.server, persistence=args.persistence, allocator=args.allocator)
-        )
-        client = redis.Redis.from_url(server.url)
-        logs = Path(args.logs) if args.logs else None
-        if logs:
-            logs.mkdir(parents=True, exist_ok=True)
-
-        def log(name: str) -> Path | None:
-            return logs / f"{name}.log" if logs else None
-
-        procs: dict[str, list[subprocess.Popen[bytes]]] = {"lifecycle": [], "noop": []}
-        for n in range(args.lifecycle):
-            command = ("lifecycle", "worker", "--no-wait", "--consumer", f"lc{n}")
-            procs["lifecycle"].append(spawn(server.url, *command, log=log(f"lc{n}")))
-        for n in range(args.workers):
-            command = ("workers", "noop", "--kinds", "default", "--consumer", f"w{n}")
-            procs["noop"].append(spawn(server.url, *command, log=log(f"w{n}")))
-        if not args.no_receipts:
-            archive = stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-receipts-"))
-            command = ("lifecycle", "receipts", "--archive", archive)
-            procs["receipts"] = [spawn(server.url, *command, log=log("receipts"))]
-        stack.callback(stop_processes, [p for group in procs.values() for p in group])
-        time.sleep(1.0)  # let the workers create their groups
-        client.config_resetstat()
+        flags = work.worker_flags
+        if args.keep_details is not None:
+            flags += ("--keep-details", args.keep_details)
+        rig = start_rig(stack, args, flags, args.persistence)
+        client = rig.client
+        warm_ended = rig.warm_up()
+        # The server allocates each command's statistics at its first call: not the run's.
+        _poll(client), _progress(client), client.info("commandstats")
+        baseline = stored_memory(client)
+        # Counted as differences from here: CONFIG RESETSTAT would also free the server's
+        # per-command latency histograms (about 190 kB), which the run then allocates
+        # again, and the retained memory would count them.
+        commands_before = client.info("commandstats")
         # CPU from here on: the workers' start-up (imports, connecting) is not the run's.
-        cpu_before = {p.pid: _cpu_seconds(p.pid) for group in procs.values() for p in group}
+        cpu_before = rig.cpu()
         redis_before = redis_cpu_seconds(client)
         started, bench_cpu = time.perf_counter(), time.process_time()
-        start_workflows(client, graph, inputs, [f"w{i}" for i in range(args.workflows)], KEYS)
+        ids = [f"w{i}" for i in range(args.workflows)]
+        start_workflows(client, graph, inputs, ids, KEYS, limits=work.limits)
         submitted = time.perf_counter() - started
         peaks = {"lifecycle": 0, "tasks": 0}
-        last_change, added = time.perf_counter(), 0
-        while sum(ended_count(client)) < args.workflows:
+        last_change, seen = time.perf_counter(), 0
+        gave_up: str | None = None
+        while rig.ended() - warm_ended < args.workflows:
             time.sleep(0.05)
-            # Progress is any new lifecycle event: with many workflows in flight at once,
-            # none may finish for a long while although tasks end all the time.
-            if (now_added := _events_added(client)) != added:
-                last_change, added = time.perf_counter(), now_added
-            elif time.perf_counter() - last_change > args.stall:
+            now = time.perf_counter()
+            # Progress is any lifecycle event added or read: with many workflows in flight
+            # at once, none may finish for a long while although tasks end all the time.
+            if (progress := _progress(client)) != seen:
+                last_change, seen = now, progress
+            elif now - last_change > args.stall:
+                gave_up = f"no progress for {args.stall:g} s"
                 break
-            peaks["lifecycle"] = max(peaks["lifecycle"], client.xlen(KEYS.lifecycle))
-            peaks["tasks"] = max(peaks["tasks"], client.xlen(KEYS.tasks("default")))
+            if args.timeout and now - started > args.timeout:
+                gave_up = f"timeout after {args.timeout:g} s"
+                break
+            # One workflow too large for the engine can take a worker's memory past what
+            # the machine has: the run stops before that (a shared machine's neighbours).
+            rss_name, rss = rig.largest_rss()
+            if args.max_rss_gb and rss > args.max_rss_gb * 1e9:
+                gave_up = f"{rss_name} process over {args.max_rss_gb:g} GB RSS"
+                break
+            lengths = _poll(client)
+            peaks = {name: max(peaks[name], length) for name, length in lengths.items()}
         wall = time.perf_counter() - started
-        cpu = {
-            kind: round(sum(_cpu_seconds(p.pid) - cpu_before[p.pid] for p in group), 2)
-            for kind, group in procs.items()
-        }
+        cpu = rig.cpu_since(cpu_before)
         cpu["redis"] = round(redis_cpu_seconds(client) - redis_before, 2)
         cpu["bench"] = round(time.process_time() - bench_cpu, 2)
         cpu["total"] = round(sum(cpu.values()), 2)
-        server_name = _server_name(client, server)
-        commandstats = client.info("commandstats")
+        name = server_name(client, rig.server)
+        commandstats = _since(client.info("commandstats"), commands_before)
         commands = sum(v["calls"] for v in commandstats.values())
         peak = int(client.info("memory")["used_memory_peak"])
         finished, failed = ended_count(client)
-    tasks = finished * tasks_per_workflow
+        finished -= warm_ended
+        # What the finished workflows still hold: records, the workflow index, the
+        # retention schedule, the graph. With the receipts worker, the streams' entries
+        # are in the archive once it has trimmed them, so they are waited for and not
+        # counted; without it they stay in Redis, and in the figure.
+        trimmed = rig.receipts and gave_up is None and wait_trimmed(client)
+        if args.keep_details is not None and gave_up is None:
+            _wait_settled(client)  # compaction runs in the background after the end
+        retained = (stored_memory(client) - baseline) / max(args.workflows, 1)
+    tasks = finished * work.tasks_per_workflow
     return Figures(
         shape=args.shape,
-        server=server_name,
+        server=name,
         workflows=args.workflows,
         tasks=tasks,
         wall_s=round(wall, 2),
@@ -218,52 +225,22 @@ def throughput(args: argparse.Namespace) -> Figures:
         redis_commands_per_task=round(commands / max(tasks, 1), 2),
         finished=finished,
         failed=failed,
-        peak_stream_length=peaks,
         stuck=args.workflows - finished - failed,
+        items=work.items,
+        per_item_us=round(wall / work.items * 1e6, 2) if work.items else None,
+        compile_s=round(compile_s, 3),
+        redis_baseline_bytes=baseline,
+        redis_retained_per_workflow_bytes=round(retained, 1),
+        streams_trimmed=trimmed,
+        gave_up=gave_up,
+        peak_stream_length=peaks,
         cpu_s=cpu,
         redis_us_per_task=_per_task(commandstats, tasks, "usec", 0.05),
         redis_calls_per_task=_per_task(commandstats, tasks, "calls", 0.001),
     )
 
 
-def latency(args: argparse.Namespace) -> dict[str, Any]:
-    graph = compile_text("A")
-    with ExitStack() as stack:
-        server = stack.enter_context(RedisServer(args.server, allocator=args.allocator))
-        client = redis.Redis.from_url(server.url)
-        procs = [
-            spawn(server.url, "lifecycle", "worker"),
-            spawn(server.url, "workers", "noop", "--kinds", "default"),
-        ]
-        stack.callback(stop_processes, procs)
-        time.sleep(1.0)
-        samples = []
-        cursor = "$"
-        for i in range(args.count):
-            began = time.perf_counter()
-            start_workflow(client, graph, {"i": i}, f"l{i}", KEYS)
-            while True:
-                reply = client.xread({KEYS.lifecycle: cursor}, block=1000, count=100)
-                done = False
-                for _, entries in reply or []:
-                    for entry_id, fields in entries:
-                        cursor = entry_id.decode()
-                        if fields.get(b"kind") == _END_WORKFLOW_JSON:
-                            done = True
-                if done:
-                    break
-            samples.append((time.perf_counter() - began) * 1000)
-    samples.sort()
-    return {
-        "count": len(samples),
-        "p50_ms": round(statistics.median(samples), 2),
-        "p99_ms": round(samples[int(len(samples) * 0.99) - 1], 2),
-        "max_ms": round(samples[-1], 2),
-    }
-
-
-def _print_table(figures: Figures) -> None:
-    rows = asdict(figures)
+def print_table(rows: dict[str, Any]) -> None:
     width = max(len(k) for k in rows) + 2
     for key, value in rows.items():
         if isinstance(value, dict):
@@ -271,41 +248,71 @@ def _print_table(figures: Figures) -> None:
         print(f"{key:<{width}}{value}")
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
-    parser.add_argument("mode", nargs="?", default="throughput", choices=["throughput", "latency"])
-    parser.add_argument("--workflows", type=int, default=1000)
-    parser.add_argument("--shape", choices=sorted(SHAPES), default="chain10")
-    parser.add_argument("--lifecycle", type=int, default=1, help="lifecycle worker processes")
-    parser.add_argument("--workers", type=int, default=1, help="no-op worker processes")
+EPILOG = """examples:
+  python -m bench --workflows 100000 --shape chain10 --lifecycle 2 --json out.json
+  python -m bench --shape iterate --items 100000       # one workflow A → * B → C
+  python -m bench latency --load 10000 --count 1000    # bench/latency.py
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench",
+        description=__doc__.splitlines()[0],
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--workflows", type=int, default=None, help="default 1000 (growing: 1)")
+    shapes = sorted([*SHAPES, *GROWING])
+    parser.add_argument("--shape", choices=shapes, default="chain10")
+    parser.add_argument(
+        "--items", type=int, help="size of a growing shape: " + ", ".join(sorted(GROWING))
+    )
+    add_rig_arguments(parser)
     parser.add_argument("--persistence", choices=sorted(PERSISTENCE_OPTIONS), default="none")
-    parser.add_argument("--count", type=int, default=500, help="latency: workflows to time")
     parser.add_argument(
         "--stall", type=float, default=30.0, help="give up after this long without progress"
     )
+    parser.add_argument("--timeout", type=float, help="give up after this many seconds in all")
     parser.add_argument(
-        "--server", help="Redis/Valkey server binary (default: the one the tests use)"
+        "--keep-details",
+        metavar="DURATION",
+        help="passed to the lifecycle workers (engines that compact finished workflows); "
+        "the retained memory is then read once compaction has settled, e.g. 0",
     )
     parser.add_argument(
-        "--allocator",
-        choices=["auto", "builtin"],
-        default="auto",
-        help="auto: mimalloc preloaded into a wheel's server when installed (rqse.server)",
+        "--max-rss-gb",
+        type=float,
+        default=8.0,
+        help="give up when a worker process holds more memory than this (default 8; 0: never)",
     )
     parser.add_argument("--json", help="also write the figures to this file")
-    parser.add_argument("--logs", help="write each worker process's output to DIR/<name>.log")
-    parser.add_argument(
-        "--no-receipts", action="store_true", help="run without the receipts worker (its share)"
-    )
-    args = parser.parse_args(argv)
-    if args.mode == "latency":
-        result = latency(args)
-        for key, value in result.items():
-            print(f"{key:<10}{value}")
-    else:
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    arguments = list(sys.argv[1:] if argv is None else argv)
+    if arguments[:1] == ["latency"]:
+        from bench.latency import main as latency
+
+        return latency(arguments[1:])
+    if arguments[:1] == ["throughput"]:
+        arguments = arguments[1:]
+    parser = build_parser()
+    args = parser.parse_args(arguments)
+    if args.shape in GROWING and args.items is None:
+        parser.error(f"--shape {args.shape} needs --items N")
+    if args.shape not in GROWING and args.items is not None:
+        parser.error(f"--items applies to {', '.join(sorted(GROWING))}, not --shape {args.shape}")
+    if args.workflows is None:
+        args.workflows = 1 if args.shape in GROWING else 1000
+    try:
         figures = throughput(args)
-        _print_table(figures)
-        result = asdict(figures)
+    except (FlowError, ValueError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    rows = asdict(figures)
+    print_table(rows)
     if args.json:
-        Path(args.json).write_bytes(orjson.dumps(result, option=orjson.OPT_INDENT_2))
+        Path(args.json).write_bytes(orjson.dumps(rows, option=orjson.OPT_INDENT_2))
     return 0
