@@ -396,7 +396,7 @@ class ChunkedState(State):
             raise AssertionError(f"{key}: {count} arrivals for a threshold of {threshold}")
         lacking = [(ARRIVAL, key, n) for n in range(count) if n not in arrivals]
         if lacking:
-            raise Missing(lacking)
+            raise self._missing(lacking)
         if key in waiting:
             del waiting[key]
         self._drop(key, count, self.arrivals, self.changed_arrivals, self.dropped_arrivals)
@@ -425,7 +425,7 @@ class ChunkedState(State):
         chunk, offset = divmod(index - first, QUEUE_CHUNK)
         chunks = self.queued.setdefault(key, {})
         if chunk not in chunks:
-            raise Missing([(QUEUED, key, chunk)])
+            raise self._missing([(QUEUED, key, chunk)])
         item = chunks[chunk][offset]
         fanin[key] = [left, items, index + 1, first]
         if offset == QUEUE_CHUNK - 1 or index + 1 == items:  # the chunk is used up
@@ -447,10 +447,18 @@ class ChunkedState(State):
             return None
         lacking = [(OUTPUT, key, i) for i in range(items) if i not in outputs]
         if lacking:
-            raise Missing(lacking)
+            raise self._missing(lacking)
         del fanin[key]
         self._drop(key, items, self.outputs, self.changed_outputs, self.dropped_outputs)
         return [outputs[i] for i in range(items)]
+
+    def _missing(self, lacking: Sequence[Entry]) -> Exception:
+        """What to raise for entries not at hand: :class:`Missing` when only some were
+        loaded; for a whole state they are not stored at all, which no run leaves."""
+        if self.partial:
+            return Missing(lacking)
+        shown = ", ".join(map(str, lacking[:3])) + (" ..." if len(lacking) > 3 else "")
+        return ValueError(f"the stored state lacks {len(lacking)} entries: {shown}")
 
     @staticmethod
     def _drop(

@@ -150,7 +150,6 @@ class Advancer:
         events, and duplicates acknowledged with them) are acknowledged here."""
         result = BatchResult()
         pending = self._group(entries, result)
-        compute = self.transition.compute
         rounds = 0
         while pending:
             # The first round commits the whole batch in one MULTI/EXEC under WATCH of its
@@ -166,15 +165,7 @@ class Advancer:
                 for item in pending:
                     # A workflow that loses the race is recomputed from fresh state: what
                     # this round said of its events counts only if the round's commit wins.
-                    said, loads = Said(), 0
-                    while True:
-                        try:
-                            commit = compute(item, said, now)
-                            break
-                        except Missing as missing:  # a chunked state's entries not loaded
-                            said, loads = Said(), loads + 1
-                            wanted = missing.wanted if loads < _MAX_LOADS else None
-                            self._load_more(item, wanted, send)
+                    commit, said = self._compute(item, now, send)
                     if commit is None:
                         said.into(result)
                     else:
@@ -219,6 +210,21 @@ class Advancer:
         return result
 
     # -- steps -------------------------------------------------------------------
+
+    def _compute(self, item: Pending, now: int, send: fastpipe.Send) -> tuple[Commit | None, Said]:
+        """``item``'s transition; a chunked state's entries it finds missing are loaded and
+        it is computed again (after a few tries, on the whole state)."""
+        for loads in range(_MAX_LOADS + 1):
+            said = Said()
+            try:
+                return self.transition.compute(item, said, now), said
+            except Missing as missing:
+                wanted = missing.wanted if loads + 1 < _MAX_LOADS else None
+                self._load_more(item, wanted, send)
+        # Whole, and still missing what its entries say it holds: the record is corrupt.
+        item.state, item.corrupt = None, "its state lacks entries its own counts name"
+        said = Said()
+        return self.transition.compute(item, said, now), said
 
     def _group(
         self, entries: list[tuple[str, dict[str, Any]]], result: BatchResult

@@ -119,3 +119,22 @@ def test_a_failed_item_fails_the_iteration_and_a_restart_runs_it_to_the_end(
     record = load_workflow(harness.client, KEYS, workflow_id)
     assert record.status == "finished"
     assert record.output == {"by": "C", "of": [{"by": "B", "of": n} for n in range(300)]}
+
+
+def test_a_record_missing_an_entry_fails_its_workflow_alone_with_the_reason(
+    harness: Harness,
+) -> None:
+    graph = compile_text("A → * B → C")
+    broken = harness.submit(graph, list(range(100)), "broken")
+    harness.advance()
+    harness.work(echo)  # A ends
+    harness.advance()  # 100 B start
+    harness.work(echo)  # and end
+    bystander = harness.submit(graph, list(range(100)), "bystander")
+    # An output collected is lost from the record (an operator's HDEL, a bad restore).
+    harness.client.hset(KEYS.workflow(broken), "f:2", b"[1,100]")
+    harness.pump(echo)
+    record = load_workflow(harness.client, KEYS, broken)
+    assert record.status == "failed"
+    assert "lacks" in (record.error or ""), record.error
+    assert load_workflow(harness.client, KEYS, bystander).status == "finished"
