@@ -10,7 +10,7 @@ or task it belongs to. docs/security.md lists them with their defaults.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import orjson
@@ -26,6 +26,8 @@ __all__ = [
     "check_value",
     "depth_within",
     "encode_value",
+    "limits_changed",
+    "limits_with",
     "loads_value",
 ]
 
@@ -53,6 +55,27 @@ class Limits:
 
 
 DEFAULT_LIMITS = Limits()
+
+
+def limits_changed(limits: Limits) -> dict[str, Any]:
+    """The fields of ``limits`` that differ from the defaults, by name."""
+    return {
+        name: getattr(limits, name)
+        for name in Limits.__dataclass_fields__
+        if getattr(limits, name) != getattr(DEFAULT_LIMITS, name)
+    }
+
+
+def limits_with(changes: dict[str, Any]) -> Limits:
+    """The defaults with ``changes`` (as :func:`limits_changed` gives them); names that
+    are not limits, and values of the wrong type, are left out."""
+    kept = {
+        name: value
+        for name, value in changes.items()
+        if name in Limits.__dataclass_fields__
+        and (type(value) is int or (value is None and name == "task_starts"))
+    }
+    return replace(DEFAULT_LIMITS, **kept)  # type: ignore[arg-type]  # checked above
 
 
 class LimitExceeded(FlowError):

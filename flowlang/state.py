@@ -437,6 +437,8 @@ class ChunkedState(State):
 
     def collect(self, key: str, index: int, output: Any) -> list[Any] | None:
         fanin = self.tables()[1]
+        if key not in fanin:  # an item of it ended, so it was opened: its entry is lost
+            raise ValueError(f"iteration {key} has no stored entry ({FANIN})")
         entry = fanin[key]
         left, items = entry[0] - 1, entry[1]
         outputs = self.outputs.setdefault(key, {})

@@ -95,6 +95,12 @@ class Keys:
         return f"{self.prefix}:expiring"
 
     @property
+    def limits(self) -> str:
+        """String: JSON of the limits the lifecycle workers run with (those set apart from
+        the defaults), set by each at start; replay and recover compute with them."""
+        return f"{self.prefix}:limits"
+
+    @property
     def retention(self) -> str:
         """String: the lifecycle workers' retention in ms (0: kept until deleted), set by
         each at start; replay tells a workflow removed on time from one Redis lost."""

@@ -21,11 +21,12 @@ Readers that show a workflow load it whole (:func:`state_from_fields`).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import orjson
 
+from flowlang.limits import DEFAULT_LIMITS
 from flowlang.state import (
     ARRIVAL,
     FANIN,
@@ -59,6 +60,9 @@ _PREFIX = {
     QUEUED: rec.QUEUED_PREFIX,
 }
 _loads, _dumps = orjson.loads, orjson.dumps
+# An iteration recorded with more items is corrupt: what readers accept (the lifecycle
+# checks against its own --max-items).
+_MAX_ITEMS = max(DEFAULT_LIMITS.items, 10_000_000)
 
 
 def is_chunked(core: Mapping[str, Any]) -> bool:
@@ -72,22 +76,29 @@ def entry_field(entry: Entry) -> str:
     return f"{_PREFIX[entry[0]]}{entry[1]}/{entry[2]}"  # type: ignore[misc]
 
 
-def partial_state(core: dict[str, Any], loaded: Iterable[tuple[str, Any]]) -> ChunkedState:
+def partial_state(
+    core: dict[str, Any], loaded: Iterable[tuple[str, Any]], max_items: int = _MAX_ITEMS
+) -> ChunkedState:
     """A chunked state from its ``core`` and the entry fields loaded for a transition:
-    (field name, stored value or None); a None says the entry is not stored."""
-    state = ChunkedState(core, partial=True)
+    (field name, stored value or None); a None says the entry is not stored. A value no
+    run writes raises ValueError naming its field (``max_items``: the most items an
+    iteration may have)."""
+    state = ChunkedState(_checked_core(core), partial=True)
     for name, value in loaded:
-        _place(state, name, value)
+        _place(state, name, value, max_items)
     return state
 
 
-def whole_state(core: dict[str, Any], fields: Mapping[Any, Any]) -> ChunkedState:
-    """A chunked state from its ``core`` and every field of its hash."""
-    state = ChunkedState(core)
+def whole_state(
+    core: dict[str, Any], fields: Mapping[Any, Any], max_items: int = _MAX_ITEMS
+) -> ChunkedState:
+    """A chunked state from its ``core`` and every field of its hash (checked as by
+    :func:`partial_state`)."""
+    state = ChunkedState(_checked_core(core))
     for name, value in fields.items():
         text = name.decode() if isinstance(name, bytes) else str(name)
         if text[:2] in _ENTRY_PREFIXES:
-            _place(state, text, value)
+            _place(state, text, value, max_items)
     for table in state.tables():  # the counts follow what is stored
         table.size = dict.__len__(table)
     return state
@@ -96,18 +107,49 @@ def whole_state(core: dict[str, Any], fields: Mapping[Any, Any]) -> ChunkedState
 _ENTRY_PREFIXES = frozenset(_PREFIX.values())
 
 
-def _place(state: ChunkedState, name: str, value: Any) -> None:
+def _checked_core(core: dict[str, Any]) -> dict[str, Any]:
+    live = core.get(CHUNKED)
+    if type(live) is not int or live < 0:
+        raise ValueError(f"field {rec.STATE}: running count {live!r} is not a count")
+    return core
+
+
+def _place(state: ChunkedState, name: str, value: Any, max_items: int) -> None:
     prefix, rest = name[:2], name[2:]
-    if prefix == rec.RUNNING_PREFIX:
-        _table_entry(state.running, rest, value)
-    elif prefix == rec.FANIN_PREFIX:
-        _table_entry(state.fanin, rest, value)
-    elif prefix == rec.WAITING_PREFIX:
-        _table_entry(state.waiting, rest, value)
-    elif value is not None:
-        key, _, index = rest.rpartition("/")
-        entries = _ENTRIES[prefix](state)
-        entries.setdefault(key, {})[int(index)] = _loads(value)
+    try:
+        if prefix == rec.RUNNING_PREFIX:
+            _table_entry(state.running, rest, value, _attempt)
+        elif prefix == rec.FANIN_PREFIX:
+            _table_entry(state.fanin, rest, value, lambda v: _iteration(v, max_items))
+        elif prefix == rec.WAITING_PREFIX:
+            _table_entry(state.waiting, rest, value, _attempt)
+        elif value is not None:
+            key, _, index = rest.rpartition("/")
+            number = int(index)
+            if number < 0 or not key:
+                raise ValueError(f"{index!r} is not an index of an entry")
+            entry = _loads(value)
+            if prefix != rec.OUTPUT_PREFIX and type(entry) is not list:
+                raise ValueError("not a list")
+            _ENTRIES[prefix](state).setdefault(key, {})[number] = entry
+    except (ValueError, TypeError) as error:  # orjson's errors are ValueErrors
+        raise ValueError(f"field {name}: {error}") from None
+
+
+def _attempt(value: Any) -> bool:
+    return type(value) is int and value >= 1
+
+
+def _iteration(value: Any, max_items: int) -> bool:
+    """[items left, items] or [items left, items, next item, first queued item]."""
+    if type(value) is not list or len(value) not in (2, 4):
+        return False
+    if any(type(n) is not int for n in value):
+        return False
+    left, items = value[0], value[1]
+    if not 1 <= left <= items <= max_items:
+        return False
+    return len(value) == 2 or 0 <= value[3] <= value[2] <= items
 
 
 _ENTRIES = {  # the entries of a chunked state stored one field per index
@@ -117,11 +159,14 @@ _ENTRIES = {  # the entries of a chunked state stored one field per index
 }
 
 
-def _table_entry(table: Any, key: str, value: Any) -> None:
+def _table_entry(table: Any, key: str, value: Any, valid: Callable[[Any], bool]) -> None:
     if value is None:
         table.absent.add(key)
-    else:
-        dict.__setitem__(table, key, _loads(value))
+        return
+    entry = _loads(value)
+    if not valid(entry):
+        raise ValueError(f"{entry!r} is no value this field holds")
+    dict.__setitem__(table, key, entry)
 
 
 def write_changes(state: ChunkedState, fields: list[Any], removed: list[str]) -> None:

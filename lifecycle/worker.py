@@ -14,7 +14,9 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from flowlang.limits import DEFAULT_LIMITS, Limits
+import orjson
+
+from flowlang.limits import DEFAULT_LIMITS, Limits, limits_changed
 from lifecycle.engine.advance import Advancer
 from lifecycle.engine.dead_tasks import DeadTasks, DeadTasksThread
 from lifecycle.engine.retention import (
@@ -85,6 +87,10 @@ class LifecycleWorker(EventListener):
 
     def onStart(self) -> None:  # noqa: N802 - rqse hook name
         self.connection.set(self.keys.retention, self.advancer.transition.retain_ms)
+        # What replay and recover must compute with to start what this worker starts
+        # (an iteration's window decides which items start when).
+        limits = limits_changed(self.advancer.transition.limits)
+        self.connection.set(self.keys.limits, orjson.dumps(limits))
         if self.timers is not None:
             self.timers.start()
         self.retention.start()

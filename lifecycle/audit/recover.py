@@ -24,6 +24,7 @@ from typing import Any
 import orjson
 import redis
 
+from flowlang.limits import DEFAULT_LIMITS, Limits
 from lifecycle import events as ev
 from lifecycle import records as rec
 from lifecycle.audit.replay import NOT_IN_REDIS, WorkflowReplay
@@ -57,10 +58,14 @@ def recover(
     *,
     workflow: str | None = None,
     dry_run: bool = False,
+    limits: Limits = DEFAULT_LIMITS,
 ) -> RecoverReport:
-    """Replay the archive against Redis and restore every workflow lost in Redis."""
+    """Replay the archive against Redis (with the lifecycle workers' ``limits``) and
+    restore every workflow lost in Redis."""
     keys = keys or Keys()
-    audit = audit_archive(directory, keys, workflow=workflow, client=client, keep=False)
+    audit = audit_archive(
+        directory, keys, workflow=workflow, client=client, keep=False, limits=limits
+    )
     report = RecoverReport(audit)
     for item in audit.lost:
         if item.divergence is not None:

@@ -142,7 +142,7 @@ class WorkflowReplay:
 
 def replay_workflow(item: WorkflowReplay, graphs: ArchiveGraphs, keys: Keys) -> WorkflowReplay:
     """Feed ``item.inputs`` to the live transition code; check against ``item.emitted``."""
-    transition = Transition(graphs, keys)
+    transition = Transition(graphs, keys, graphs.limits)
     starts: dict[str, Entry] = {}
     ends: list[Entry] = []
     for entry in item.emitted:

@@ -13,6 +13,7 @@ from typing import Any
 
 import redis
 
+from flowlang.limits import DEFAULT_LIMITS, Limits
 from lifecycle import events as ev
 from lifecycle.audit.archive import ArchiveProblem, iter_archive
 from lifecycle.audit.replay import (
@@ -104,6 +105,7 @@ def audit_archive(
     workflow: str | None = None,
     client: redis.Redis | None = None,
     keep: bool = True,
+    limits: Limits = DEFAULT_LIMITS,
 ) -> AuditReport:
     """Check the chain of the archive in ``directory``, replay its workflows (or one) and,
     with ``client``, compare each with its live record. Raises ArchiveError when the
@@ -112,11 +114,12 @@ def audit_archive(
     The archive is streamed: a workflow is replayed shortly after its end and then
     dropped, so memory follows the workflows open at a point of the archive, not its
     size. With ``keep`` False only the workflows with a problem stay in
-    ``report.workflows`` (the counts cover all)."""
+    ``report.workflows`` (the counts cover all). ``limits``: those the lifecycle workers
+    ran with (an iteration's window decides which of its items start when)."""
     keys = keys or Keys()
     report = AuditReport()
     checker = ChainChecker()
-    graphs = ArchiveGraphs()
+    graphs = ArchiveGraphs(limits)
     open_: dict[str, WorkflowReplay] = {}
     ended: deque[tuple[int, str]] = deque()  # (record number, workflow) in end order
 

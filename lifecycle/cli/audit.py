@@ -13,9 +13,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import orjson
 import redis
 
+from flowlang.limits import Limits, limits_with
 from lifecycle.cli.support import EXIT_FAILED, EXIT_OK, CliError, Context, dumps_text, print_json
+from lifecycle.cli.worker import LIMIT_NAMES, limits_arguments, limits_from
 from lifecycle.keys import Keys
 from rqse.errors import RqseError
 
@@ -51,6 +54,7 @@ def add_commands(commands: Any, common: argparse.ArgumentParser) -> None:
     replay.add_argument("--workflow", help="only this workflow id")
     replay.add_argument("--json", action="store_true", help="print JSON")
     replay.add_argument("--offline", action="store_true", help="do not compare with Redis")
+    limits_arguments(replay, _RECORDED)
     replay.set_defaults(func=_replay_command)
 
     recover = commands.add_parser(
@@ -62,6 +66,7 @@ def add_commands(commands: Any, common: argparse.ArgumentParser) -> None:
     recover.add_argument("--workflow", help="only this workflow id")
     recover.add_argument("--dry-run", action="store_true", help="say what would be restored")
     recover.add_argument("--json", action="store_true", help="print JSON")
+    limits_arguments(recover, _RECORDED)
     recover.set_defaults(func=_recover)
 
 
@@ -92,6 +97,7 @@ def _recover(args: argparse.Namespace, context: Context) -> int:
             context.keys,
             workflow=args.workflow,
             dry_run=args.dry_run,
+            limits=replay_limits(args, context.client, context.keys),
         )
     except ValueError as error:  # a graph record whose text does not parse
         raise CliError(f"{args.archive}: {error}") from None
@@ -146,11 +152,29 @@ def _receipts(args: argparse.Namespace, context: Context) -> int:
     return EXIT_OK
 
 
+_RECORDED = "default: as the lifecycle workers recorded in Redis, else"
+
+
+def replay_limits(args: argparse.Namespace, client: redis.Redis | None, keys: Keys) -> Limits:
+    """The limits to replay with: those the flags give, else those the lifecycle workers
+    recorded in Redis (``Keys.limits``), else the defaults."""
+    if any(getattr(args, f"limit_{name}", None) is not None for name in LIMIT_NAMES):
+        return limits_from(args)
+    raw = client.get(keys.limits) if client is not None else None
+    try:
+        recorded = orjson.loads(raw) if raw else {}
+    except orjson.JSONDecodeError:
+        log.warning("%s is not JSON: replaying with the default limits", keys.limits)
+        recorded = {}
+    return limits_with(recorded if isinstance(recorded, dict) else {})
+
+
 def _replay(args: argparse.Namespace, client: redis.Redis | None, keys: Keys) -> int:
     from lifecycle.audit.report import audit_archive
     from lifecycle.history import format_timeline
 
-    report = audit_archive(args.archive, keys, workflow=args.workflow, client=client)
+    limits = replay_limits(args, client, keys)
+    report = audit_archive(args.archive, keys, workflow=args.workflow, client=client, limits=limits)
     if args.workflow and not report.workflows:
         raise CliError(f"no workflow {args.workflow!r} in {args.archive}")
     if args.json:

@@ -106,11 +106,15 @@ _LIMIT_FLAGS = (  # flag, Limits field, what it bounds
 )
 
 
-def limits_arguments(parser: argparse.ArgumentParser) -> None:
-    """The flags that change the lifecycle's limits (flowlang.limits.Limits)."""
+LIMIT_NAMES = tuple(name for _, name, _ in _LIMIT_FLAGS)
+
+
+def limits_arguments(parser: argparse.ArgumentParser, default_from: str = "default") -> None:
+    """The flags that change the lifecycle's limits (flowlang.limits.Limits);
+    ``default_from`` says where a limit comes from when its flag is not given."""
     for flag, name, what in _LIMIT_FLAGS:
         default = getattr(DEFAULT_LIMITS, name)
-        shown = f" (default {default:,})" if default is not None else ""
+        shown = f" ({default_from} {default:,})" if default is not None else ""
         parser.add_argument(flag, type=int, metavar="N", dest=f"limit_{name}", help=what + shown)
 
 

@@ -143,6 +143,7 @@ class Advancer:
         # those its events touch, they are loaded with the record, not after a first try
         # finds them missing.
         self._chunked: dict[str, list[str]] = {}
+        self._max_items = limits.items
 
     def apply(self, entries: list[tuple[str, dict[str, Any]]]) -> BatchResult:
         """Apply lifecycle events (entry id, decoded event). The caller acknowledges
@@ -287,7 +288,7 @@ class Advancer:
             if item.resends:
                 item.read_fields(_pairs(values))
             else:
-                _read_record(item, _keys_needing_input(item), item.entries, values)
+                _read_record(item, _keys_needing_input(item), item.entries, values, self._max_items)
         except Exception as error:  # noqa: BLE001 - a record no reader can use
             item.state, item.corrupt = None, f"its stored record is corrupt: {error}"
             return
@@ -385,7 +386,9 @@ def _pairs(reply: Any) -> dict[Any, Any]:
     return dict(zip(reply[::2], reply[1::2], strict=True))
 
 
-def _read_record(item: Pending, inputs: list[str], entries: list[str], values: list[Any]) -> None:
+def _read_record(
+    item: Pending, inputs: list[str], entries: list[str], values: list[Any], max_items: int
+) -> None:
     """Fill ``item`` from the HMGET of its record: ``_LOADED``, then the inputs asked for,
     then the entries of a chunked state."""
     version, state, digest, salt, paused = values[0], values[1], values[2], values[3], values[4]
@@ -395,7 +398,7 @@ def _read_record(item: Pending, inputs: list[str], entries: list[str], values: l
         item.state = None
     elif is_chunked(core):
         loaded = values[5 + len(inputs) :]
-        item.state = partial_state(core, zip(entries, loaded, strict=True))
+        item.state = partial_state(core, zip(entries, loaded, strict=True), max_items)
     else:
         item.state = State.from_dict(core)
     item.digest = digest.decode() if digest else None

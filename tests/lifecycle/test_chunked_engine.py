@@ -9,17 +9,26 @@ check what they end with and what their records hold on the way.
 
 from __future__ import annotations
 
+import argparse
+from pathlib import Path
 from typing import Any
 
 import orjson
+import pytest
 import redis
 
 from flowlang.compiler import compile_text
+from flowlang.limits import Limits
 from flowlang.runner import TaskCall, run
 from lifecycle import records as rec
+from lifecycle.audit.report import audit_archive
+from lifecycle.cli.audit import replay_limits
 from lifecycle.client import Client
+from lifecycle.engine.advance import Advancer
 from lifecycle.engine.store import load_workflow
 from lifecycle.keys import Keys
+from lifecycle.worker import LifecycleWorker
+from tests.lifecycle.audit_helpers import archive_all
 from tests.lifecycle.harness import Harness
 
 KEYS = Keys()
@@ -137,4 +146,58 @@ def test_a_record_missing_an_entry_fails_its_workflow_alone_with_the_reason(
     record = load_workflow(harness.client, KEYS, broken)
     assert record.status == "failed"
     assert "lacks" in (record.error or ""), record.error
+    assert load_workflow(harness.client, KEYS, bystander).status == "finished"
+
+
+def test_replay_starts_items_as_the_window_the_workers_recorded_did(
+    redis_client: redis.Redis, tmp_path: Path
+) -> None:
+    windowed = Limits(window=3)
+    worker = LifecycleWorker(KEYS, pool=redis_client.connection_pool, limits=windowed)
+    worker.onStart()  # records the limits it runs with, as at every start
+    worker.onStop()
+    recorded = replay_limits(argparse.Namespace(), redis_client, KEYS)
+    assert recorded.window == 3
+    harness = Harness(redis_client, KEYS)
+    harness.advancer = Advancer(redis_client, KEYS, limits=windowed)
+    workflow_id = harness.submit(compile_text("A → * B → C"), list(range(20)), "windowed")
+    for _ in range(3):  # A, then two rounds of items: 3 run at a time
+        harness.advance()
+        harness.work(echo)
+    Client(redis_client, KEYS).terminate(workflow_id)
+    harness.pump(echo)
+    archive = tmp_path / "archive"
+    archive_all(redis_client, archive)
+    report = audit_archive(archive, KEYS, client=redis_client, limits=recorded)
+    assert report.ok, report.first_problem
+    # Replayed with another window, it starts items the live run never started.
+    assert not audit_archive(archive, KEYS, client=redis_client).ok
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("f:2", b'"x"'),
+        ("f:2", b"[-5,300]"),
+        ("f:2", b"[1,100000000]"),  # more items than any iteration may have
+        ("f:2", b"null"),
+        ("r:2.5", b"0"),
+        ("q:2/0", b'{"a":1}'),
+    ],
+)
+def test_garbage_in_an_entry_fails_its_workflow_alone_naming_the_field(
+    harness: Harness, field: str, value: bytes
+) -> None:
+    graph = compile_text("A → * B → C")
+    harness.advancer = Advancer(harness.client, KEYS, limits=Limits(window=100))
+    victim = harness.submit(graph, list(range(300)), "victim")
+    harness.advance()
+    harness.work(echo)
+    harness.advance()  # 100 of 300 items start, the rest are queued
+    bystander = harness.submit(graph, list(range(300)), "bystander")
+    harness.client.hset(KEYS.workflow(victim), field, value)
+    harness.pump(echo)
+    record = load_workflow(harness.client, KEYS, victim)
+    assert record.status == "failed"
+    assert f"its stored record is corrupt: field {field}: " in (record.error or ""), record.error
     assert load_workflow(harness.client, KEYS, bystander).status == "finished"
