@@ -421,12 +421,12 @@ def _entries_touched(item: Pending, shared: list[str] | None) -> list[str]:
     fields: list[str] = []
     for _, _, event in item.events:
         key = getattr(event, "key", None)
-        if key is None:
+        if key is None or (shared is None and "." not in key):  # most events: nothing
             continue
         item_of = key.rpartition(".")[0]
         if item_of:
             fields += (rec.RUNNING_PREFIX + key, rec.FANIN_PREFIX + item_of)
-        elif shared is not None:
+        else:
             fields.append(rec.RUNNING_PREFIX + key)
     if shared:
         fields += shared

@@ -247,7 +247,13 @@ class Transition:
             return None
         if item.held is not None:
             commit.set(rec.PAUSED, _dumps(item.held))
-        if type(state) is State and machine is not None and machine.chunkable and _large(state):
+        if (
+            type(state) is State
+            and (len(state.running) > _CHUNK_AT or state.fanin or state.waiting)
+            and machine is not None
+            and machine.chunkable
+            and _large(state)
+        ):
             # From now on stored entry by entry: each event costs the same, however large.
             state = ChunkedState.of(state) or state
             item.state = state
