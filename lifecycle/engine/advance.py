@@ -278,7 +278,8 @@ class Advancer:
     def _read_command(self, item: Pending, key: str) -> Any:
         if item.resends:  # a resume or restart sends start-tasks again: everything is read
             return ("HGETALL", key)
-        inputs = _keys_needing_input(item)  # a retry may need the inputs of failed attempts
+        # A retry may need the inputs of failed attempts: read with the record.
+        inputs = item.input_keys = _keys_needing_input(item)
         if inputs or item.entries:
             return ("HMGET", key, *_LOADED, *map(rec.start_field, inputs), *item.entries)
         return _LOAD.fill(key.encode())
@@ -288,7 +289,7 @@ class Advancer:
             if item.resends:
                 item.read_fields(_pairs(values))
             else:
-                _read_record(item, _keys_needing_input(item), item.entries, values, self._max_items)
+                _read_record(item, item.input_keys, item.entries, values, self._max_items)
         except Exception as error:  # noqa: BLE001 - a record no reader can use
             item.state, item.corrupt = None, f"its stored record is corrupt: {error}"
             return

@@ -62,7 +62,7 @@ class Pending:
 
     __slots__ = (
         "workflow", "events", "version", "state", "digest", "inputs", "salt", "corrupt", "refused",
-        "held", "resends", "entries",
+        "held", "resends", "entries", "input_keys",
     )  # fmt: skip
 
     def __init__(
@@ -85,6 +85,7 @@ class Pending:
         # batch are kept (note_input), as it may send them again
         self.resends = False
         self.entries: list[str] = []  # the fields of a chunked state's entries to load
+        self.input_keys: list[str] = []  # task instances whose inputs are loaded with it
 
     def note_input(self, key: str, value: Any) -> None:
         """The input of a start-task held or sent in this batch: a resume or restart later
