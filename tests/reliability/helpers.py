@@ -61,15 +61,27 @@ class Engine:
         self.url = self.server.url
         self.client = redis.Redis.from_url(self.url, socket_timeout=10)
         self.procs: list[subprocess.Popen[bytes]] = []
+        self.logs: dict[int, Path] = {}
 
     def start(self, *command: str, url: str | None = None) -> subprocess.Popen[bytes]:
+        log = self.directory / f"{command[0]}-{len(self.procs)}.log"
         proc = subprocess.Popen(
             [sys.executable, "-m", *command, "--redis-url", url or self.url],
             stdout=subprocess.DEVNULL,
-            stderr=open(self.directory / f"{command[0]}-{len(self.procs)}.log", "wb"),  # noqa: SIM115
+            stderr=open(log, "wb"),  # noqa: SIM115
         )
         self.procs.append(proc)
+        self.logs[proc.pid] = log
         return proc
+
+    def exited(self, procs: list[subprocess.Popen[bytes]]) -> str:
+        """'' while every one of ``procs`` runs; else which exited, with its log's end."""
+        gone = [proc for proc in procs if proc.poll() is not None]
+        return "; ".join(
+            f"{' '.join(map(str, proc.args[2:4]))} exited {proc.returncode}: "  # type: ignore[index]
+            + self.logs[proc.pid].read_text(errors="replace")[-1500:]
+            for proc in gone
+        )
 
     def lifecycle(self, consumer: str, url: str | None = None) -> subprocess.Popen[bytes]:
         return self.start(

@@ -68,7 +68,7 @@ def test_redis_out_of_memory_for_a_while_dead_letters_nothing_and_everything_fin
     began = time.monotonic()
     at_squeeze = ended(engine)
     while time.monotonic() - began < squeeze:
-        assert all(proc.poll() is None for proc in running), "a worker exited under OOM"
+        assert not (exited := engine.exited(running)), f"a worker exited under OOM: {exited}"
         time.sleep(0.2)
         # Client buffers freed after the submissions make room: keep the cap just above
         # what is used, so that the squeeze lasts.
@@ -93,7 +93,7 @@ def test_redis_out_of_memory_for_a_while_dead_letters_nothing_and_everything_fin
     found = wait_all_ended(
         engine.client, ids, timeout=size(90, 900), during=lambda: no_dead_letters(engine)
     )
-    assert all(proc.poll() is None for proc in running), "a worker exited"
+    assert not (exited := engine.exited(running)), f"a worker exited: {exited}"
     assert dead_lettered(engine) == 0
     counts = check_exactly_once(engine.client, found, expected)
     record(
@@ -136,7 +136,7 @@ def test_connections_reset_stalled_and_refused_the_workers_reconnect_and_finish_
         faults.append("refused")
         healed = time.monotonic()
         found = wait_all_ended(engine.client, ids, timeout=size(90, 900))
-        assert all(proc.poll() is None for proc in running), "a worker exited"
+        assert not (exited := engine.exited(running)), f"a worker exited: {exited}"
         counts = check_exactly_once(engine.client, found, expected)
         record(
             "network-faults",
