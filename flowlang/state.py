@@ -104,6 +104,10 @@ class State:
             data["running"] = self.running
         if self.fanin:
             data["fanin"] = self.fanin
+        return self._with_core(data)
+
+    def _with_core(self, data: dict[str, Any]) -> dict[str, Any]:
+        """``data`` with what every state stores beside its tables."""
         if self.attempts:
             data["attempts"] = self.attempts
         if self.output is not None:
@@ -340,18 +344,7 @@ class ChunkedState(State):
         return chunked
 
     def to_dict(self) -> dict[str, Any]:
-        data: dict[str, Any] = {"status": self.status, "live": self.tables()[0].size}
-        if self.attempts:
-            data["attempts"] = self.attempts
-        if self.output is not None:
-            data["output"] = self.output
-        if self.error is not None:
-            data["error"] = self.error
-        if self.started:
-            data["started"] = self.started
-        if self.stopped:
-            data["stopped"] = self.stopped
-        return data
+        return self._with_core({"status": self.status, "live": self.tables()[0].size})
 
     def to_whole_dict(self) -> dict[str, Any]:
         """Every table, its entries gathered: what readers show (needs it whole)."""

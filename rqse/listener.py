@@ -595,12 +595,7 @@ class EventListener(Recovery, EventClient):
         if self._deferred is not None:
             self._flush_and_read(block_ms)
             return
-        reader = self._reader
-        assert reader is not None
-        if block_ms is not None and self._reader_id is None:
-            self._reader_id = int(reader.client_id())
-        connection = reader.connection
-        assert connection is not None
+        connection = self._reader_connection(block_ms)
         # Sent and read by hand: _blocking turns True only once the command is on its
         # way, so a CLIENT UNBLOCK from stop() finds it blocked; and the reply is taken
         # raw, without redis-py's per-entry post-processing (raw_stream_items does it in
@@ -626,6 +621,17 @@ class EventListener(Recovery, EventClient):
         finally:
             self._blocking = False
         self._handle_read(reply, replies if along else None)
+
+    def _reader_connection(self, block_ms: int | None) -> Any:
+        """The reader's connection; its client id known first when the read may block
+        (stop() unblocks it by that id)."""
+        reader = self._reader
+        assert reader is not None
+        if block_ms is not None and self._reader_id is None:
+            self._reader_id = int(reader.client_id())
+        connection = reader.connection
+        assert connection is not None
+        return connection
 
     def _read_command(self, block_ms: int | None) -> tuple[Any, ...]:
         block = ("BLOCK", block_ms) if block_ms is not None else ()
@@ -663,12 +669,7 @@ class EventListener(Recovery, EventClient):
         self._deferred = None
         writes = self._outbox.commands(self._group)
         self._outbox.clear()
-        reader = self._reader
-        assert reader is not None
-        if block_ms is not None and self._reader_id is None:
-            self._reader_id = int(reader.client_id())
-        connection = reader.connection
-        assert connection is not None
+        connection = self._reader_connection(block_ms)
         along = self.read_along
         transaction = [("MULTI",), *writes, ("EXEC",)] if writes else []
         try:
