@@ -61,7 +61,7 @@ class Filter(BaseModel):
 class BulkBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
     action: Action
-    filter: Filter = Field(default_factory=Filter)
+    filter: Filter = Field(default_factory=lambda: Filter.model_validate({}))
     reason: str | None = None
 
 
@@ -111,7 +111,7 @@ def check(model: type[M], value: Any, required: bool = True) -> M:
     try:
         return model.model_validate(value)
     except Exception as error:  # noqa: BLE001 - pydantic's ValidationError, shown in one line
-        errors = getattr(error, "errors", lambda: [])()
+        errors: list[Any] = getattr(error, "errors", list)()
         first = errors[0] if errors else {}
         where = ".".join(["body", *(str(part) for part in first.get("loc", ()))])
         raise Problem(400, f"{where}: {first.get('msg', error)}") from None

@@ -70,8 +70,9 @@ def problem_response(
 
 def flow_problem(error: FlowError) -> Problem:
     """A flow (or a value) that is refused: 400 naming the line and column when known."""
-    extra = {"line": error.line, "column": error.column} if error.line else {}
-    return Problem(400, str(error), **extra)
+    if error.line:
+        return Problem(400, str(error), line=error.line, column=error.column)
+    return Problem(400, str(error))
 
 
 def install_handlers(app: FastAPI) -> None:

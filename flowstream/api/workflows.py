@@ -4,6 +4,7 @@ the same the CLI calls."""
 
 from __future__ import annotations
 
+import time
 from typing import Annotated, Any
 
 from fastapi import APIRouter, File, Form, Query, Request, UploadFile
@@ -24,6 +25,7 @@ __all__ = ["router", "start"]
 
 router = APIRouter(prefix="/api", tags=["workflows"])
 MAX_LIST = 1000  # rows one list page may ask for
+START_WAIT_S = 2.0  # a start waits this long at most for its record to exist
 
 
 @router.post("/workflows", status_code=201, openapi_extra=body_of(StartBody))
@@ -61,14 +63,19 @@ async def upload_workflow(
 
 
 def start(api: Api, text: str, name: str, value: Any, workflow_id: str | None) -> str:
-    """Compile ``text`` and start it through the client (once, for a given id)."""
+    """Compile ``text`` and start it through the client (once, for a given id); wait up
+    to :data:`START_WAIT_S` for a lifecycle worker to record it, so that the id answered
+    can be read at once (it is answered all the same when none does in time)."""
     graph = compile_text(text, name, api.config.limits)
     if workflow_id is None:
-        return api.client.submit(graph, value, limits=api.config.limits)
-    if not workflow_id.strip():
+        workflow_id = api.client.submit(graph, value, limits=api.config.limits)
+    elif not workflow_id.strip():
         raise Problem(400, "body.id: empty; leave it out for a new id")
-    if not api.client.submit_once(graph, value, workflow_id, api.config.limits):
+    elif not api.client.submit_once(graph, value, workflow_id, api.config.limits):
         raise Problem(409, f"workflow {workflow_id} exists (or its start is not applied yet)")
+    deadline = time.monotonic() + START_WAIT_S
+    while not api.client.exists(workflow_id) and time.monotonic() < deadline:
+        time.sleep(0.01)
     return workflow_id
 
 
