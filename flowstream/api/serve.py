@@ -9,6 +9,8 @@ from __future__ import annotations
 import argparse
 import ipaddress
 import logging
+import os
+import secrets
 import sys
 from pathlib import Path
 from typing import Any
@@ -18,7 +20,15 @@ import redis
 from lifecycle.cli.support import EXIT_OK, CliError, Context
 from lifecycle.keys import Keys
 
-__all__ = ["add_commands", "is_loopback", "load_tokens", "serve_app"]
+__all__ = [
+    "add_commands",
+    "demo_tokens",
+    "is_loopback",
+    "load_tokens",
+    "say_where",
+    "serve_app",
+    "server_arguments",
+]
 
 log = logging.getLogger(__name__)
 
@@ -106,6 +116,26 @@ def load_tokens(args: argparse.Namespace) -> Any:
             "operate:TOKEN), or --no-auth for local development"
         )
     return tokens
+
+
+def demo_tokens(args: argparse.Namespace) -> Any:
+    """``demo --serve``'s tokens: as ``serve`` takes them, else one new operate token for
+    this run (:func:`say_where` prints it: the demo's user logs in with it)."""
+    _check_port(args.port)
+    if args.no_auth or args.token_file or os.environ.get("FLOWSTREAM_API_TOKENS"):
+        return load_tokens(args)
+    from flowstream.api.auth import Tokens
+
+    return Tokens.parse(f"operate:{secrets.token_urlsafe(24)}", "demo")
+
+
+def say_where(args: argparse.Namespace, tokens: Any, console: Any) -> None:
+    """The console's address and, for a token made by :func:`demo_tokens`, the token."""
+    host = f"[{args.host}]" if ":" in args.host else args.host
+    console.print(f"console and API on http://{host}:{args.port}/ (Ctrl-C stops)", markup=False)
+    if tokens is not None and not args.token_file and not os.environ.get("FLOWSTREAM_API_TOKENS"):
+        token = tokens.entries[0][0].decode()
+        console.print(f"log in with the operate token made for this run: {token}", markup=False)
 
 
 def _check_port(port: int) -> None:
