@@ -105,7 +105,7 @@ def install_handlers(app: FastAPI) -> None:
     async def _invalid(request: Request, error: RequestValidationError) -> JSONResponse:
         first = error.errors()[0] if error.errors() else {}
         where = ".".join(str(part) for part in first.get("loc", ()))
-        return problem_response(422, f"{where}: {first.get('msg', 'invalid')}")
+        return problem_response(400, f"{where}: {first.get('msg', 'invalid')}")
 
     @app.exception_handler(redis.RedisError)
     async def _redis(request: Request, error: redis.RedisError) -> JSONResponse:

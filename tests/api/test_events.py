@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import httpx
 
 from tests.api.conftest import MAX_STREAMS, OPERATE_TOKEN, Served
 
 
-def events(lines: list[str]) -> list[tuple[str, dict]]:
+def events(lines: list[str]) -> list[tuple[str | None, Any]]:
     found, name = [], None
     for line in lines:
         if line.startswith("event: "):
