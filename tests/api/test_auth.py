@@ -3,6 +3,8 @@ and a server without tokens only on a loopback address."""
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 
 from flowstream.api.auth import COOKIE, TokenError, Tokens
@@ -98,3 +100,11 @@ def test_serve_without_tokens_says_how_to_give_them(
     monkeypatch.delenv("FLOWSTREAM_API_TOKENS", raising=False)
     assert main(["serve", "--redis-url", redis_url]) == 2
     assert "no API tokens: --token-file FILE or FLOWSTREAM_API_TOKENS" in capsys.readouterr().err
+
+
+def test_serve_without_the_api_extra_says_which_install_it_needs(
+    capsys: pytest.CaptureFixture[str], redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "uvicorn", None)  # as if not installed
+    assert main(["serve", "--no-auth", "--redis-url", redis_url]) == 2
+    assert "pip install 'flowstream[api]'" in capsys.readouterr().err
