@@ -118,13 +118,13 @@ def list_workflows(
 @router.get("/workflows/{workflow_id}")
 def get_workflow(workflow_id: str, api: Reader) -> dict[str, Any]:
     """One workflow as ``inspect --json`` shows it, plus ``nodes``; 404 for an unknown id."""
-    return workflow_view(inspected(api.redis, api.keys, workflow_id))
+    return workflow_view(inspected(api.redis, api.keys, workflow_id, api.graphs))
 
 
 @router.get("/workflows/{workflow_id}/graph")
 def get_graph(workflow_id: str, api: Reader) -> dict[str, Any]:
     """The workflow's graph: ``nodes`` (id, label, kind, state) and ``edges`` (from, to)."""
-    data = workflow_view(inspected(api.redis, api.keys, workflow_id))
+    data = workflow_view(inspected(api.redis, api.keys, workflow_id, api.graphs))
     if not data["graph"]:
         return {"nodes": [], "edges": []}  # terminated before it started
     return graph_view(api.graphs.machine(data["graph"]).graph, data)
