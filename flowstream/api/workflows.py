@@ -12,7 +12,20 @@ from fastapi import APIRouter, File, Form, Query, Request, UploadFile
 from flowlang.compiler import compile_text
 from flowlang.graph import Graph
 from flowlang.limits import loads_value
-from flowstream.api.bodies import ActionBody, CheckBody, StartBody, body_of, check
+from flowstream.api.bodies import (
+    ActionBody,
+    AppliedAnswer,
+    CheckBody,
+    Checked,
+    GraphAnswer,
+    Listing,
+    StartBody,
+    Started,
+    Workflow,
+    answer,
+    body_of,
+    check,
+)
 from flowstream.api.context import Api, Operator, Reader, in_thread, json_body
 from flowstream.api.problems import Problem
 from flowstream.api.views import graph_view, workflow_view
@@ -28,7 +41,12 @@ MAX_LIST = 1000  # rows one list page may ask for
 START_WAIT_S = 2.0  # a start waits this long at most for its record to exist
 
 
-@router.post("/workflows", status_code=201, openapi_extra=body_of(StartBody))
+@router.post(
+    "/workflows",
+    status_code=201,
+    openapi_extra=body_of(StartBody),
+    responses=answer(Started, 201),
+)
 async def start_workflow(request: Request, api: Operator) -> dict[str, str]:
     """Compile the flow text and start it with ``input``: 201 ``{"id"}``; a flow that does
     not compile is 400 with ``line`` and ``column``; a taken ``id`` 409."""
@@ -41,7 +59,7 @@ async def start_workflow(request: Request, api: Operator) -> dict[str, str]:
     return {"id": await in_thread(start, api, body.flow, "flow", body.input, body.id)}
 
 
-@router.post("/workflows/upload", status_code=201)
+@router.post("/workflows/upload", status_code=201, responses=answer(Started, 201))
 async def upload_workflow(
     api: Operator,
     file: Annotated[UploadFile, File(description="the .flow file")],
@@ -79,7 +97,7 @@ def start(api: Api, text: str, name: str, value: Any, workflow_id: str | None) -
     return workflow_id
 
 
-@router.post("/flows/check", openapi_extra=body_of(CheckBody))
+@router.post("/flows/check", openapi_extra=body_of(CheckBody), responses=answer(Checked))
 async def check_flow(request: Request, api: Reader) -> dict[str, Any]:
     """Compile the flow text without starting it: ``ok``, ``nodes``, ``kinds`` (the task
     kinds a worker must serve); 400 with ``line`` and ``column`` when it does not."""
@@ -93,7 +111,7 @@ async def check_flow(request: Request, api: Reader) -> dict[str, Any]:
     }
 
 
-@router.get("/workflows")
+@router.get("/workflows", responses=answer(Listing))
 def list_workflows(
     api: Reader,
     state: str | None = Query(None, description=f"one of {', '.join(LIST_STATES)}"),
@@ -115,13 +133,13 @@ def list_workflows(
     return {"items": items, "next": following}
 
 
-@router.get("/workflows/{workflow_id}")
+@router.get("/workflows/{workflow_id}", responses=answer(Workflow))
 def get_workflow(workflow_id: str, api: Reader) -> dict[str, Any]:
     """One workflow as ``inspect --json`` shows it, plus ``nodes``; 404 for an unknown id."""
     return workflow_view(inspected(api.redis, api.keys, workflow_id, api.graphs))
 
 
-@router.get("/workflows/{workflow_id}/graph")
+@router.get("/workflows/{workflow_id}/graph", responses=answer(GraphAnswer))
 def get_graph(workflow_id: str, api: Reader) -> dict[str, Any]:
     """The workflow's graph: ``nodes`` (id, label, kind, state) and ``edges`` (from, to)."""
     data = workflow_view(inspected(api.redis, api.keys, workflow_id, api.graphs))
@@ -160,33 +178,35 @@ async def _control(request: Request, api: Api, action: str, workflow_id: str) ->
 
 
 _ACTION_BODY = body_of(ActionBody, required=False)
+_APPLIED = answer(AppliedAnswer, 202)
+_ACTION: dict[str, Any] = {"status_code": 202, "openapi_extra": _ACTION_BODY, "responses": _APPLIED}
 
 
-@router.post("/workflows/{workflow_id}/terminate", status_code=202, openapi_extra=_ACTION_BODY)
+@router.post("/workflows/{workflow_id}/terminate", **_ACTION)
 async def terminate(workflow_id: str, request: Request, api: Operator) -> Any:
     """Stop the workflow (``reason`` kept as its error): 202; 409 when it has ended."""
     return await _control(request, api, "terminate", workflow_id)
 
 
-@router.post("/workflows/{workflow_id}/pause", status_code=202, openapi_extra=_ACTION_BODY)
+@router.post("/workflows/{workflow_id}/pause", **_ACTION)
 async def pause(workflow_id: str, request: Request, api: Operator) -> Any:
     """Hold the tasks it would start until resumed: 202; 409 unless it is running."""
     return await _control(request, api, "pause", workflow_id)
 
 
-@router.post("/workflows/{workflow_id}/resume", status_code=202, openapi_extra=_ACTION_BODY)
+@router.post("/workflows/{workflow_id}/resume", **_ACTION)
 async def resume(workflow_id: str, request: Request, api: Operator) -> Any:
     """Start what was held: 202; 409 unless it is paused."""
     return await _control(request, api, "resume", workflow_id)
 
 
-@router.post("/workflows/{workflow_id}/restart", status_code=202, openapi_extra=_ACTION_BODY)
+@router.post("/workflows/{workflow_id}/restart", **_ACTION)
 async def restart(workflow_id: str, request: Request, api: Operator) -> Any:
     """Run a failed or terminated workflow on: 202; 409 in another state."""
     return await _control(request, api, "restart", workflow_id)
 
 
-@router.delete("/workflows/{workflow_id}", status_code=202)
+@router.delete("/workflows/{workflow_id}", status_code=202, responses=_APPLIED)
 async def delete(workflow_id: str, request: Request, api: Operator) -> Any:
     """Remove an ended workflow's record: 202; 409 while it runs."""
     return await _control(request, api, "delete", workflow_id)

@@ -14,6 +14,7 @@ import pytest
 import redis
 import schemathesis
 from hypothesis import HealthCheck, settings
+from schemathesis.specs.openapi.checks import response_schema_conformance
 
 from flowstream.api.app import create_app
 from flowstream.api.context import ApiConfig
@@ -50,6 +51,8 @@ schema = schemathesis.openapi.from_dict(
     suppress_health_check=list(HealthCheck),
     database=None,
 )
-def test_no_request_makes_a_route_fail_with_500(case: Any, api_url: str) -> None:
+def test_no_request_fails_with_500_and_answers_match_the_document(case: Any, api_url: str) -> None:
     response = case.call(base_url=api_url, headers={"Authorization": f"Bearer {OPERATE_TOKEN}"})
     assert response.status_code < 500, f"{case.method} {case.formatted_path}: {response.text}"
+    # What a route documents it answers, it answers in that shape.
+    case.validate_response(response, checks=[response_schema_conformance])
