@@ -497,8 +497,16 @@ def list_page(
     full = False
     while not full:
         high: str | float = "+inf" if after is None else after[0]
-        listed: Any = client.zrevrangebyscore(
-            keys.workflows, high, "-inf", start=0, num=LIST_PAGE + tied, withscores=True
+        # ZRANGE BYSCORE REV: the readers' ACL (docs/security.md) grants ZRANGE.
+        listed: Any = client.zrange(
+            keys.workflows,
+            high,
+            "-inf",
+            desc=True,
+            byscore=True,
+            offset=0,
+            num=LIST_PAGE + tied,
+            withscores=True,
         )
         page = [(float(score), member.decode("utf-8", "replace")) for member, score in listed]
         if after is not None:  # members of one score come in reverse order: skip those read
