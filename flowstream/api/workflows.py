@@ -90,6 +90,8 @@ def start(api: Api, text: str, name: str, value: Any, workflow_id: str | None) -
         workflow_id = api.client.submit(graph, value, limits=api.config.limits)
     elif not workflow_id.strip():
         raise Problem(400, "body.id: empty; leave it out for a new id")
+    elif workflow_id == "stream":  # GET /api/workflows/stream is the list's event stream
+        raise Problem(400, "body.id 'stream': the name of a route; choose another id")
     elif "/" in workflow_id or not workflow_id.isprintable() or len(workflow_id) > MAX_ID:
         # Its routes could not name it: /api/workflows/{id} is one path segment.
         shown = repr(workflow_id[:40])
