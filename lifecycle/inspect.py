@@ -452,9 +452,12 @@ def list_workflows(
     state: str | None = None,
     flow: str | None = None,
     limit: int | None = 50,
+    index: str | None = None,
 ) -> list[dict[str, Any]]:
     """Up to ``limit`` summaries (None or 0: all), newest first (by creation time),
-    filtered by shown state (:data:`LIST_STATES`) and flow name.
+    filtered by shown state (:data:`LIST_STATES`) and flow name. ``index``: list the
+    ids of that sorted set instead of every workflow (a schedule's runs, newest fire
+    time first).
 
     Ids whose hash is gone (retention or delete removed it and the id's entry in
     ``{flow}:workflows`` is not swept yet) are skipped. A workflow whose record
@@ -466,7 +469,7 @@ def list_workflows(
     rows: list[dict[str, Any]] = []
     offset = 0
     while not limit or len(rows) < limit:
-        listed: Any = client.zrevrange(keys.workflows, offset, offset + LIST_PAGE - 1)
+        listed: Any = client.zrevrange(index or keys.workflows, offset, offset + LIST_PAGE - 1)
         if not listed:
             break
         offset += len(listed)

@@ -122,6 +122,23 @@ class Keys:
         """A compiled graph's canonical JSON, stored once per content hash, shared."""
         return f"{self.prefix}:graph:{content_hash}"
 
+    # -- Schedules (lifecycle.schedules, fired by lifecycle.engine.schedules) -------------
+
+    @property
+    def schedules(self) -> str:
+        """Sorted set of every schedule's name, scored by its next fire time (ms, Redis
+        clock); +inf while it is paused."""
+        return f"{self.prefix}:schedules"
+
+    def schedule(self, name: str) -> str:
+        """Hash of one schedule: its definition and what it last did (records.SCHEDULE_*)."""
+        return f"{self.prefix}:schedule:{name}"
+
+    def schedule_runs(self, name: str) -> str:
+        """Sorted set of the workflow ids a schedule started, scored by fire time (ms).
+        Each fire drops its oldest entries whose workflow retention or delete removed."""
+        return f"{self.prefix}:schedule-runs:{name}"
+
     # -- Built-in wait: tasks (workers/wait.py, docs/workers.md) ------------------------
     # Durable state of waits in progress; a WaitWorker restart loses none of it.
 

@@ -90,3 +90,12 @@ def start_field(key: str) -> str:
 
 def end_field(key: str) -> str:
     return END_PREFIX + key
+
+
+# Fields of a schedule's hash ({flow}:schedule:<name>, lifecycle.keys.Keys.schedule).
+SCHEDULE_SPEC = "spec"  # JSON: the definition `schedule add` stored (lifecycle.schedules.Schedule)
+SCHEDULE_NEXT = "next"  # ms: the next fire time (also its score in {flow}:schedules)
+SCHEDULE_PAUSED = "paused"  # present (ms it was paused) while the schedule is paused
+SCHEDULE_LAST = "last"  # the id of the last workflow it started
+SCHEDULE_FIRED = "fired"  # how many workflows it started
+SCHEDULE_SKIPPED = "skipped"  # fire times it started nothing for (overlap skip, missed)

@@ -1,5 +1,5 @@
-"""The lifecycle worker: reads the lifecycle stream, advances workflows, fires timers,
-removes the workflows whose retention is over.
+"""The lifecycle worker: reads the lifecycle stream, advances workflows, fires timers
+and schedules, removes the workflows whose retention is over.
 
 Several may run against one Redis: they share the ``lifecycle`` consumer
 group, so each event is delivered to one of them, and the advance's WATCH (or its
@@ -25,6 +25,7 @@ from lifecycle.engine.retention import (
     parse_duration,
     retention_pump,
 )
+from lifecycle.engine.schedules import SchedulePump
 from lifecycle.engine.timers import timer_pump
 from lifecycle.keys import Keys
 from rqse import EventListener
@@ -42,6 +43,7 @@ class LifecycleWorker(EventListener):
         keys: Keys | None = None,
         *,
         timers: bool = True,
+        schedules: bool = True,
         dead_tasks: bool = True,
         untokened_answers: bool = False,
         limits: Limits = DEFAULT_LIMITS,
@@ -68,6 +70,8 @@ class LifecycleWorker(EventListener):
             keep_details_ms=int(keep_details * 1000),
         )
         self.timers = timer_pump(self.connection, self.keys) if timers else None
+        # Schedules fire from every worker; fire_schedule.lua makes each fire time once.
+        self.schedules = SchedulePump(self.connection, self.keys) if schedules else None
         # Always on: workflows a worker scheduled are compacted and removed on time.
         self.retention = retention_pump(self.connection, self.keys)
         # Dead-lettered start-tasks answered as failures (lifecycle.engine.dead_tasks).
@@ -93,6 +97,8 @@ class LifecycleWorker(EventListener):
         self.connection.set(self.keys.limits, orjson.dumps(limits))
         if self.timers is not None:
             self.timers.start()
+        if self.schedules is not None:
+            self.schedules.start()
         self.retention.start()
         if self.dead_tasks is not None:
             self.dead_tasks.start()
@@ -100,6 +106,8 @@ class LifecycleWorker(EventListener):
     def onStop(self) -> None:  # noqa: N802
         if self.timers is not None:
             self.timers.stop()
+        if self.schedules is not None:
+            self.schedules.stop()
         self.retention.stop()
         if self.dead_tasks is not None:
             self.dead_tasks.stop()

@@ -27,6 +27,7 @@ from lifecycle.inspect import (
     list_workflows,
     read_workflow,
 )
+from lifecycle.schedules import Schedules
 
 __all__ = ["add_commands", "show_workflow"]
 
@@ -49,6 +50,7 @@ def add_commands(commands: Any, common: argparse.ArgumentParser) -> None:
     )
     listing.add_argument("--state", help=f"only workflows in this state ({', '.join(LIST_STATES)})")
     listing.add_argument("--flow", help="only workflows of this flow name")
+    listing.add_argument("--schedule", metavar="NAME", help="only workflows this schedule started")
     listing.add_argument(
         "--limit", type=int, default=50, help="at most this many (default 50; 0: all)"
     )
@@ -234,7 +236,13 @@ def _list(args: argparse.Namespace, context: Context) -> int:
         raise CliError(f"unknown state {args.state!r} (expected one of {', '.join(LIST_STATES)})")
     if args.limit < 0:
         raise CliError(f"--limit {args.limit}: expected 0 (all) or more")
-    rows = list_workflows(context.client, context.keys, args.state, args.flow, args.limit)
+    index = None
+    if args.schedule is not None:  # an unknown schedule is an error, not an empty list
+        Schedules(context.client, context.keys).get(args.schedule)
+        index = context.keys.schedule_runs(args.schedule)
+    rows = list_workflows(
+        context.client, context.keys, args.state, args.flow, args.limit, index=index
+    )
     if args.json:
         print_json(rows)
         return EXIT_OK
