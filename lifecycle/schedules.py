@@ -11,14 +11,16 @@ name and the fire time (``nightly@2026-11-25T02:00:00Z``).
 
 Fire times: ``cron`` through croniter, 5 fields or 6 with seconds first, in the
 schedule's time zone (DST by croniter's rules: a time skipped by the clock change
-fires at the first time that exists after it, a repeated time fires once);
+fires at the first time that exists after it; a time the clock repeats fires at
+both, an hour apart, as two runs with two ids);
 ``every`` at the multiples of the interval since the Unix epoch (``--every 1h``
 fires on the hour, UTC).
 
 A fire time found less than :data:`GRACE_MS` (and less than one period) late is
 on time and starts; older ones were missed (the workers were down) and start as
 the catch-up policy says: ``none``, ``one`` (the latest due, once) or ``all``
-(the latest :data:`CATCH_UP_CAP`).
+(the latest :data:`CATCH_UP_CAP`). The overlap policy looks at the run before
+those: the fire times one call catches up start together, or are all skipped.
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ __all__ = [
     "GRACE_MS",
     "OVERLAP",
     "Fired",
+    "Plan",
     "Schedule",
     "ScheduleError",
     "Schedules",
@@ -209,6 +212,20 @@ class Fired:
     last: str | None
     runs: tuple[str, ...] = ()
     moved: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """The runs one firing of a schedule starts, and what they were worked out from:
+    its last run, its next fire time then (None: run-now) and after (None: kept)."""
+
+    schedule: Schedule
+    last: str  # '' when it never ran
+    runs: list[dict[str, Any]]  # {"id", "at", "start": the start-workflow's fields, flat}
+    now_ms: int
+    expected_next: int | None
+    new_next: int | None
+    missed: int  # fire times passed over, not started
 
 
 class Schedules:
@@ -380,12 +397,18 @@ class Schedules:
     def fire(self, name: str, now_ms: int) -> Fired:
         """Start what ``name``'s fire times due at ``now_ms`` call for, once however many
         workers call this for the same fire times."""
+        plan = self.plan(name, now_ms)
+        return Fired(0, 0, None, moved=True) if plan is None else self.apply(plan)
+
+    def plan(self, name: str, now_ms: int) -> Plan | None:
+        """What firing ``name`` at ``now_ms`` would start, as read now (None: paused or
+        removed); :meth:`apply` starts it unless another worker fired it meanwhile."""
         key = self.keys.schedule(name)
         spec_raw, next_raw, paused, last = self.redis.hmget(
             key, rec.SCHEDULE_SPEC, rec.SCHEDULE_NEXT, rec.SCHEDULE_PAUSED, rec.SCHEDULE_LAST
         )  # type: ignore[misc]
         if spec_raw is None or paused is not None or next_raw is None:
-            return Fired(0, 0, None, moved=True)
+            return None
         schedule = Schedule.from_json(spec_raw)
         first = int(next_raw)
         due: list[int] = []  # latest first
@@ -409,11 +432,10 @@ class Schedules:
                 "id": (workflow_id := run_id(name, at)),
                 "at": at,
                 "start": self.start_fields(schedule, workflow_id),
-                "stop": self.stop_fields(schedule, workflow_id, "a later one"),
             }
             for at in chosen
         ]
-        return self._apply(
+        return Plan(
             schedule,
             _text(last) if last else "",
             runs,
@@ -435,28 +457,22 @@ class Schedules:
                 "id": workflow_id,
                 "at": now,
                 "start": self.start_fields(schedule, workflow_id),
-                "stop": self.stop_fields(schedule, workflow_id, "a later one"),
             }
             last_id = last.decode() if isinstance(last, bytes) else ""
-            fired = self._apply(schedule, last_id, [run], now, None, None, 0)
+            fired = self.apply(Plan(schedule, last_id, [run], now, None, None, 0))
             if not fired.moved:
                 return fired
         raise ScheduleError(f"schedule {name}: its last run kept changing; try again")
 
-    def _apply(
-        self,
-        schedule: Schedule,
-        last: str,
-        runs: list[dict[str, Any]],
-        now_ms: int,
-        expected_next: int | None,
-        new_next: int | None,
-        missed: int,
-    ) -> Fired:
+    def apply(self, plan: Plan) -> Fired:
+        """Start ``plan``'s runs (``fire_schedule.lua``), if the schedule's next fire time
+        and last run are still those it was made from."""
+        schedule, last, runs = plan.schedule, plan.last, plan.runs
+        expected_next, new_next = plan.expected_next, plan.new_next
         by = runs[0]["id"] if runs else ""
-        plan = {
-            "now": now_ms,
-            "missed": missed,
+        script_plan = {
+            "now": plan.now_ms,
+            "missed": plan.missed,
             "stop_last": self.stop_fields(schedule, last, by) if last else [],
             "runs": runs,
         }
@@ -476,7 +492,7 @@ class Schedules:
                 schedule.overlap,
                 self.keys.workflow(""),
                 rec.ENDED,
-                orjson.dumps(plan),
+                orjson.dumps(script_plan),
                 rec.SCHEDULE_NEXT,
                 rec.SCHEDULE_LAST,
                 rec.SCHEDULE_FIRED,

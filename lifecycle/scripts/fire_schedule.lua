@@ -13,8 +13,9 @@
 -- ARGV[6]  the name of a workflow's hash without its id ({flow}:wf:), same hash tag
 -- ARGV[7]  the workflow field present once it ended
 -- ARGV[8]  the plan, JSON: {"now": ms, "missed": n, "stop_last": [field, value, ...],
---          "runs": [{"id", "at", "start": [field, value, ...], "stop": [...]}, ...]}
---          ("stop": the terminate-workflow event for that run, "start": its start)
+--          "runs": [{"id", "at", "start": [field, value, ...]}, ...]}
+--          ("stop_last": the terminate-workflow event for the last run, "start": a
+--          run's start-workflow event)
 -- ARGV[9..12]  the schedule hash's fields: next, last, fired, skipped
 --
 -- The compare-and-set on the next fire time (or, for run-now, on the last run) is what
@@ -43,21 +44,24 @@ local function running(id)
 end
 
 local plan = cjson.decode(ARGV[8])
-local busy, stop = running(last), plan['stop_last']
+-- The policy is about the run before this call's: the fire times one call catches up
+-- start together (or are all skipped), and cancel-previous stops that run once.
+local busy = running(last)
 local started, skipped, ids = 0, tonumber(plan['missed']), {}
 for _, run in ipairs(plan['runs']) do
   if busy and ARGV[5] == 'skip' then
     skipped = skipped + 1
   else
     if busy and ARGV[5] == 'cancel-previous' then
-      redis.call('XADD', KEYS[5], '*', unpack(stop))
+      redis.call('XADD', KEYS[5], '*', unpack(plan['stop_last']))
+      busy = false
     end
     if redis.call('ZADD', KEYS[4], 'NX', plan['now'], run['id']) == 1 then
       redis.call('XADD', KEYS[5], '*', unpack(run['start']))
       redis.call('ZADD', KEYS[3], run['at'], run['id'])
       started = started + 1
       ids[started] = run['id']
-      last, stop, busy = run['id'], run['stop'], true
+      last = run['id']
     end
   end
 end
