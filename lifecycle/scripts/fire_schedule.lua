@@ -37,13 +37,17 @@ end
 local last = redis.call('HGET', KEYS[2], ARGV[10]) or ''
 if last ~= ARGV[4] then return {-1, 0, ''} end
 
+local plan = cjson.decode(ARGV[8])
+
+-- Whether the workflow has not ended: running, paused, or its start still queued.
+-- A start claimed a minute ago with no record yet was refused: it never ran.
 local function running(id)
-  if id == '' or not redis.call('ZSCORE', KEYS[4], id) then return false end
-  -- in the index without the ended field: running, paused, or its start still queued
-  return not redis.call('HGET', ARGV[6] .. id, ARGV[7])
+  if id == '' then return false end
+  local claimed = redis.call('ZSCORE', KEYS[4], id)
+  if not claimed or redis.call('HGET', ARGV[6] .. id, ARGV[7]) then return false end
+  return redis.call('EXISTS', ARGV[6] .. id) == 1 or plan['now'] - tonumber(claimed) < 60000
 end
 
-local plan = cjson.decode(ARGV[8])
 -- The policy is about the run before this call's: the fire times one call catches up
 -- start together (or are all skipped), and cancel-previous stops that run once.
 local busy = running(last)

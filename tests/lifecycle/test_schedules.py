@@ -10,6 +10,7 @@ clock (``FLOWSTREAM_SCHEDULE_SOAK_S`` seconds each, default 4).
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections import Counter
 from datetime import datetime
@@ -211,6 +212,17 @@ def test_overlap_skip_starts_nothing_while_the_last_run_runs(
     assert starts(redis_client).keys() == {one, run_id("s", first + 2 * MINUTE)}
 
 
+def test_a_last_run_whose_start_never_applied_stops_blocking_after_a_minute(
+    redis_client: redis.Redis,
+) -> None:
+    first = add(redis_client, QUICK, overlap="skip", every_ms=20_000)
+    schedules = Schedules(redis_client, KEYS)
+    assert schedules.fire_due(first) == 1  # no lifecycle worker: its start stays queued
+    assert schedules.fire_due(first + 20_000) == 0  # a queued start counts as running
+    # A minute on with no record, the start was refused (it never ran): no overlap.
+    assert schedules.fire_due(first + 80_000) == 1
+
+
 def test_overlap_cancel_previous_terminates_the_last_run_then_starts(
     redis_client: redis.Redis, lifecycle: None
 ) -> None:
@@ -257,6 +269,52 @@ def test_catch_up_after_the_workers_were_down_ten_minutes(
     record = redis_client.hgetall(KEYS.schedule("s"))
     assert int(record[rec.SCHEDULE_NEXT.encode()]) == first + 11 * MINUTE
     assert int(record.get(rec.SCHEDULE_SKIPPED.encode(), 0)) == 11 - len(caught_up)
+
+
+@pytest.mark.parametrize("policy", ["none", "all"])
+def test_catch_up_when_the_only_lifecycle_worker_stops_and_another_starts(
+    policy: str, redis_client: redis.Redis, pool: redis.ConnectionPool
+) -> None:
+    add(
+        redis_client,
+        QUICK,
+        "tick",
+        Schedules(redis_client, KEYS).now(),
+        every_ms=1000,
+        catch_up=policy,
+        overlap="allow",
+    )
+
+    def fired() -> list[datetime]:
+        ids = [i for i in starts(redis_client) if i.startswith("tick@")]
+        return sorted(datetime.fromisoformat(i.split("@")[1]) for i in ids)
+
+    def worker() -> tuple[LifecycleWorker, threading.Thread]:
+        listener = LifecycleWorker(pool=pool, handle_signals=False, block_ms=100)
+        thread = threading.Thread(target=listener.listen, daemon=True)
+        thread.start()
+        return listener, thread
+
+    first, thread = worker()
+    wait_until(lambda: len(fired()) >= 1, what="a first run")
+    first.stop()
+    thread.join(10)
+    before = fired()
+    time.sleep(3.2)  # three or four fire times pass with no worker
+    second, thread = worker()
+    try:
+        wait_until(lambda: len(fired()) > len(before), what="a run after the restart")
+    finally:
+        Schedules(redis_client, KEYS).pause("tick")
+        second.stop()
+        thread.join(10)
+    after = fired()
+    gaps = [(b - a).total_seconds() for a, b in zip(after, after[1:], strict=False)]
+    if policy == "all":
+        assert set(gaps) == {1.0}, after  # every missed fire time started
+    else:
+        assert max(gaps) >= 3.0, after  # the missed ones did not; the on-time one did
+        assert (after[-1] - before[-1]).total_seconds() >= 3.0
 
 
 def test_catch_up_all_starts_at_most_the_latest_hundred(redis_client: redis.Redis) -> None:
