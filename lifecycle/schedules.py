@@ -41,6 +41,7 @@ from flowlang.graph import Graph
 from flowlang.limits import DEFAULT_LIMITS, encode_value
 from lifecycle import events as ev
 from lifecycle import records as rec
+from lifecycle.client import Client
 from lifecycle.errors import LifecycleError
 from lifecycle.keys import Keys
 from lifecycle.submit import _encode, _encode_start, graph_task_kinds, validate_policies
@@ -317,8 +318,6 @@ class Schedules:
     def describe(self) -> list[dict[str, Any]]:
         """One summary per schedule, by name: definition, next fire time, last run and
         its state (None when its record is gone), counters."""
-        from lifecycle.client import Client  # the client imports nothing of schedules
-
         names = self.names()
         pipe = self.redis.pipeline(transaction=False)
         fields = (rec.SCHEDULE_SPEC, rec.SCHEDULE_NEXT, rec.SCHEDULE_PAUSED, rec.SCHEDULE_LAST)

@@ -354,7 +354,18 @@ def test_schedule_commands_add_list_pause_resume_run_now_and_remove(
     flow = tmp_path / "slow.flow"
     flow.write_text(SLOW)
     code, out, _ = run_cli(
-        ["schedule", "add", "nightly", str(flow), "--cron", "0 2 * * *", "--input", '{"a": 1}'],
+        [
+            "schedule",
+            "add",
+            "nightly",
+            str(flow),
+            "--cron",
+            "0 2 * * *",
+            "--priority",
+            "5",
+            "--input",
+            '{"a": 1}',
+        ],
         redis_url,
         capsys,
     )
@@ -368,6 +379,7 @@ def test_schedule_commands_add_list_pause_resume_run_now_and_remove(
         "one",
     )
     assert row["next"].endswith("02:00:00+00:00") and row["last_run"] is None
+    assert row["priority"] == 5  # stored for the start, which passes it on
 
     assert run_cli(["schedule", "pause", "nightly"], redis_url, capsys)[1] == (
         "schedule nightly: paused\n"
@@ -380,6 +392,8 @@ def test_schedule_commands_add_list_pause_resume_run_now_and_remove(
     workflow_id = out.strip()
     assert code == 0 and workflow_id.startswith("nightly@")
     assert starts(redis_client).keys() == {workflow_id}
+    [(_, start)] = redis_client.xrange(KEYS.lifecycle)  # type: ignore[misc]
+    assert orjson.loads(start[b"input"]) == {"a": 1}  # the input given at add
     # Its last run has not ended (nothing runs the lifecycle here): overlap skip holds.
     code, out, _ = run_cli(["schedule", "run-now", "nightly"], redis_url, capsys)
     assert code == 1 and f"its last run {workflow_id} still runs" in out
