@@ -35,7 +35,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import orjson
 import redis
-from croniter import CroniterError, croniter  # type: ignore[import-untyped]
+from croniter import CroniterBadDateError, CroniterError, croniter  # type: ignore[import-untyped]
 
 from flowlang.graph import Graph
 from flowlang.limits import DEFAULT_LIMITS, encode_value
@@ -148,7 +148,9 @@ class Schedule:
                     "weekday) or 6 (second first)"
                 )
             try:
-                self._cron(0)
+                self._cron(0).get_next(datetime)
+            except CroniterBadDateError:
+                raise ScheduleError(f"--cron {self.cron!r}: matches no date, never fires") from None
             except (CroniterError, ValueError, KeyError) as error:
                 raise ScheduleError(f"--cron {self.cron!r}: {error}") from None
 

@@ -144,6 +144,7 @@ def test_run_ids_name_the_schedule_and_the_fire_time() -> None:
         ({"name": "no spaces"}, "schedule name 'no spaces'"),
         ({"cron": "61 * * * *", "every_ms": None}, "--cron '61 * * * *'"),
         ({"cron": "* * *", "every_ms": None}, "3 fields, expected 5"),
+        ({"cron": "0 0 30 2 *", "every_ms": None}, "matches no date, never fires"),
         ({"timezone": "Mars/Olympus"}, "--timezone 'Mars/Olympus': unknown time zone"),
         ({"every_ms": 500}, "expected at least 1s"),
         ({"overlap": "queue"}, "--overlap 'queue'"),
