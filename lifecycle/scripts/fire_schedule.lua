@@ -70,8 +70,9 @@ for _, run in ipairs(plan['runs']) do
   end
 end
 
--- The oldest runs whose workflow is gone (retention, delete) leave the index here.
-local oldest = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', '+inf', 'LIMIT', 0, 10)
+-- The oldest runs whose workflow is gone (retention, delete) leave the index here; in
+-- the steady state the oldest is still there and this costs one ZSCORE.
+local oldest = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', '+inf', 'LIMIT', 0, 100)
 for _, id in ipairs(oldest) do
   if redis.call('ZSCORE', KEYS[4], id) then break end
   redis.call('ZREM', KEYS[3], id)
