@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import random
 from collections.abc import Iterable, Sequence
+from time import monotonic
 from typing import Any
 
 import orjson
@@ -162,7 +163,20 @@ class SimulatedWorker(NoopWorker):
         self.random = random.Random(seed)
         self._graphs: dict[bytes, Graph] = {}  # by content hash: a graph never changes
 
+    #: As TaskListener.task_seconds: observes each simulated task's seconds when set.
+    task_seconds: Any = None
+
     def process(self, event_id: str, event: dict[str, Any]) -> bool:
+        if self.task_seconds is None:
+            return self._simulate(event)
+        started = monotonic()
+        try:
+            return self._simulate(event)
+        finally:
+            kind = (self.current_stream or "").rpartition(":tasks:")[2]
+            self.task_seconds.labels(kind).observe(monotonic() - started)
+
+    def _simulate(self, event: dict[str, Any]) -> bool:
         if self.delay_max > 0 and self.sleep(self.random.uniform(0, self.delay_max)):
             raise InterruptedError("stopping")  # left pending: another worker takes it
         if self.random.uniform(0, 100) < self.failures:

@@ -21,6 +21,7 @@ from lifecycle.cli.support import EXIT_FAILED, EXIT_OK, CliError, Context, dumps
 from lifecycle.cli.worker import LIMIT_NAMES, limits_arguments, limits_from
 from lifecycle.keys import Keys
 from rqse.errors import RqseError
+from rqse.metrics import metrics_arguments
 
 __all__ = ["EXIT_DIFFERENT", "add_commands"]
 
@@ -45,6 +46,7 @@ def add_commands(commands: Any, common: argparse.ArgumentParser) -> None:
         "--trim-interval", type=float, default=1.0, help="seconds between trims (1)"
     )
     receipts.add_argument("--no-trim", action="store_true", help="never trim the streams")
+    metrics_arguments(receipts)
     receipts.set_defaults(func=_receipts, narrates=True)
 
     replay = commands.add_parser(
@@ -122,6 +124,11 @@ def _receipts(args: argparse.Namespace, context: Context) -> int:
     from rqse.process import settle_process
 
     client, keys = context.client, context.keys
+    metrics = None
+    if args.metrics_port is not None:
+        from lifecycle.metrics import ProcessMetrics, ReceiptsCollector
+
+        metrics = ProcessMetrics(client.connection_pool)  # first: it counts round trips
     sink = SegmentSink(
         args.archive, segment_bytes=int(args.segment_mb * (1 << 20)), compress=args.compress
     )
@@ -133,6 +140,9 @@ def _receipts(args: argparse.Namespace, context: Context) -> int:
         batch_size=args.batch_size,
         trim_every=None if args.no_trim else args.trim_interval,
     )
+    if metrics is not None:
+        metrics.register(ReceiptsCollector(worker))
+        metrics.serve(args.metrics_port, args.metrics_host)
     worker.install_signal_handlers()
     settle_process()
     log.info("receipts worker %s archiving %s* into %s", args.consumer, keys.prefix, args.archive)
@@ -140,6 +150,8 @@ def _receipts(args: argparse.Namespace, context: Context) -> int:
         stats = worker.run()
     finally:
         sink.close()
+        if metrics is not None:
+            metrics.stop()
     log.info(
         "receipts: archived %d in %d batches, skipped %d already archived, trimmed %d; "
         "peak lengths %s",
