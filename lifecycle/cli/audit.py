@@ -11,7 +11,7 @@ import argparse
 import logging
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 import redis
@@ -22,6 +22,9 @@ from lifecycle.cli.worker import LIMIT_NAMES, limits_arguments, limits_from
 from lifecycle.keys import Keys
 from rqse.errors import RqseError
 from rqse.metrics import metrics_arguments
+
+if TYPE_CHECKING:
+    from lifecycle.metrics import ProcessMetrics
 
 __all__ = ["EXIT_DIFFERENT", "add_commands"]
 
@@ -119,16 +122,25 @@ def _recover(args: argparse.Namespace, context: Context) -> int:
 
 
 def _receipts(args: argparse.Namespace, context: Context) -> int:
+    client = context.client
+    if args.metrics_port is None:
+        return _archive(args, context, None)
+    from lifecycle.metrics import ProcessMetrics
+
+    metrics = ProcessMetrics(client.connection_pool)  # first: it counts round trips
+    metrics.serve(args.metrics_port, args.metrics_host)  # a port in use: before any file
+    try:
+        return _archive(args, context, metrics)
+    finally:
+        metrics.stop()
+
+
+def _archive(args: argparse.Namespace, context: Context, metrics: ProcessMetrics | None) -> int:
     from lifecycle.audit.receipts import ReceiptsWorker
     from lifecycle.audit.segments import SegmentSink
     from rqse.process import settle_process
 
     client, keys = context.client, context.keys
-    metrics = None
-    if args.metrics_port is not None:
-        from lifecycle.metrics import ProcessMetrics, ReceiptsCollector
-
-        metrics = ProcessMetrics(client.connection_pool)  # first: it counts round trips
     sink = SegmentSink(
         args.archive, segment_bytes=int(args.segment_mb * (1 << 20)), compress=args.compress
     )
@@ -141,8 +153,9 @@ def _receipts(args: argparse.Namespace, context: Context) -> int:
         trim_every=None if args.no_trim else args.trim_interval,
     )
     if metrics is not None:
+        from lifecycle.metrics import ReceiptsCollector
+
         metrics.register(ReceiptsCollector(worker))
-        metrics.serve(args.metrics_port, args.metrics_host)
     worker.install_signal_handlers()
     settle_process()
     log.info("receipts worker %s archiving %s* into %s", args.consumer, keys.prefix, args.archive)
@@ -150,8 +163,6 @@ def _receipts(args: argparse.Namespace, context: Context) -> int:
         stats = worker.run()
     finally:
         sink.close()
-        if metrics is not None:
-            metrics.stop()
     log.info(
         "receipts: archived %d in %d batches, skipped %d already archived, trimmed %d; "
         "peak lengths %s",
