@@ -4,34 +4,16 @@ served over real HTTP."""
 from __future__ import annotations
 
 import socket
-import urllib.request
 from typing import Any
 
 import pytest
 import redis
 from prometheus_client import CollectorRegistry
-from prometheus_client.parser import text_string_to_metric_families
 
 from rqse import EventListener
 from rqse.errors import ConfigurationError
 from rqse.metrics import ListenerMetrics, RoundTrips, serve
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    """Every sample of ``http://127.0.0.1:port/metrics``: (name, sorted labels) -> value."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as reply:
-        text = reply.read().decode()
-    return {
-        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
-        for family in text_string_to_metric_families(text)
-        for sample in family.samples
-    }
+from tests.scrape import free_port, scrape
 
 
 class Picky(EventListener):
