@@ -58,9 +58,12 @@ class ListenerMetrics(Collector):
         self._lock = threading.Lock()  # watch() may race a scrape; the hot path never takes it
 
     def watch(self, listener: EventListener) -> None:
-        """Count ``listener``'s entries per stream from now on."""
+        """Count ``listener``'s entries per stream from now on (its streams show at 0
+        before their first entry, so rates and alerts have a series to start from)."""
         if listener.stream_stats is None:
             listener.stream_stats = {}
+        for stream in listener.streams:
+            listener.stream_stats.setdefault(stream, ListenerStats())
         with self._lock:
             self._listeners.append(listener)
 

@@ -18,7 +18,7 @@ from lifecycle.keys import Keys
 from lifecycle.metrics import StatusCollector, metrics_text
 from lifecycle.submit import start_workflow
 from tests.processes import Processes, wait_until_all_ended
-from tests.scrape import Samples, events, free_port, labels, parse, scrape, scrape_until
+from tests.scrape import Samples, events, free_port, labels, parse, scrape_until
 
 KEYS = Keys()
 FLOW = "A → B"  # two tasks of the default kind per workflow
@@ -48,8 +48,11 @@ def test_worker_processes_serve_events_latencies_round_trips_and_engine_state(
         "--metrics-port",
         str(worker_port),
     )
-    before = scrape(lifecycle_port)
-    assert before[("flowstream_redis_round_trips_total", ())] > 0  # connecting, reading
+    # Once listening: it connected and reads (a scrape may come before).
+    before = scrape_until(
+        lifecycle_port, lambda s: s[("flowstream_redis_round_trips_total", ())] > 0
+    )
+    assert before[("flowstream_redis_round_trips_total", ())] > 0
     graph = compile_text(FLOW)
     ids = [start_workflow(redis_client, graph, {"n": n}, f"w{n}") for n in range(WORKFLOWS)]
     wait_until_all_ended(redis_client, ids, timeout=60)
