@@ -255,18 +255,22 @@ class ReceiptsCollector(Collector):
 
 
 _api_registries: dict[tuple[int, str], CollectorRegistry] = {}
+_API_REGISTRIES = 16  # (client, prefix) pairs kept; a caller passes its one long-lived client
 _api_lock = threading.Lock()
 
 
 def metrics_text(client: redis.Redis, keys: Keys) -> bytes:
     """The Prometheus text (:data:`CONTENT_TYPE`) of the engine's collectors, for a
     process that serves ``/metrics`` itself (the HTTP API): the
-    :class:`StatusCollector` of ``client`` and ``keys``, one per pair for the life of
-    the process, so its one-second cache holds across requests."""
+    :class:`StatusCollector` of ``client`` and ``keys``, one per pair kept for the
+    life of the process, so its one-second cache holds across requests: pass the
+    process's long-lived client, not one made per request."""
     key = (id(client), keys.prefix)
     with _api_lock:
         registry = _api_registries.get(key)
         if registry is None:
+            if len(_api_registries) >= _API_REGISTRIES:  # a client per request: no cache
+                _api_registries.clear()
             registry = CollectorRegistry()
             registry.register(StatusCollector(client, keys))
             _api_registries[key] = registry
