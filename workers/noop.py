@@ -147,6 +147,9 @@ class NoopWorker(EventListener):
 class SimulatedWorker(NoopWorker):
     """Waits up to ``delay_max`` seconds per task and fails ``failures`` percent of them."""
 
+    #: As TaskListener.task_seconds: observes each simulated task's seconds when set.
+    task_seconds: Any = None
+
     def __init__(
         self,
         kinds: Iterable[str] | None = None,
@@ -162,9 +165,6 @@ class SimulatedWorker(NoopWorker):
         self.failures = failures
         self.random = random.Random(seed)
         self._graphs: dict[bytes, Graph] = {}  # by content hash: a graph never changes
-
-    #: As TaskListener.task_seconds: observes each simulated task's seconds when set.
-    task_seconds: Any = None
 
     def process(self, event_id: str, event: dict[str, Any]) -> bool:
         if self.task_seconds is None:
