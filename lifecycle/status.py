@@ -188,10 +188,7 @@ def read_status(
     :func:`count_workflows`'s (one command per workflow counted, pipelined) and, per
     kind with undelivered start-tasks, one XRANGE of at most :data:`QUEUED_CHECK`
     entries plus one pipelined HMGET per distinct workflow among them."""
-    members: Any = client.smembers(keys.kinds)
-    kinds = sorted(k.decode("utf-8", "replace") for k in members)
-    lifecycle = _stream(client, LIFECYCLE_SOURCE, keys.lifecycle, LIFECYCLE_GROUP)
-    streams = [_stream(client, kind, keys.tasks(kind), TASK_GROUP) for kind in kinds]
+    lifecycle, *streams = read_streams(client, keys)
     for info in streams:
         _check_queued(client, keys, info)
     stale_ms, gap_ms = int(stale_s * 1000), int(read_gap_s * 1000)
