@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import random
 from collections.abc import Iterable, Sequence
+from time import monotonic
 from typing import Any
 
 import orjson
@@ -146,6 +147,9 @@ class NoopWorker(EventListener):
 class SimulatedWorker(NoopWorker):
     """Waits up to ``delay_max`` seconds per task and fails ``failures`` percent of them."""
 
+    #: As TaskListener.task_seconds: observes each simulated task's seconds when set.
+    task_seconds: Any = None
+
     def __init__(
         self,
         kinds: Iterable[str] | None = None,
@@ -163,6 +167,16 @@ class SimulatedWorker(NoopWorker):
         self._graphs: dict[bytes, Graph] = {}  # by content hash: a graph never changes
 
     def process(self, event_id: str, event: dict[str, Any]) -> bool:
+        if self.task_seconds is None:
+            return self._simulate(event)
+        started = monotonic()
+        try:
+            return self._simulate(event)
+        finally:
+            kind = (self.current_stream or "").rpartition(":tasks:")[2]
+            self.task_seconds.labels(kind).observe(monotonic() - started)
+
+    def _simulate(self, event: dict[str, Any]) -> bool:
         if self.delay_max > 0 and self.sleep(self.random.uniform(0, self.delay_max)):
             raise InterruptedError("stopping")  # left pending: another worker takes it
         if self.random.uniform(0, 100) < self.failures:

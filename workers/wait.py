@@ -220,6 +220,11 @@ class WaitWorker:
     def consumer(self) -> str:
         return self.tasks.consumer
 
+    @property
+    def listeners(self) -> list[EventListener]:
+        """Its listeners (for metrics): the task listener and the event watcher."""
+        return [self.tasks] if self.watcher is None else [self.tasks, self.watcher]
+
     def listen(self) -> None:
         """Run until stopped; the task listener in this thread, the others in daemon threads."""
         watcher_thread = None
