@@ -1,0 +1,120 @@
+"""Workflow priorities: their bounds, and every task stream they add.
+
+A workflow's priority (an integer, :data:`MIN_PRIORITY`..:data:`MAX_PRIORITY`, 0 by
+default) is chosen at submission, stored on its record and carried by each of its
+start-tasks. Priority 0 uses the kind's stream ``{flow}:tasks:<kind>`` as it always
+has; any other priority has its own, ``{flow}:tasks:<kind>:p<N>``, registered in
+``{flow}:priorities`` by the submission (as ``{flow}:kinds`` registers the kinds).
+A kind's workers read all of its streams in one XREADGROUP, highest priority first
+(:func:`stream_order`): each read takes up to a batch from every stream and runs
+the higher ones first, so a new high-priority task waits at most one batch and
+lower ones still move every batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from lifecycle.errors import LifecycleError
+from lifecycle.keys import Keys
+
+__all__ = [
+    "MAX_PRIORITY",
+    "MIN_PRIORITY",
+    "BadPriority",
+    "TaskStream",
+    "check_priority",
+    "kind_streams",
+    "priority_member",
+    "stream_order",
+    "task_streams",
+]
+
+# One stream per priority and kind: a small range keeps a worker's read short.
+MIN_PRIORITY, MAX_PRIORITY = -9, 9
+
+
+class BadPriority(LifecycleError):
+    """Raised when a priority is not an integer within MIN_PRIORITY..MAX_PRIORITY."""
+
+
+def check_priority(value: Any, where: str = "priority") -> int:
+    """``value`` if it is an integer within the bounds; else :class:`BadPriority`."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise BadPriority(f"{where}: {value!r} is not an integer")
+    if not MIN_PRIORITY <= value <= MAX_PRIORITY:
+        raise BadPriority(
+            f"{where}: {value} is out of range (expected {MIN_PRIORITY}..{MAX_PRIORITY})"
+        )
+    return value
+
+
+def priority_member(kind: str, priority: int) -> str:
+    """The ``{flow}:priorities`` member of one kind's stream of ``priority``."""
+    return f"{kind}:{priority}"
+
+
+@dataclass(frozen=True, slots=True)
+class TaskStream:
+    """One stream of start-tasks: its kind, its priority and its name."""
+
+    kind: str
+    priority: int
+    stream: str
+
+
+def _text(value: Any) -> str:
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+
+def _parse_member(member: str) -> tuple[str, int] | None:
+    kind, colon, number = member.rpartition(":")
+    try:
+        priority = int(number)
+    except ValueError:
+        return None
+    if not colon or not kind or priority == 0:
+        return None
+    return kind, priority
+
+
+def task_streams(client: Any, keys: Keys, kinds: Iterable[str] | None = None) -> list[TaskStream]:
+    """Every task stream, by kind (sorted), highest priority first within a kind: those of
+    ``{flow}:kinds`` (priority 0) and of ``{flow}:priorities``. ``kinds``: only these
+    (whether registered or not). One round trip."""
+    pipe = client.pipeline(transaction=False)
+    pipe.smembers(keys.kinds)
+    pipe.smembers(keys.priorities)
+    registered, members = pipe.execute()
+    wanted = None if kinds is None else set(kinds)
+    streams = [(_text(k), 0) for k in (wanted if wanted is not None else registered)]
+    for member in members:
+        parsed = _parse_member(_text(member))
+        if parsed is not None and (wanted is None or parsed[0] in wanted):
+            streams.append(parsed)
+    found = sorted(set(streams), key=lambda kp: (kp[0], -kp[1]))
+    return [TaskStream(kind, priority, keys.tasks(kind, priority)) for kind, priority in found]
+
+
+def kind_streams(client: Any, keys: Keys, kind: str) -> list[str]:
+    """The streams a worker of ``kind`` reads: priority 0's and every registered other."""
+    return [found.stream for found in task_streams(client, keys, [kind])]
+
+
+def stream_order(keys: Keys, kind: str) -> Callable[[str], int]:
+    """Sort key of ``kind``'s streams for :class:`rqse.EventListener` (``order``): the
+    highest priority first, priority 0 (the kind's own stream) in its place, any other
+    stream last."""
+    base = keys.tasks(kind) + ":p"
+
+    def order(stream: str) -> int:
+        if stream.startswith(base):
+            try:
+                return -int(stream[len(base) :])
+            except ValueError:
+                pass
+        return 0 if stream == keys.tasks(kind) else MAX_PRIORITY + 1
+
+    return order
