@@ -29,6 +29,7 @@ __all__ = [
     "kind_streams",
     "priority_member",
     "stream_order",
+    "stream_priority",
     "task_streams",
 ]
 
@@ -103,18 +104,29 @@ def kind_streams(client: Any, keys: Keys, kind: str) -> list[str]:
     return [found.stream for found in task_streams(client, keys, [kind])]
 
 
-def stream_order(keys: Keys, kind: str) -> Callable[[str], int]:
-    """Sort key of ``kind``'s streams for :class:`rqse.EventListener` (``order``): the
-    highest priority first, priority 0 (the kind's own stream) in its place, any other
-    stream last."""
-    base = keys.tasks(kind) + ":p"
+def stream_priority(keys: Keys, stream: str) -> int | None:
+    """The priority of a task stream of ``keys`` (0 for a kind's own), None for any other
+    stream. Unambiguous, as a kind never holds a ``:``."""
+    head = keys.tasks("")
+    if not stream.startswith(head):
+        return None
+    kind, colon, rest = stream[len(head) :].partition(":")
+    if not colon:
+        return 0 if kind else None
+    if not rest.startswith("p"):
+        return None
+    try:
+        return int(rest[1:])
+    except ValueError:
+        return None
+
+
+def stream_order(keys: Keys) -> Callable[[str], int]:
+    """Sort key of task streams for :class:`rqse.EventListener` (``order``): the highest
+    priority first (whatever the kind), any stream not a task stream last."""
 
     def order(stream: str) -> int:
-        if stream.startswith(base):
-            try:
-                return -int(stream[len(base) :])
-            except ValueError:
-                pass
-        return 0 if stream == keys.tasks(kind) else MAX_PRIORITY + 1
+        priority = stream_priority(keys, stream)
+        return MAX_PRIORITY + 1 if priority is None else -priority
 
     return order
