@@ -13,9 +13,12 @@ lower ones still move every batch.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
+
+import redis
 
 from lifecycle.errors import LifecycleError
 from lifecycle.keys import Keys
@@ -28,10 +31,13 @@ __all__ = [
     "check_priority",
     "kind_streams",
     "priority_member",
+    "priority_streams",
     "stream_order",
     "stream_priority",
     "task_streams",
 ]
+
+log = logging.getLogger(__name__)
 
 # One stream per priority and kind: a small range keeps a worker's read short.
 MIN_PRIORITY, MAX_PRIORITY = -9, 9
@@ -65,6 +71,11 @@ class TaskStream:
     priority: int
     stream: str
 
+    @property
+    def source(self) -> str:
+        """How tools name it: the kind, and ``<kind>:p<N>`` for a priority's own."""
+        return f"{self.kind}:p{self.priority}" if self.priority else self.kind
+
 
 def _text(value: Any) -> str:
     return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
@@ -81,22 +92,49 @@ def _parse_member(member: str) -> tuple[str, int] | None:
     return kind, priority
 
 
+def priority_streams(keys: Keys, members: Iterable[Any]) -> list[str]:
+    """The streams named by ``{flow}:priorities`` members (str or bytes); members that
+    name none are left out."""
+    parsed = (_parse_member(_text(member)) for member in members)
+    return [keys.tasks(*found) for found in parsed if found is not None]
+
+
 def task_streams(client: Any, keys: Keys, kinds: Iterable[str] | None = None) -> list[TaskStream]:
     """Every task stream, by kind (sorted), highest priority first within a kind: those of
     ``{flow}:kinds`` (priority 0) and of ``{flow}:priorities``. ``kinds``: only these
-    (whether registered or not). One round trip."""
+    (whether registered or not; ``{flow}:kinds`` is then not read). One round trip.
+
+    A user not allowed to read ``{flow}:priorities`` (an ACL from before priorities)
+    gets the kinds' own streams, said once per process at WARNING."""
+    wanted = None if kinds is None else sorted(set(kinds))
     pipe = client.pipeline(transaction=False)
-    pipe.smembers(keys.kinds)
+    if wanted is None:
+        pipe.smembers(keys.kinds)
     pipe.smembers(keys.priorities)
-    registered, members = pipe.execute()
-    wanted = None if kinds is None else set(kinds)
-    streams = [(_text(k), 0) for k in (wanted if wanted is not None else registered)]
+    replies = pipe.execute(raise_on_error=False)
+    members = replies[-1]
+    if isinstance(members, redis.exceptions.NoPermissionError):
+        _refused(keys.priorities, members)
+        members = set()
+    for reply in replies:
+        if isinstance(reply, Exception):
+            raise reply
+    streams = {(_text(k), 0) for k in (replies[0] if wanted is None else wanted)}
     for member in members:
         parsed = _parse_member(_text(member))
         if parsed is not None and (wanted is None or parsed[0] in wanted):
-            streams.append(parsed)
-    found = sorted(set(streams), key=lambda kp: (kp[0], -kp[1]))
+            streams.add(parsed)
+    found = sorted(streams, key=lambda kp: (kp[0], -kp[1]))
     return [TaskStream(kind, priority, keys.tasks(kind, priority)) for kind, priority in found]
+
+
+_said: set[str] = set()
+
+
+def _refused(key: str, error: Exception) -> None:
+    if key not in _said:
+        _said.add(key)
+        log.warning("%s not readable (%s): its priority streams are not followed", key, error)
 
 
 def kind_streams(client: Any, keys: Keys, kind: str) -> list[str]:

@@ -43,6 +43,7 @@ from lifecycle.audit.archive import id_order
 from lifecycle.dead_letters import LIFECYCLE_SOURCE, dead_letter_count
 from lifecycle.events import is_start_task
 from lifecycle.keys import LIFECYCLE_GROUP, RECEIPTS_GROUP, TASK_GROUP, Keys
+from lifecycle.priorities import task_streams
 from rqse.durability import server_warnings
 
 __all__ = [
@@ -115,7 +116,7 @@ class GroupInfo:
 
 @dataclass
 class StreamInfo:
-    source: str  # "lifecycle" or the task kind
+    source: str  # "lifecycle", the task kind, or <kind>:p<N> for a priority's stream
     stream: str
     length: int
     dead_letters: int
@@ -187,10 +188,11 @@ def read_status(
     :func:`count_workflows`'s (one command per workflow counted, pipelined) and, per
     kind with undelivered start-tasks, one XRANGE of at most :data:`QUEUED_CHECK`
     entries plus one pipelined HMGET per distinct workflow among them."""
-    members: Any = client.smembers(keys.kinds)
-    kinds = sorted(k.decode("utf-8", "replace") for k in members)
     lifecycle = _stream(client, LIFECYCLE_SOURCE, keys.lifecycle, LIFECYCLE_GROUP)
-    streams = [_stream(client, kind, keys.tasks(kind), TASK_GROUP) for kind in kinds]
+    streams = [
+        _stream(client, found.source, found.stream, TASK_GROUP)
+        for found in task_streams(client, keys)
+    ]
     for info in streams:
         _check_queued(client, keys, info)
     stale_ms, gap_ms = int(stale_s * 1000), int(read_gap_s * 1000)
