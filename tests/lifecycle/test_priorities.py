@@ -16,19 +16,27 @@ import redis
 from flowlang.compiler import compile_text
 from lifecycle import records as rec
 from lifecycle.audit.receipts import ReceiptsWorker
+from lifecycle.audit.recover import recover
+from lifecycle.audit.report import audit_archive
 from lifecycle.audit.segments import SegmentSink
 from lifecycle.client import Client
 from lifecycle.dead_letters import sources
 from lifecycle.engine.advance import Advancer
 from lifecycle.errors import BadEvent
-from lifecycle.events import end_task, parse_start_workflow
+from lifecycle.events import (
+    PAUSE_WORKFLOW,
+    RESUME_WORKFLOW,
+    control,
+    end_task,
+    parse_start_workflow,
+)
 from lifecycle.history import engine_streams
 from lifecycle.keys import TASK_GROUP, Keys
 from lifecycle.priorities import BadPriority, stream_priority, task_streams
 from lifecycle.status import read_status
 from lifecycle.submit import start_workflow, start_workflows
 from tests.conftest import wait_until
-from tests.lifecycle.audit_helpers import archived_ids
+from tests.lifecycle.audit_helpers import archive_all, archived_ids
 from workers.task import Task, TaskListener
 
 KEYS = Keys()
@@ -220,3 +228,51 @@ def test_task_streams_list_each_kinds_streams_highest_priority_first(
     names = [t.source for t in task_streams(redis_client, KEYS)]
     assert names == ["a:p2", "a", "a:p-1", "b:p9", "b"]
     assert [t.source for t in task_streams(redis_client, KEYS, ["b"])] == ["b:p9", "b"]
+
+
+def test_a_resume_sends_the_held_start_tasks_to_the_workflows_priority_stream(
+    redis_client: redis.Redis,
+) -> None:
+    workflow = Client(redis_client, KEYS).submit(CHAIN, {}, priority=2)
+    _advance(redis_client)
+    stream = KEYS.tasks("default", 2)
+    _send(redis_client, control(PAUSE_WORKFLOW, workflow))
+    ((_, fields),) = redis_client.xrange(stream)
+    _send(redis_client, end_task({k.decode(): orjson.loads(v) for k, v in fields.items()}, {}))
+    assert redis_client.xlen(stream) == 1  # B is held while paused
+    _send(redis_client, control(RESUME_WORKFLOW, workflow))
+    assert redis_client.xlen(stream) == 2
+    _, fields = redis_client.xrange(stream)[1]
+    assert orjson.loads(fields[b"name"]) == "B" and orjson.loads(fields[b"priority"]) == 2
+
+
+def _send(client: redis.Redis, event: dict[str, Any]) -> None:
+    client.xadd(KEYS.lifecycle, {k: orjson.dumps(v) for k, v in event.items()})
+    _advance(client)
+
+
+def test_replay_matches_and_recover_resends_to_the_priority_stream_and_registers_it(
+    redis_client: redis.Redis, tmp_path: Path
+) -> None:
+    waiting = compile_text("@flow waits\nslow:A")  # a kind nobody serves: its task stays
+    done = start_workflow(redis_client, CHAIN, {}, keys=KEYS, priority=-3)
+    _advance(redis_client)
+    for n in range(2):  # answer A, then B, of the chain
+        _, fields = redis_client.xrange(KEYS.tasks("default", -3))[n]
+        answer = end_task({k.decode(): orjson.loads(v) for k, v in fields.items()}, {})
+        redis_client.xadd(KEYS.lifecycle, {k: orjson.dumps(v) for k, v in answer.items()})
+        _advance(redis_client)
+    running = start_workflow(redis_client, waiting, {}, keys=KEYS, priority=4)
+    _advance(redis_client)
+    archive_all(redis_client, tmp_path / "archive")
+    report = audit_archive(tmp_path / "archive", KEYS, client=redis_client)
+    assert report.ok, report.first_problem
+    assert {w.workflow: w.live for w in report.workflows} == {done: "equal", running: "equal"}
+
+    redis_client.flushdb()  # Redis lost: recover restores both, resends the waiting task
+    restored = recover(redis_client, tmp_path / "archive", KEYS)
+    assert sorted(restored.restored) == sorted([done, running]) and restored.resent == 1
+    ((_, fields),) = redis_client.xrange(KEYS.tasks("slow", 4))
+    assert orjson.loads(fields[b"workflow"]) == running
+    assert b"slow:4" in redis_client.smembers(KEYS.priorities)
+    assert redis_client.hget(KEYS.workflow(running), rec.PRIORITY) == b"4"
