@@ -55,7 +55,8 @@ class Timed(TaskListener):
         return super().prepare_batch(stream, entries)
 
     def run(self, task: Task) -> Any:
-        self.started.append((time.perf_counter(), stream_priority(KEYS, str(self.current_stream))))
+        priority = stream_priority(KEYS, str(self.current_stream))
+        self.started.append((time.perf_counter(), priority if priority is not None else 0))
         if self.work_s:
             time.sleep(self.work_s)
         return {}
