@@ -19,6 +19,7 @@ from lifecycle.audit.receipts import ReceiptsWorker
 from lifecycle.audit.recover import recover
 from lifecycle.audit.report import audit_archive
 from lifecycle.audit.segments import SegmentSink
+from lifecycle.cli import main as cli_main
 from lifecycle.client import Client
 from lifecycle.dead_letters import sources
 from lifecycle.engine.advance import Advancer
@@ -276,3 +277,14 @@ def test_replay_matches_and_recover_resends_to_the_priority_stream_and_registers
     assert orjson.loads(fields[b"workflow"]) == running
     assert b"slow:4" in redis_client.smembers(KEYS.priorities)
     assert redis_client.hget(KEYS.workflow(running), rec.PRIORITY) == b"4"
+
+
+def test_inspect_shows_a_workflows_priority(
+    redis_client: redis.Redis, redis_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    workflow = start_workflow(redis_client, ONE, {}, keys=KEYS, priority=6)
+    _advance(redis_client)
+    assert cli_main(["inspect", workflow, "--json", "--redis-url", redis_url]) == 0
+    assert orjson.loads(capsys.readouterr().out)["priority"] == 6
+    assert cli_main(["inspect", workflow, "--redis-url", redis_url]) == 0
+    assert "priority 6" in capsys.readouterr().out
