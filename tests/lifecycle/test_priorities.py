@@ -293,3 +293,31 @@ def test_inspect_shows_a_workflows_priority(
     assert orjson.loads(capsys.readouterr().out)["priority"] == 6
     assert cli_main(["inspect", workflow, "--redis-url", redis_url]) == 0
     assert "priority 6" in capsys.readouterr().out
+
+
+class Failing(TaskListener):
+    """Kind ``bad``: every task raises in the listener (not in run), so it is dead-lettered."""
+
+    kind = "bad"
+
+    def process(self, event_id: str, event: dict[str, Any]) -> bool:
+        raise RuntimeError("boom")
+
+
+def test_a_task_dead_lettered_on_a_priority_stream_fails_its_workflow(
+    redis_client: redis.Redis, pool: redis.ConnectionPool, in_threads: Any
+) -> None:
+    from lifecycle.worker import LifecycleWorker
+
+    workflow = start_workflow(redis_client, compile_text("bad:x"), {}, keys=KEYS, priority=2)
+    options = {"pool": pool, "handle_signals": False, "block_ms": 50}
+    in_threads(
+        LifecycleWorker(**options),
+        Failing(max_deliveries=1, claim_idle=0.1, **options),
+    )
+
+    def failed() -> bool:
+        return b'"failed"' in (redis_client.hget(KEYS.workflow(workflow), rec.STATE) or b"")
+
+    wait_until(failed, 15, "the workflow to fail")
+    assert redis_client.xlen(KEYS.tasks("bad", 2) + ":dead") == 1
