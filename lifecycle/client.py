@@ -127,9 +127,14 @@ class Client:
         input: Any = None,
         workflow_id: str | None = None,
         limits: Limits = DEFAULT_LIMITS,
+        *,
+        priority: int = 0,
     ) -> str:
-        """Store ``graph`` and send its start-workflow; return the workflow id."""
-        return start_workflow(self.redis, graph, input, workflow_id, self.keys, limits)
+        """Store ``graph`` and send its start-workflow; return the workflow id.
+        ``priority``: see lifecycle.priorities (:class:`BadPriority` out of range)."""
+        return start_workflow(
+            self.redis, graph, input, workflow_id, self.keys, limits, priority=priority
+        )
 
     def exists(self, workflow_id: str) -> bool:
         return bool(self.redis.exists(self.keys.workflow(workflow_id)))

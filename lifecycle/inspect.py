@@ -118,6 +118,7 @@ class StoredWorkflow:
     ends: dict[str, list[Any]] = field(default_factory=dict)  # key -> [t1, ok, output, error, w]
     paused: list[Any] | None = None  # held task keys while paused, else None
     compacted: int | None = None  # ms: when its task records went (it finished long ago)
+    priority: int = 0  # lifecycle.priorities
     problems: list[Problem] = field(default_factory=list)
 
     @property
@@ -277,6 +278,7 @@ def parse_workflow(workflow_id: str, raw: dict[bytes, bytes]) -> StoredWorkflow:
     found.created = read(rec.CREATED, _int)
     found.ended = read(rec.ENDED, _int)
     found.compacted = read(rec.COMPACTED, _int)
+    found.priority = read(rec.PRIORITY, _int) or 0
     found.input = read(rec.INPUT, _json)
     found.paused = read(rec.PAUSED, _paused)
     if found.paused is None and rec.PAUSED.encode() in raw:
@@ -379,6 +381,7 @@ def describe_workflow(
         "flow": record.name,
         "graph": record.graph,
         "state": record.shown_state,
+        "priority": record.priority,
         "paused": record.paused,
         "created": iso(record.created),
         "ended": iso(record.ended),

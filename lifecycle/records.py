@@ -28,6 +28,7 @@ __all__ = [
     "PAUSED_STATE",
     "QUEUED_PREFIX",
     "SHOWN_STATES",
+    "PRIORITY",
     "RUNNING",
     "RUNNING_PREFIX",
     "SALT",
@@ -57,6 +58,7 @@ NAME = "name"  # the flow's name, when it has one
 CREATED = "created"  # ms
 ENDED = "ended"  # ms, once it ended
 INPUT = "input"  # the workflow's input, JSON
+PRIORITY = "priority"  # lifecycle.priorities, when not 0 (absent: 0)
 # Present while the workflow is paused: JSON list of the task instance keys whose
 # start-tasks are held, in the order they would have started. Resume sends them.
 PAUSED = "p"

@@ -44,7 +44,8 @@ from lifecycle import records as rec
 from lifecycle.client import Client
 from lifecycle.errors import LifecycleError
 from lifecycle.keys import Keys
-from lifecycle.submit import _encode, _encode_start, graph_task_kinds, validate_policies
+from lifecycle.priorities import check_priority
+from lifecycle.submit import encode_event, encode_start, register_streams, validate_policies
 from rqse import lua
 
 __all__ = [
@@ -138,6 +139,7 @@ class Schedule:
                 f"--catch-up {self.catch_up!r}: expected one of {', '.join(CATCH_UP)}"
             )
         _zone(self.timezone)
+        check_priority(self.priority, f"schedule {self.name}: --priority")
         if self.every_ms is not None and self.every_ms < 1000:
             raise ScheduleError(f"--every {self.every_ms}ms: expected at least 1s")
         if self.cron is not None:
@@ -261,9 +263,7 @@ class Schedules:
         first = schedule.next_after(self.now() if now_ms is None else now_ms)
         pipe = self.redis.pipeline(transaction=False)
         pipe.set(self.keys.graph(schedule.graph), graph.to_json(), nx=True)
-        kinds = graph_task_kinds(graph)
-        if kinds:
-            pipe.sadd(self.keys.kinds, *sorted(kinds))
+        register_streams(pipe, self.keys, graph, schedule.priority)
         pipe.hset(key, rec.SCHEDULE_NEXT, first)
         pipe.zadd(self.keys.schedules, {schedule.name: first})
         pipe.execute()
@@ -363,15 +363,17 @@ class Schedules:
 
     def start_fields(self, schedule: Schedule, workflow_id: str) -> list[str]:
         """The start-workflow event of one run, flat (field, value, ...): the one place a
-        schedule's submission is built. ``schedule.priority`` joins it here once the
-        start-workflow event carries a priority."""
-        fields = _encode_start(workflow_id, schedule.graph, schedule.input, DEFAULT_LIMITS)
+        schedule's submission is built (its priority's streams were registered by
+        :meth:`add`)."""
+        fields = encode_start(
+            workflow_id, schedule.graph, schedule.input, DEFAULT_LIMITS, schedule.priority
+        )
         return _flat(fields)
 
     def stop_fields(self, schedule: Schedule, workflow_id: str, by: str) -> list[str]:
         """The terminate-workflow event that cancel-previous sends for ``workflow_id``."""
         reason = f"schedule {schedule.name}: overlapped by its run {by}"
-        return _flat(_encode(ev.terminate_workflow(workflow_id, reason)))
+        return _flat(encode_event(ev.terminate_workflow(workflow_id, reason)))
 
     def fire_due(self, now_ms: int | None = None, batch: int = 100) -> int:
         """Fire every schedule due at ``now_ms`` (default: Redis's clock); return how many

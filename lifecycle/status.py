@@ -43,6 +43,7 @@ from lifecycle.audit.archive import id_order
 from lifecycle.dead_letters import LIFECYCLE_SOURCE, dead_letter_count
 from lifecycle.events import is_start_task
 from lifecycle.keys import LIFECYCLE_GROUP, RECEIPTS_GROUP, TASK_GROUP, Keys
+from lifecycle.priorities import task_streams
 from rqse.durability import server_warnings
 
 __all__ = [
@@ -116,7 +117,7 @@ class GroupInfo:
 
 @dataclass
 class StreamInfo:
-    source: str  # "lifecycle" or the task kind
+    source: str  # "lifecycle", the task kind, or <kind>:p<N> for a priority's stream
     stream: str
     length: int
     dead_letters: int
@@ -212,10 +213,12 @@ def read_streams(client: redis.Redis, keys: Keys) -> list[StreamInfo]:
     """The lifecycle stream and each task kind's, with their groups and dead letters:
     the part of :func:`read_status` that costs a few commands per stream and no more
     (no queued-task check, no workflow count)."""
-    members: Any = client.smembers(keys.kinds)
-    kinds = sorted(k.decode("utf-8", "replace") for k in members)
     lifecycle = _stream(client, LIFECYCLE_SOURCE, keys.lifecycle, LIFECYCLE_GROUP)
-    return [lifecycle, *(_stream(client, kind, keys.tasks(kind), TASK_GROUP) for kind in kinds)]
+    tasks = (
+        _stream(client, found.source, found.stream, TASK_GROUP)
+        for found in task_streams(client, keys)
+    )
+    return [lifecycle, *tasks]
 
 
 def _check_queued(client: redis.Redis, keys: Keys, info: StreamInfo) -> None:

@@ -121,7 +121,10 @@ def show_workflow(data: dict[str, Any], console: Console) -> None:
         f"[bold]{escape(data['id'])}[/]  flow {escape(data['flow'] or '-')}  "
         f"state [bold]{escape(data['state'])}[/]"
     )
-    console.print(f"created {data['created'] or '-'}  ended {data['ended'] or '-'}", soft_wrap=True)
+    priority = f"  priority {data['priority']}" if data.get("priority") else ""
+    console.print(
+        f"created {data['created'] or '-'}  ended {data['ended'] or '-'}{priority}", soft_wrap=True
+    )
     if data["error"]:
         console.print(f"[red]error:[/] {escape(one_line(data['error']))}", soft_wrap=True)
     if data.get("paused") is not None:

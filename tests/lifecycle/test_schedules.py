@@ -395,6 +395,8 @@ def test_schedule_commands_add_list_pause_resume_run_now_and_remove(
     assert starts(redis_client).keys() == {workflow_id}
     [(_, start)] = redis_client.xrange(KEYS.lifecycle)  # type: ignore[misc]
     assert orjson.loads(start[b"input"]) == {"a": 1}  # the input given at add
+    assert orjson.loads(start[b"priority"]) == 5  # and its priority, whose streams are named
+    assert redis_client.smembers(KEYS.priorities) == {b"default:5"}
     # Its last run has not ended (nothing runs the lifecycle here): overlap skip holds.
     code, out, _ = run_cli(["schedule", "run-now", "nightly"], redis_url, capsys)
     assert code == 1 and f"its last run {workflow_id} still runs" in out
@@ -448,6 +450,7 @@ def test_runs_that_retention_removed_leave_the_schedules_index_at_its_next_fire(
         (["add", "n", "F", "--cron", "0 2 * * *", "--timezone", "Nowhere/X"], "Nowhere/X"),
         (["add", "n", "F", "--every", "soon"], "'soon' is not a duration"),
         (["add", "n", "BROKEN", "--every", "1s"], "broken.flow:2:"),
+        (["add", "n", "F", "--every", "1s", "--priority", "10"], "--priority: 10 is out of range"),
         (["pause", "missing"], "no schedule 'missing'"),
         (["run-now", "missing"], "no schedule 'missing'"),
     ],
