@@ -396,7 +396,7 @@ def test_schedule_commands_add_list_pause_resume_run_now_and_remove(
     [(_, start)] = redis_client.xrange(KEYS.lifecycle)  # type: ignore[misc]
     assert orjson.loads(start[b"input"]) == {"a": 1}  # the input given at add
     assert orjson.loads(start[b"priority"]) == 5  # and its priority, whose streams are named
-    assert redis_client.smembers(KEYS.priorities) == {b"default:5"}
+    assert redis_client.smembers(KEYS.priorities) == {b"wait:5"}
     # Its last run has not ended (nothing runs the lifecycle here): overlap skip holds.
     code, out, _ = run_cli(["schedule", "run-now", "nightly"], redis_url, capsys)
     assert code == 1 and f"its last run {workflow_id} still runs" in out
