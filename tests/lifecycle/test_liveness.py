@@ -5,6 +5,7 @@ from __future__ import annotations
 import socket
 import time
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import redis
 
@@ -98,3 +99,25 @@ def test_alive_and_receipts_are_exclusive_and_an_empty_name_is_one_line(
     code = main(["status", "--alive", "", "--redis-url", redis_url])
     assert code == 2
     assert capsys.readouterr().err.strip().endswith("--alive '': expected a consumer name")
+
+
+def test_the_probes_run_as_the_documented_read_only_user_with_no_refusal(
+    redis_client: redis.Redis, redis_url: str, capsys: Any
+) -> None:
+    from tests.lifecycle.test_look_acl import PASSWORD, reader_rules, refusals
+
+    redis_client.sadd(KEYS.kinds, "ml")
+    redis_client.xgroup_create(KEYS.lifecycle, KEYS.lifecycle_group, id="0", mkstream=True)
+    redis_client.xgroup_create(KEYS.lifecycle, RECEIPTS_GROUP, id="$")
+    redis_client.xgroup_create(KEYS.tasks("ml"), "workers", id="0", mkstream=True)
+    redis_client.xreadgroup("workers", "ml-pod-1", {KEYS.tasks("ml"): ">"})
+    redis_client.execute_command("ACL", "SETUSER", "flowstream-reader", *reader_rules())
+    redis_client.execute_command("ACL", "LOG", "RESET")
+    parts = urlsplit(redis_url)
+    url = urlunsplit(parts._replace(netloc=f"flowstream-reader:{PASSWORD}@{parts.netloc}"))
+    try:
+        assert run(capsys, "status", "--alive", "ml-pod", "--redis-url", url)[0] == EXIT_OK
+        assert run(capsys, "status", "--receipts", "--redis-url", url)[0] == EXIT_OK
+        assert refusals(redis_client) == []
+    finally:
+        redis_client.execute_command("ACL", "DELUSER", "flowstream-reader")
