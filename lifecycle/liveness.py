@@ -22,6 +22,7 @@ threshold.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,21 +44,28 @@ class Alive:
     idle_ms: int
 
 
-def _streams(client: redis.Redis, keys: Keys) -> list[tuple[str, str]]:
-    """(stream, engine group) for the lifecycle stream and every known kind's."""
+def _streams(
+    client: redis.Redis, keys: Keys, more_kinds: Iterable[str] = ()
+) -> list[tuple[str, str]]:
+    """(stream, engine group) for the lifecycle stream, every known kind's (the kinds
+    submitted flows use) and each of ``more_kinds``."""
     members: Any = client.smembers(keys.kinds)
-    kinds = sorted(k.decode("utf-8", "replace") for k in members)
+    kinds = sorted({k.decode("utf-8", "replace") for k in members} | set(more_kinds))
     return [(keys.lifecycle, LIFECYCLE_GROUP), *((keys.tasks(k), TASK_GROUP) for k in kinds)]
 
 
 def find_alive(
-    client: redis.Redis, keys: Keys, name: str, stale_s: float
+    client: redis.Redis, keys: Keys, name: str, stale_s: float, kinds: Iterable[str] = ()
 ) -> tuple[Alive | None, Alive | None]:
     """Look for a consumer named ``name`` or ``name-...`` in any group of the engine's
     streams. Returns (the most recent one that talked to Redis within ``stale_s``, or
-    None; the most recent one found at all, or None when there is none)."""
+    None; the most recent one found at all, or None when there is none).
+
+    A kind enters ``{flow}:kinds`` when a flow using it is submitted, not when a worker
+    of it starts: a task worker's probe names its kind (``kinds``) so that it is found
+    before the first such workflow."""
     best: Alive | None = None
-    for stream, _group in _streams(client, keys):
+    for stream, _group in _streams(client, keys, kinds):
         try:
             groups: Any = client.xinfo_groups(stream)
         except redis.ResponseError:  # no such stream yet: nothing reads it

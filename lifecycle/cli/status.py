@@ -31,6 +31,7 @@ examples:
   python -m lifecycle status              # exit 1 when something needs attention
   python -m lifecycle status --json | jq .warnings
   python -m lifecycle status --alive      # probe: a worker on this host reads (exit 0) or not (1)
+  python -m lifecycle status --alive --kind shop   # a task worker's probe names its kind
   python -m lifecycle status --receipts   # probe: the receipts worker keeps up
 """
 
@@ -70,6 +71,14 @@ def add_commands(commands: Any, common: argparse.ArgumentParser) -> None:
         "host's name, which starts every default consumer name) read within --stale: "
         "exit 0, else 1 (a container's liveness probe)",
     )
+    status.add_argument(
+        "--kind",
+        action="append",
+        default=[],
+        metavar="KIND",
+        help="with --alive: also look at this task kind's stream (repeatable), for a "
+        "worker of a kind no submitted flow has used yet",
+    )
     probe.add_argument(
         "--receipts",
         action="store_true",
@@ -84,6 +93,8 @@ def _status(args: argparse.Namespace, context: Context) -> int:
         raise CliError(f"--stale {args.stale:g}: expected seconds above 0")
     if args.count_limit < 0:
         raise CliError(f"--count-limit {args.count_limit}: expected 0 or more")
+    if args.kind and args.alive is None:
+        raise CliError("--kind goes with --alive (the kinds whose streams it looks at)")
     if args.alive is not None:
         return _alive(args, context)
     if args.receipts:
@@ -101,7 +112,7 @@ def _status(args: argparse.Namespace, context: Context) -> int:
 def _alive(args: argparse.Namespace, context: Context) -> int:
     if not args.alive:
         raise CliError("--alive '': expected a consumer name")
-    alive, last = find_alive(context.client, context.keys, args.alive, args.stale)
+    alive, last = find_alive(context.client, context.keys, args.alive, args.stale, args.kind)
     if alive is not None:
         print(
             f"alive: consumer {alive.consumer} of group {alive.group} on {alive.stream} "
@@ -109,7 +120,10 @@ def _alive(args: argparse.Namespace, context: Context) -> int:
         )
         return EXIT_OK
     if last is None:
-        print(f"not alive: no consumer named {args.alive} or {args.alive}-... on any engine stream")
+        print(
+            f"not alive: no consumer named {args.alive} or {args.alive}-... on the engine's "
+            "streams (a worker of a kind no submitted flow has used yet: add --kind KIND)"
+        )
     else:
         print(
             f"not alive: consumer {last.consumer} of group {last.group} on {last.stream} "

@@ -227,6 +227,25 @@ def test_keda_scales_each_task_worker_on_its_stream_lag_with_the_required_fields
         )
 
 
+def test_each_task_worker_probe_names_the_kind_the_worker_serves(
+    rendered: list[dict[str, Any]],
+) -> None:
+    """A kind enters {flow}:kinds only when a flow uses it: the probe must name it."""
+    probes = []
+    for name, pod in _pod_specs(rendered):
+        for container in pod["containers"]:
+            if container["args"][0] == "workers":
+                for probe in ("startupProbe", "livenessProbe"):
+                    probes.append((name, container["args"], container[probe]["exec"]["command"]))
+    for name, service in _compose()["services"].items():
+        if service["command"][0] == "workers":
+            probes.append((name, service["command"], service["healthcheck"]["test"]))
+    assert len(probes) >= 6
+    for name, args, probe in probes:
+        assert "--alive" in probe, name
+        assert probe[probe.index("--kind") + 1] == _served_kind(args), name
+
+
 def _served_kind(args: list[str]) -> str:
     """The task kind a `workers ...` command line serves."""
     if args[:2] == ["workers", "resource"]:
@@ -411,7 +430,8 @@ def test_make_secrets_writes_an_acl_that_opens_only_ping_and_a_url_that_logs_in(
 ) -> None:
     shutil.copytree(DEPLOY, tmp_path / "deploy")
     script = tmp_path / "deploy" / "make-secrets.sh"
-    subprocess.run(["sh", str(script)], check=True, capture_output=True)
+    made = subprocess.run(["sh", str(script)], capture_output=True, text=True)
+    assert made.returncode == 0, made.stderr
     secrets = tmp_path / "deploy" / "secrets"
     assert stat.S_IMODE(secrets.stat().st_mode) == 0o700
     first = (secrets / "redis-url").read_text()
@@ -436,12 +456,14 @@ def test_make_secrets_writes_an_acl_that_opens_only_ping_and_a_url_that_logs_in(
 def test_the_compose_health_checks_pass_for_running_workers_and_fail_without(
     tmp_path: Path, redis_url: str, redis_client: redis.Redis
 ) -> None:
-    """The lifecycle and receipts services' commands, run as processes, and their health
-    checks run beside them (same host name, same REDIS_URL_FILE)."""
+    """The lifecycle, receipts and shop services' commands, run as processes, and their
+    health checks run beside them (same host name, same REDIS_URL_FILE). The shop
+    worker runs alone on a fresh database: no flow has used its kind yet."""
     url_file = tmp_path / "redis-url"
     url_file.write_text(redis_url + "\n")
     env = {**os.environ, "REDIS_URL_FILE": str(url_file)}
     services = _compose()["services"]
+    parsers = {"lifecycle": build_parser(COMMANDS), "workers": _workers_parser()}
 
     def health(service: str) -> subprocess.CompletedProcess[str]:
         test = list(map(str, services[service]["healthcheck"]["test"]))
@@ -450,29 +472,43 @@ def test_the_compose_health_checks_pass_for_running_workers_and_fail_without(
             [sys.executable, "-m", *test[3:]], env=env, capture_output=True, text=True
         )
 
-    assert health("lifecycle").returncode == 1
-    parser = build_parser(COMMANDS)
-    workers = []
-    for service in ("lifecycle", "receipts"):
-        argv = _strip_pending(parser, list(map(str, services[service]["command"]))[1:])
-        argv = [str(tmp_path / "archive") if a.startswith("/var/lib") else a for a in argv]
-        workers.append(
-            subprocess.Popen([sys.executable, "-m", "lifecycle", *argv], env=env, cwd=tmp_path)
-        )
-    try:
+    def start(service: str) -> subprocess.Popen[bytes]:
+        program, *argv = map(str, services[service]["command"])
+        argv = _strip_pending(parsers[program], argv)
+        argv = [str(tmp_path / "data") if a.startswith("/var/lib") else a for a in argv]
+        return subprocess.Popen([sys.executable, "-m", program, *argv], env=env, cwd=ROOT)
+
+    def healthy(service: str) -> str:
         deadline = time.monotonic() + 20
-        while (check := health("lifecycle")).returncode != 0:
-            assert time.monotonic() < deadline, check.stdout + check.stderr
+        while (check := health(service)).returncode != 0:
+            assert time.monotonic() < deadline, f"{service}: {check.stdout}{check.stderr}"
             time.sleep(0.3)
-        assert check.stdout.startswith(f"alive: consumer {socket.gethostname()}-")
-        while (check := health("receipts")).returncode != 0:
-            assert time.monotonic() < deadline, check.stdout + check.stderr
-            time.sleep(0.3)
-    finally:
-        for process in workers:
+        return check.stdout
+
+    def stop(processes: list[subprocess.Popen[bytes]]) -> None:
+        for process in processes:
             process.terminate()
-        for process in workers:
+        for process in processes:
             process.wait(timeout=30)
+
+    assert health("lifecycle").returncode == 1
+    assert health("receipts").returncode == 1
+    running = [start("lifecycle"), start("receipts")]
+    try:
+        assert healthy("lifecycle").startswith(f"alive: consumer {socket.gethostname()}-")
+        healthy("receipts")
+    finally:
+        stop(running)
+    redis_client.flushdb()
+    assert health("shop").returncode == 1
+    running = [start("shop")]
+    try:
+        out = healthy("shop")
+        assert out.startswith(f"alive: consumer {socket.gethostname()}-")
+        assert f"on {Keys().tasks('shop')} read " in out
+        assert not redis_client.sismember(Keys().kinds, "shop")
+    finally:
+        stop(running)
 
 
 # --- the image ----------------------------------------------------------------------

@@ -39,7 +39,25 @@ def test_no_consumer_of_that_name_is_not_alive(
     redis_client.xreadgroup(KEYS.lifecycle_group, "lcx-1", {KEYS.lifecycle: ">"})
     code, out = run(capsys, "status", "--alive", "lc", "--redis-url", redis_url)
     assert code == EXIT_FAILED
-    assert out == "not alive: no consumer named lc or lc-... on any engine stream\n"
+    assert out == (
+        "not alive: no consumer named lc or lc-... on the engine's streams (a worker of a "
+        "kind no submitted flow has used yet: add --kind KIND)\n"
+    )
+
+
+def test_a_worker_of_a_kind_no_flow_used_yet_is_found_when_its_kind_is_named(
+    redis_client: redis.Redis, redis_url: str, capsys: Any
+) -> None:
+    redis_client.xgroup_create(KEYS.tasks("shop"), "workers", id="0", mkstream=True)
+    redis_client.xreadgroup("workers", "shop-pod-1", {KEYS.tasks("shop"): ">"})
+    assert not redis_client.exists(KEYS.kinds)  # workers do not register their kind
+    code, _ = run(capsys, "status", "--alive", "shop-pod", "--redis-url", redis_url)
+    assert code == EXIT_FAILED
+    code, out = run(
+        capsys, "status", "--alive", "shop-pod", "--kind", "shop", "--redis-url", redis_url
+    )
+    assert code == EXIT_OK
+    assert out.startswith(f"alive: consumer shop-pod-1 of group workers on {KEYS.tasks('shop')}")
 
 
 def test_a_worker_that_stopped_reading_is_not_alive_once_stale_and_alive_when_it_reads(
@@ -93,12 +111,14 @@ def test_receipts_probe_fails_while_entries_wait_unarchived_past_stale(
     assert (code, out) == (EXIT_OK, "receipts: nothing waited longer than 0.5 s\n")
 
 
-def test_alive_and_receipts_are_exclusive_and_an_empty_name_is_one_line(
-    redis_url: str, capsys: Any
-) -> None:
+def test_an_empty_name_or_a_kind_without_alive_is_one_line(redis_url: str, capsys: Any) -> None:
     code = main(["status", "--alive", "", "--redis-url", redis_url])
     assert code == 2
     assert capsys.readouterr().err.strip().endswith("--alive '': expected a consumer name")
+    code = main(["status", "--kind", "shop", "--redis-url", redis_url])
+    assert code == 2
+    err = capsys.readouterr().err.strip()
+    assert err.endswith("--kind goes with --alive (the kinds whose streams it looks at)")
 
 
 def test_the_probes_run_as_the_documented_read_only_user_with_no_refusal(
