@@ -514,6 +514,51 @@ def test_the_compose_health_checks_pass_for_running_workers_and_fail_without(
 # --- the image ----------------------------------------------------------------------
 
 
+def _stages() -> list[list[str]]:
+    """The Dockerfile's instructions (continuation lines joined), per stage."""
+    text = (DEPLOY / "Dockerfile").read_text().replace("\\\n", " ")
+    stages: list[list[str]] = []
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        if line.upper().startswith("FROM "):
+            stages.append([])
+        if stages:
+            stages[-1].append(line)
+    return stages
+
+
+def test_the_dockerfile_copies_every_package_and_the_dockerignore_lets_it_through() -> None:
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    packages = {p.rstrip("*") for p in project["tool"]["setuptools"]["packages"]["find"]["include"]}
+    build = _stages()[0]
+    copied = {line.split()[1] for line in build if line.startswith("COPY ")}
+    assert packages <= copied, f"packages not copied into the build stage: {packages - copied}"
+    allowed = {
+        line.strip("!/")
+        for line in (ROOT / ".dockerignore").read_text().splitlines()
+        if line.startswith("!")
+    }
+    assert copied | {"examples"} <= allowed, copied | {"examples"} - allowed
+
+
+def test_the_final_stage_is_slim_non_root_and_runs_python_m() -> None:
+    stages = _stages()
+    assert len(stages) == 2, "a build stage and a final stage"
+    final = stages[-1]
+    assert final[0].startswith("FROM ${PYTHON_IMAGE}")
+    assert re.search(r"ARG PYTHON_IMAGE=python:3\.11-slim", (DEPLOY / "Dockerfile").read_text())
+    users = [line for line in final if line.startswith("USER ")]
+    assert users and users[-1].split()[1].split(":")[0] not in ("0", "root")
+    runs = " ".join(line for line in final if line.startswith("RUN "))
+    assert not re.search(r"apt-get|apk |gcc|build-essential|pip wheel", runs), runs
+    assert "--no-index" in runs, "the final stage installs only the built wheels"
+    assert 'ENTRYPOINT ["python", "-m"]' in final
+
+
 def _docker_answers() -> str | None:
     """None when a Docker engine answers, else why not."""
     if not shutil.which("docker"):
