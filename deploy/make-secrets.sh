@@ -1,25 +1,45 @@
 #!/bin/sh
 # Writes the files deploy/compose.yaml mounts as secrets, with fresh random values:
-#   secrets/redis.acl       Redis users: `default` may only PING (the health check);
-#                           `flowstream` is the engine's user
-#   secrets/redis-url       redis://flowstream:PASSWORD@redis:6379/0 (REDIS_URL_FILE)
-#   secrets/api-tokens      the API's --token-file: one read and one operate token
-#   secrets/api-read-token  the read token alone (the API's health check sends it)
-# An existing file is kept, so running it again changes nothing. For one Redis user per
-# component, put the lines of docs/security.md in redis.acl (`user NAME ...` in place of
-# `ACL SETUSER NAME ...`) and give each service its own URL file.
+#   secrets/redis.acl            Redis users, one per component (docs/security.md); the
+#                                `default` user may only PING (Redis's health check)
+#   secrets/redis-url-NAME       each user's URL, redis://USER:PASSWORD@redis:6379/0,
+#                                for lifecycle, receipts, resource, shop, reader, admin
+#   secrets/api-tokens           the API's --token-file: one read and one operate token
+#   secrets/api-read-token       the read token alone (the API's health check sends it)
+# An existing file is kept, so running it again changes nothing; delete secrets/ to
+# start over (then recreate the Redis container: it reads the ACL file at start).
 set -eu
 cd "$(dirname "$0")"
 umask 077
 mkdir -p secrets
 chmod 700 secrets
-random() { python3 -c 'import secrets; print(secrets.token_urlsafe(32))'; }
+random() { od -An -N24 -tx1 /dev/urandom | tr -d ' \n'; }
+
+# The rules of docs/security.md (tests/deploy/test_manifests.py checks they still
+# are): the lifecycle worker's with the add-on for serving wait: tasks, the task
+# user's for kind `shop` with the add-on for Task.cancelled() (the example calls it).
+# `admin` is for the API and for operators' commands (run, recover, ...), which need
+# more than one component's rights.
+LIFECYCLE='-@all +ping +hello +client|setinfo +client|id +client|unblock +select +xreadgroup +xack +xautoclaim +xclaim +xpending +xgroup|create +xadd +hget +hmget +hgetall +hset +hdel +del +hincrby +set +zadd +zrem +zrangebyscore +time +get +smembers +exists +watch +unwatch +multi +exec +discard +evalsha +eval +script|load +script|exists ~{flow}:lifecycle ~{flow}:wf:* ~{flow}:workflows ~{flow}:outcomes ~{flow}:timers ~{flow}:expiring ~{flow}:stopped ~{flow}:retention ~{flow}:limits %W~{flow}:lifecycle:dead %W~{flow}:tasks:* %R~{flow}:graph:* ~{flow}:tasks:*:dead %R~{flow}:kinds +xinfo|groups +xrange +time +hgetall +hdel +zrange +incr +decr +del +sadd +srem +smembers ~{flow}:tasks:wait ~{flow}:wait:* ~{flow}:latch:* ~{flow}:latch-waiting:* %W~{flow}:tasks:wait:dead'
+RECEIPTS='-@all +ping +hello +client|setinfo +client|id +client|unblock +select +xread +xreadgroup +xack +xautoclaim +xpending +xrange +xlen +xtrim +xinfo|groups +xinfo|stream +xgroup|create +xgroup|setid +exists +smembers +get +set +evalsha +eval +script|load +script|exists ~{flow}:lifecycle ~{flow}:lifecycle:dead ~{flow}:tasks:* %R~{flow}:kinds %R~{flow}:graph:* %W~{flow}:archive'
+RESOURCE='-@all +ping +hello +client|setinfo +client|id +client|unblock +select +xreadgroup +xack +xautoclaim +xclaim +xpending +xgroup|create +xadd +multi +exec +discard +evalsha +eval +script|load +script|exists +hmget +exists ~{flow}:tasks:resource %W~{flow}:tasks:resource:dead %W~{flow}:lifecycle %R~{flow}:stopped'
+SHOP='-@all +ping +hello +client|setinfo +client|id +client|unblock +select +xreadgroup +xack +xautoclaim +xclaim +xpending +xgroup|create +xadd +multi +exec +discard +evalsha +eval +script|load +script|exists +hmget +exists ~{flow}:tasks:shop %W~{flow}:tasks:shop:dead %W~{flow}:lifecycle %R~{flow}:stopped ~{flow}:wf:* +hget ~{flow}:wf:* +hget'
+READER='-@all +ping +hello +client|setinfo +client|id +select +get +hget +hmget +hgetall +hkeys +smembers +exists +zrange +zrevrange +zrangebyscore +zcard +xrange +xrevrange +xread +xinfo|stream +xinfo|groups +xinfo|consumers +xlen +info %R~{flow}:*'
+ADMIN='~* &* +@all'
 
 if [ ! -f secrets/redis.acl ]; then
-    password=$(random)
-    printf 'user default on nopass resetchannels -@all +ping\nuser flowstream on >%s ~* &* +@all\n' \
-        "$password" >secrets/redis.acl
-    printf 'redis://flowstream:%s@redis:6379/0\n' "$password" >secrets/redis-url
+    printf 'user default on nopass resetchannels -@all +ping\n' >secrets/redis.acl.new
+    for entry in lifecycle:LIFECYCLE receipts:RECEIPTS resource:RESOURCE shop:SHOP \
+        reader:READER admin:ADMIN; do
+        name=${entry%%:*}
+        eval "rules=\$${entry#*:}"
+        password=$(random)
+        printf 'user flowstream-%s on >%s %s\n' "$name" "$password" "$rules" \
+            >>secrets/redis.acl.new
+        printf 'redis://flowstream-%s:%s@redis:6379/0\n' "$name" "$password" \
+            >"secrets/redis-url-$name"
+    done
+    mv secrets/redis.acl.new secrets/redis.acl
 fi
 if [ ! -f secrets/api-tokens ]; then
     read_token=$(random)

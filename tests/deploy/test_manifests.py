@@ -425,58 +425,134 @@ def test_every_command_named_in_the_manifests_answers_help() -> None:
 # --- secrets and Redis as compose runs them ---------------------------------------
 
 
-def test_make_secrets_writes_an_acl_that_opens_only_ping_and_a_url_that_logs_in(
-    tmp_path: Path,
-) -> None:
-    shutil.copytree(DEPLOY, tmp_path / "deploy")
-    script = tmp_path / "deploy" / "make-secrets.sh"
-    made = subprocess.run(["sh", str(script)], capture_output=True, text=True)
+SECURITY = ROOT / "docs" / "security.md"
+# The users make-secrets.sh writes: the lines of docs/security.md they are made of
+# (the base line and its add-ons), <kind> replaced by the example's kind.
+ACL_USERS = {
+    "flowstream-lifecycle": ["flowstream-lifecycle"],
+    "flowstream-receipts": ["flowstream-receipts"],
+    "flowstream-resource": ["flowstream-resource"],
+    "flowstream-shop": ["flowstream-tasks-<kind>"],
+    "flowstream-reader": ["flowstream-reader"],
+}
+
+
+def _documented_rules(user: str) -> list[str]:
+    rules = []
+    for line in SECURITY.read_text(encoding="utf-8").splitlines():
+        words = line.split()
+        if line.startswith("ACL SETUSER ") and words[2] in ACL_USERS[user]:
+            rules += [w for w in words[3:] if w not in ("reset", "on", ">PASSWORD")]
+    return [r.replace("<kind>", "shop") for r in rules]
+
+
+@pytest.fixture(scope="module")
+def made_secrets(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """deploy/ copied and make-secrets.sh run in the copy: its secrets/ directory."""
+    copy = tmp_path_factory.mktemp("deploy") / "deploy"
+    shutil.copytree(DEPLOY, copy, ignore=shutil.ignore_patterns("secrets"))
+    made = subprocess.run(["sh", str(copy / "make-secrets.sh")], capture_output=True, text=True)
     assert made.returncode == 0, made.stderr
-    secrets = tmp_path / "deploy" / "secrets"
-    assert stat.S_IMODE(secrets.stat().st_mode) == 0o700
-    first = (secrets / "redis-url").read_text()
-    subprocess.run(["sh", str(script)], check=True, capture_output=True)
-    assert (secrets / "redis-url").read_text() == first, "a second run keeps the secrets"
-    tokens = (secrets / "api-tokens").read_text().split()
-    assert tokens[0] == "read:" + (secrets / "api-read-token").read_text().strip()
-    server = RedisServer(extra_args=["--aclfile", str(secrets / "redis.acl")]).start()
+    return copy / "secrets"
+
+
+@pytest.fixture(scope="module")
+def acl_server(made_secrets: Path) -> Iterator[RedisServer]:
+    """A private server with the ACL file make-secrets.sh wrote, as compose runs Redis."""
+    server = RedisServer(extra_args=["--aclfile", str(made_secrets / "redis.acl")]).start()
     try:
-        anonymous = redis.Redis(port=server.port)
-        assert anonymous.ping()
-        with pytest.raises(redis.exceptions.NoPermissionError):
-            anonymous.get("x")
-        url = first.strip().replace("@redis:6379", f"@127.0.0.1:{server.port}")
-        engine = redis.Redis.from_url(url)
-        engine.set("x", "1")
-        assert engine.get("x") == b"1"
+        yield server
     finally:
         server.stop()
 
 
-def test_the_compose_health_checks_pass_for_running_workers_and_fail_without(
-    tmp_path: Path, redis_url: str, redis_client: redis.Redis
+def _url(secrets: Path, name: str, server: RedisServer) -> str:
+    url = (secrets / f"redis-url-{name}").read_text().strip()
+    return url.replace("@redis:6379", f"@127.0.0.1:{server.port}")
+
+
+def test_make_secrets_writes_the_documented_users_and_keeps_what_exists(
+    made_secrets: Path,
 ) -> None:
-    """The lifecycle, receipts and shop services' commands, run as processes, and their
-    health checks run beside them (same host name, same REDIS_URL_FILE). The shop
-    worker runs alone on a fresh database: no flow has used its kind yet."""
-    url_file = tmp_path / "redis-url"
-    url_file.write_text(redis_url + "\n")
-    env = {**os.environ, "REDIS_URL_FILE": str(url_file)}
+    assert stat.S_IMODE(made_secrets.stat().st_mode) == 0o700
+    before = {p.name: p.read_text() for p in made_secrets.iterdir()}
+    made = subprocess.run(["sh", str(made_secrets.parent / "make-secrets.sh")], capture_output=True)
+    assert made.returncode == 0
+    assert {p.name: p.read_text() for p in made_secrets.iterdir()} == before
+    users = {}
+    for line in (made_secrets / "redis.acl").read_text().splitlines():
+        words = line.split()
+        users[words[1]] = [w for w in words[2:] if w != "on" and not w.startswith(">")]
+    assert users.pop("default") == ["nopass", "resetchannels", "-@all", "+ping"]
+    assert users.pop("flowstream-admin") == ["~*", "&*", "+@all"]
+    for user, rules in users.items():
+        expected = _documented_rules(user)
+        if user == "flowstream-shop":  # the example calls Task.cancelled(): the add-on
+            expected += ["~{flow}:wf:*", "+hget"]
+        assert rules == expected, user
+    assert set(users) == set(ACL_USERS)
+    tokens = (made_secrets / "api-tokens").read_text().split()
+    assert tokens[0] == "read:" + (made_secrets / "api-read-token").read_text().strip()
+
+
+def test_the_acl_file_opens_only_ping_to_anyone_and_each_url_logs_in(
+    made_secrets: Path, acl_server: RedisServer
+) -> None:
+    anonymous = redis.Redis(port=acl_server.port)
+    assert anonymous.ping()
+    with pytest.raises(redis.exceptions.NoPermissionError):
+        anonymous.get("x")
+    for name in ("lifecycle", "receipts", "resource", "shop", "reader", "admin"):
+        client = redis.Redis.from_url(_url(made_secrets, name, acl_server))
+        assert client.ping()  # the connection authenticated (AUTH user password) first
+        client.close()
+    with pytest.raises(redis.exceptions.AuthenticationError):
+        wrong = re.sub(r":[0-9a-f]+@", ":wrong@", _url(made_secrets, "shop", acl_server))
+        redis.Redis.from_url(wrong).ping()
+
+
+def test_the_compose_services_run_under_their_users_and_their_health_checks_pass(
+    tmp_path: Path, made_secrets: Path, acl_server: RedisServer
+) -> None:
+    """Each service's command run as a process as compose would (its REDIS_URL_FILE,
+    the secrets as files), its health check run beside it (same host name), against a
+    server with the generated ACL file: each check fails before its worker starts and
+    passes once it runs; the shop worker is checked alone, before any flow used its
+    kind; then the tutorial's flow runs through every worker, submitted as admin, and
+    the server refused nothing."""
+    admin = redis.Redis.from_url(_url(made_secrets, "admin", acl_server))
+    admin.flushdb()
+    admin.acl_log_reset()
+    run_secrets = tmp_path / "run-secrets"
+    run_secrets.mkdir()
+    for name in ("lifecycle", "receipts", "resource", "shop", "reader", "admin"):
+        (run_secrets / f"redis-url-{name}").write_text(_url(made_secrets, name, acl_server))
     services = _compose()["services"]
     parsers = {"lifecycle": build_parser(COMMANDS), "workers": _workers_parser()}
 
+    def local(argv: list[Any]) -> list[str]:
+        """Container paths made paths of this test."""
+        out = []
+        for arg in map(str, argv):
+            arg = arg.replace("/run/secrets/", f"{run_secrets}/")
+            out.append(str(tmp_path / "data") if arg.startswith("/var/lib/") else arg)
+        return out
+
+    def env(service: str) -> dict[str, str]:
+        given = services[service]["environment"]
+        return {**os.environ, **{k: local([v])[0] for k, v in given.items()}}
+
     def health(service: str) -> subprocess.CompletedProcess[str]:
-        test = list(map(str, services[service]["healthcheck"]["test"]))
+        test = local(services[service]["healthcheck"]["test"])
         assert test[:3] == ["CMD", "python", "-m"], test
         return subprocess.run(
-            [sys.executable, "-m", *test[3:]], env=env, capture_output=True, text=True
+            [sys.executable, "-m", *test[3:]], env=env(service), capture_output=True, text=True
         )
 
     def start(service: str) -> subprocess.Popen[bytes]:
-        program, *argv = map(str, services[service]["command"])
+        program, *argv = local(services[service]["command"])
         argv = _strip_pending(parsers[program], argv)
-        argv = [str(tmp_path / "data") if a.startswith("/var/lib") else a for a in argv]
-        return subprocess.Popen([sys.executable, "-m", program, *argv], env=env, cwd=ROOT)
+        return subprocess.Popen([sys.executable, "-m", program, *argv], env=env(service), cwd=ROOT)
 
     def healthy(service: str) -> str:
         deadline = time.monotonic() + 20
@@ -485,30 +561,40 @@ def test_the_compose_health_checks_pass_for_running_workers_and_fail_without(
             time.sleep(0.3)
         return check.stdout
 
-    def stop(processes: list[subprocess.Popen[bytes]]) -> None:
-        for process in processes:
-            process.terminate()
-        for process in processes:
-            process.wait(timeout=30)
-
-    assert health("lifecycle").returncode == 1
-    assert health("receipts").returncode == 1
-    running = [start("lifecycle"), start("receipts")]
+    running = []
     try:
-        assert healthy("lifecycle").startswith(f"alive: consumer {socket.gethostname()}-")
-        healthy("receipts")
-    finally:
-        stop(running)
-    redis_client.flushdb()
-    assert health("shop").returncode == 1
-    running = [start("shop")]
-    try:
+        assert health("shop").returncode == 1
+        running.append(start("shop"))
         out = healthy("shop")
         assert out.startswith(f"alive: consumer {socket.gethostname()}-")
         assert f"on {Keys().tasks('shop')} read " in out
-        assert not redis_client.sismember(Keys().kinds, "shop")
+        assert not admin.sismember(Keys().kinds, "shop")
+        assert health("receipts").returncode == 1
+        for service in ("lifecycle", "receipts", "resource"):
+            running.append(start(service))
+        for service in ("lifecycle", "receipts", "resource"):
+            healthy(service)
+        flow = subprocess.run(
+            [sys.executable, "-m", "lifecycle", "run", "examples/tutorial/shop.flow", "--wait"],
+            env=env("api"),
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert flow.returncode == 0, flow.stdout + flow.stderr
+        assert '"total"' in flow.stdout
     finally:
-        stop(running)
+        for process in running:
+            process.terminate()
+        for process in running:
+            process.wait(timeout=30)
+    refused = [
+        f"{e.get('username')}: {e.get('reason')} {e.get('object')}"
+        for e in admin.acl_log()
+        if e.get("object") != "config|get"  # no documented line grants it (security.md)
+    ]
+    assert refused == []
 
 
 # --- the image ----------------------------------------------------------------------
