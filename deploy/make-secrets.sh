@@ -4,6 +4,7 @@
 #                                `default` user may only PING (Redis's health check)
 #   secrets/redis-url-NAME       each user's URL, redis://USER:PASSWORD@redis:6379/0,
 #                                for lifecycle, receipts, resource, shop, reader, admin
+#   secrets/redis-password-reader  the reader's password alone (KEDA's scaler)
 #   secrets/api-tokens           the API's --token-file: one read and one operate token
 #   secrets/api-read-token       the read token alone (the API's health check sends it)
 # An existing file is kept, so running it again changes nothing; delete secrets/ to
@@ -38,6 +39,8 @@ if [ ! -f secrets/redis.acl ]; then
             >>secrets/redis.acl.new
         printf 'redis://flowstream-%s:%s@redis:6379/0\n' "$name" "$password" \
             >"secrets/redis-url-$name"
+        # KEDA's scaler takes the reader's password apart from its URL.
+        if [ "$name" = reader ]; then printf '%s' "$password" >secrets/redis-password-reader; fi
     done
     mv secrets/redis.acl.new secrets/redis.acl
 fi

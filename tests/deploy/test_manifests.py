@@ -193,6 +193,24 @@ def test_secrets_come_from_kubernetes_secrets_and_never_from_literal_env(
             if "secret" in volume:
                 assert volume["secret"]["secretName"].startswith("flowstream-"), name
     assert not [o for o in rendered if o["kind"] == "Secret"], "Secrets are made outside"
+    # Each workload reads its own user's URL: the keys docs/deploy.md fills from the
+    # files make-secrets.sh writes (redis-url-<key>).
+    keys = {
+        name: item["key"]
+        for name, pod in _pod_specs(rendered)
+        for volume in pod.get("volumes", [])
+        if volume.get("secret", {}).get("secretName") == "flowstream-redis"
+        for item in volume["secret"]["items"]
+    }
+    assert keys == {
+        "flowstream-lifecycle": "lifecycle",
+        "flowstream-receipts": "receipts",
+        "flowstream-resource": "resource",
+        "flowstream-shop": "shop",
+        "flowstream-api": "admin",
+    }
+    script = (DEPLOY / "make-secrets.sh").read_text()
+    assert all(f"{key}:" in script for key in keys.values())
 
 
 def test_keda_scales_each_task_worker_on_its_stream_lag_with_the_required_fields(
@@ -491,6 +509,8 @@ def test_make_secrets_writes_the_documented_users_and_keeps_what_exists(
             expected += ["~{flow}:wf:*", "+hget"]
         assert rules == expected, user
     assert set(users) == set(ACL_USERS)
+    reader = (made_secrets / "redis-url-reader").read_text()
+    assert f":{(made_secrets / 'redis-password-reader').read_text()}@" in reader
     tokens = (made_secrets / "api-tokens").read_text().split()
     assert tokens[0] == "read:" + (made_secrets / "api-read-token").read_text().strip()
 
