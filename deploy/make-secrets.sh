@@ -16,7 +16,7 @@ mkdir -p secrets
 chmod 700 secrets
 random() { od -An -N24 -tx1 /dev/urandom | tr -d ' \n'; }
 
-# The rules of docs/security.md (tests/deploy/test_manifests.py checks they still
+# The rules of docs/security.md (tests/deploy/test_compose.py checks they still
 # are): the lifecycle worker's with the add-on for serving wait: tasks, the task
 # user's for kind `shop` with the add-on for Task.cancelled() (the example calls it).
 # `admin` is for the API and for operators' commands (run, recover, ...), which need
