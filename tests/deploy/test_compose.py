@@ -67,7 +67,8 @@ def test_compose_has_no_inline_secrets() -> None:
 
 SECURITY = ROOT / "docs" / "security.md"
 # The users make-secrets.sh writes: the lines of docs/security.md they are made of
-# (the base line and its add-ons), <kind> replaced by the example's kind.
+# (the base line and its add-ons: the lifecycle worker's for serving wait:, the task
+# user's for Task.cancelled(), which the example calls), <kind> replaced by `shop`.
 ACL_USERS = {
     "flowstream-lifecycle": ["flowstream-lifecycle"],
     "flowstream-receipts": ["flowstream-receipts"],
@@ -126,10 +127,7 @@ def test_make_secrets_writes_the_documented_users_and_keeps_what_exists(
     assert users.pop("default") == ["nopass", "resetchannels", "-@all", "+ping"]
     assert users.pop("flowstream-admin") == ["~*", "&*", "+@all"]
     for user, rules in users.items():
-        expected = _documented_rules(user)
-        if user == "flowstream-shop":  # the example calls Task.cancelled(): the add-on
-            expected += ["~{flow}:wf:*", "+hget"]
-        assert rules == expected, user
+        assert rules == _documented_rules(user), user
     assert set(users) == set(ACL_USERS)
     reader = (made_secrets / "redis-url-reader").read_text()
     assert f":{(made_secrets / 'redis-password-reader').read_text()}@" in reader
