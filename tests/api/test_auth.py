@@ -4,6 +4,7 @@ and a server without tokens only on a loopback address."""
 from __future__ import annotations
 
 import argparse
+import subprocess
 import sys
 
 import pytest
@@ -119,3 +120,17 @@ def test_no_auth_on_loopback_is_allowed_and_says_so_loudly(
         args = argparse.Namespace(no_auth=True, host=host, token_file=None)
         assert load_tokens(args) is None
         assert "WARNING: --no-auth" in capsys.readouterr().err
+
+
+def test_the_program_runs_without_the_api_extra() -> None:
+    # Every other command is usable where FastAPI and uvicorn are not installed.
+    code = (
+        "import sys\n"
+        "for name in ('fastapi', 'uvicorn', 'starlette', 'python_multipart'):\n"
+        "    sys.modules[name] = None\n"
+        "from flowstream.cli import main\n"
+        "sys.exit(main(['inspect', '--help']))\n"
+    )
+    ran = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert ran.returncode == 0, ran.stderr
+    assert "usage: python -m lifecycle inspect" in ran.stdout
