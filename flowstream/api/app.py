@@ -10,7 +10,7 @@ from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import HTMLResponse, Response
 from fastapi.staticfiles import StaticFiles
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from flowstream.api import operations, stream, workflows
 from flowstream.api.auth import CSRF_HEADER
@@ -51,10 +51,15 @@ def create_app(config: ApiConfig) -> FastAPI:
 
     @app.get("/docs", include_in_schema=False)
     def docs() -> HTMLResponse:
-        return HTMLResponse(reference_page(app.openapi()))
+        # The page's one <style> element is inline: allowed here, and nothing else is.
+        policy = CONTENT_SECURITY_POLICY.replace("style-src 'self'", "style-src 'unsafe-inline'")
+        return HTMLResponse(
+            reference_page(app.openapi()), headers={"Content-Security-Policy": policy}
+        )
 
     limit = config.limits.flow_bytes + config.limits.value_bytes + BODY_SLACK
     app.add_middleware(BodyLimit, limit=limit)
+    app.add_middleware(SecurityHeaders)
     if config.cors_origins:
         app.add_middleware(
             CORSMiddleware,
@@ -66,6 +71,42 @@ def create_app(config: ApiConfig) -> FastAPI:
     if config.console_dir is not None and config.console_dir.is_dir():
         app.mount("/", StaticFiles(directory=config.console_dir, html=True), name="console")
     return app
+
+
+# The console loads only its own files and talks only to this origin; no page may frame it.
+CONTENT_SECURITY_POLICY = (
+    "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+    "connect-src 'self'; frame-ancestors 'none'; base-uri 'none'; form-action 'self'"
+)
+_SECURITY_HEADERS = (
+    (b"content-security-policy", CONTENT_SECURITY_POLICY.encode()),
+    (b"x-content-type-options", b"nosniff"),
+    (b"referrer-policy", b"no-referrer"),
+    (b"x-frame-options", b"DENY"),
+)
+
+
+class SecurityHeaders:
+    """Add the headers that keep a browser from running or framing what it should not, to
+    every answer that does not set them itself."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def with_headers(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                headers = list(message.get("headers", []))
+                present = {name.lower() for name, _ in headers}
+                headers += [(n, v) for n, v in _SECURITY_HEADERS if n not in present]
+                message = {**message, "headers": headers}
+            await send(message)
+
+        await self.app(scope, receive, with_headers)
 
 
 class BodyLimit:

@@ -40,13 +40,20 @@ def serve(redis_client: redis.Redis) -> Iterator[Serve]:
         thread.join(5)
 
 
-def test_the_console_directory_is_served_at_the_root_beside_the_api(
+def test_the_console_is_served_at_the_root_beside_the_api_with_a_strict_csp(
     serve: Serve, tmp_path: Path
 ) -> None:
     (tmp_path / "index.html").write_text("<h1>console</h1>")
     url = serve(tokens=TOKENS, console_dir=tmp_path)
     with httpx.Client(base_url=url) as http:
-        assert http.get("/").text == "<h1>console</h1>"
+        page = http.get("/")
+        assert page.text == "<h1>console</h1>"
+        assert "script-src 'self'" in page.headers["content-security-policy"]
+        assert page.headers["x-content-type-options"] == "nosniff"
+        assert (
+            "frame-ancestors 'none'"
+            in http.get("/api/workflows").headers["content-security-policy"]
+        )
         assert http.get("/api/workflows").status_code == 401
         missing = http.get("/api/nothing-here")
         assert missing.status_code == 404
