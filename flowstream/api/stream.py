@@ -26,6 +26,7 @@ from lifecycle import records as rec
 from lifecycle.errors import UnknownWorkflow
 from lifecycle.history import inspected
 from lifecycle.inspect import LIST_STATES, list_page
+from lifecycle.schedules import Schedules
 
 __all__ = ["router"]
 
@@ -62,6 +63,7 @@ async def stream_list(
     request: Request,
     state: str | None = Query(None, description=f"one of {', '.join(LIST_STATES)}"),
     flow: str | None = Query(None),
+    schedule: str | None = Query(None, description="the schedule that started them"),
     limit: int = Query(50, ge=1, le=1000),
 ) -> StreamingResponse:
     """``text/event-stream``: an event ``workflows`` (the list's first page, as ``GET
@@ -69,6 +71,10 @@ async def stream_list(
     state = state or None
     if state is not None and state not in LIST_STATES:
         raise Problem(400, f"state {state!r}: expected one of {', '.join(LIST_STATES)}")
+    index = None
+    if schedule:  # an unknown schedule is a 404, not an empty list
+        await in_thread(Schedules(api.redis, api.keys).get, schedule)
+        index = api.keys.schedule_runs(schedule)
     _open(api)
 
     def mark() -> Any:
@@ -81,7 +87,15 @@ async def stream_list(
             now = await in_thread(mark)
             if now != last:
                 items, following = await in_thread(
-                    list_page, api.redis, api.keys, state, flow or None, limit, None, api.graphs
+                    list_page,
+                    api.redis,
+                    api.keys,
+                    state,
+                    flow or None,
+                    limit,
+                    None,
+                    api.graphs,
+                    index,
                 )
                 yield event("workflows", {"items": items, "next": following})
                 last, beat = now, time.monotonic()

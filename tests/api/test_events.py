@@ -44,6 +44,7 @@ def test_the_list_stream_sends_the_first_page_and_again_after_a_change(served: S
         http.post("/api/workflows", json={"flow": "A"})
         later = next(line for line in lines if line.startswith("data: "))
         assert len(json.loads(later[6:])["items"]) == 1
+        assert http.get("/api/workflows/stream", params={"schedule": "nope"}).status_code == 404
 
 
 def test_streams_past_the_bound_are_refused_with_503(served: Served) -> None:
