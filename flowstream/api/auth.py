@@ -60,7 +60,7 @@ class Tokens:
     @classmethod
     def parse(cls, text: str, where: str) -> Tokens:
         entries = []
-        for number, line in enumerate(text.replace(",", "\n").splitlines(), 1):
+        for number, line in enumerate(text.splitlines(), 1):
             line = line.strip()
             if not line or line.startswith("#"):
                 continue
@@ -93,7 +93,8 @@ class Tokens:
                 raise TokenError(f"{token_file}: not UTF-8 text") from None
             return cls.parse(text, token_file)
         variable = os.environ.get(TOKENS_ENV)
-        return cls.parse(variable, TOKENS_ENV) if variable else None
+        # One line is hard to put in a variable: commas separate its tokens too.
+        return cls.parse(variable.replace(",", "\n"), TOKENS_ENV) if variable else None
 
     def role(self, token: str) -> str | None:
         """The role of ``token``, None for an unknown one; every entry is compared, each

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -134,3 +135,22 @@ def test_the_program_runs_without_the_api_extra() -> None:
     ran = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert ran.returncode == 0, ran.stderr
     assert "usage: python -m lifecycle inspect" in ran.stdout
+
+
+def test_tokens_come_from_the_file_else_the_variable_separated_by_commas(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("FLOWSTREAM_API_TOKENS", "operate:aaaaaaaaaaaaaaaa, read:bbbbbbbbbbbbbbbb")
+    from_env = Tokens.load(None)
+    assert from_env is not None
+    assert (from_env.role("aaaaaaaaaaaaaaaa"), from_env.role("bbbbbbbbbbbbbbbb")) == (
+        "operate",
+        "read",
+    )
+    file = tmp_path / "tokens"
+    file.write_text("read:cccccccccccccccc,dd\n")  # a comma belongs to a file's token
+    from_file = Tokens.load(str(file))
+    assert from_file is not None and from_file.role("cccccccccccccccc,dd") == "read"
+    assert from_file.role("aaaaaaaaaaaaaaaa") is None
+    with pytest.raises(TokenError, match="cannot read"):
+        Tokens.load(str(tmp_path / "missing"))
