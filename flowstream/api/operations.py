@@ -3,6 +3,7 @@ and the console's session (its login)."""
 
 from __future__ import annotations
 
+import logging
 import re
 import time
 from typing import Any
@@ -21,6 +22,7 @@ from lifecycle.status import read_status
 
 __all__ = ["router"]
 
+log = logging.getLogger(__name__)
 router = APIRouter(prefix="/api", tags=["operations"])
 REFUSALS_SHOWN = 100  # refused workflows listed in a bulk answer (all are counted)
 _KINDS = {
@@ -133,6 +135,8 @@ async def log_in(request: Request, api: Server) -> Response:
     if tokens is None:
         return response  # no authentication: nothing to remember
     if tokens.role(body.token) is None:
+        # Who tried, never what: the token is not logged.
+        log.warning("login refused from %s: unknown token", getattr(request.client, "host", "?"))
         raise Problem(401, "the token is not one this server knows")
     response.set_cookie(
         COOKIE,
