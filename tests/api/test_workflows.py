@@ -223,3 +223,16 @@ def test_a_schedules_runs_are_listed_and_acted_on_by_its_name(
         missing = {"action": "delete", "filter": {"schedule": "nope"}}
         assert http.post("/api/actions", json=missing).status_code == 404
     assert main(["schedule", "remove", "tick", "--redis-url", redis_url]) == 0
+
+
+def test_a_corrupt_record_is_shown_with_its_problems_never_a_500(served: Served) -> None:
+    with served.client() as http:
+        http.post("/api/workflows", json={"flow": "A → B", "id": "bad"})
+        wait_state(http, "bad", ("finished",))
+        served.redis.hset(served.keys.workflow("bad"), mapping={"s": b"{oops", "o:1": b"[1"})
+        for path in ("", "/graph", "/history"):
+            assert http.get(f"/api/workflows/bad{path}").status_code == 200, path
+        data = http.get("/api/workflows/bad").json()
+        assert data["state"] == "corrupt" and any("field s" in p for p in data["corrupt"])
+        listed = http.get("/api/workflows").json()["items"]
+        assert [item["state"] for item in listed] == ["corrupt"]
