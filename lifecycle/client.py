@@ -29,7 +29,7 @@ from lifecycle import records as rec
 from lifecycle.errors import LifecycleError, NotAllowed
 from lifecycle.inspect import no_workflow
 from lifecycle.keys import Keys
-from lifecycle.submit import start_workflow
+from lifecycle.submit import start_workflow, start_workflow_once
 
 __all__ = ["ACTS_ON", "Applied", "Client", "Selection", "WorkflowStatus"]
 
@@ -84,10 +84,12 @@ class Applied:
 @dataclass(frozen=True, slots=True)
 class Selection:
     """Which workflows a bulk action applies to: every given filter must match.
-    ``state`` is one state or several (any of them matches)."""
+    ``state`` is one state or several (any of them matches); ``created_before``: only
+    workflows created before this time (ms)."""
 
     state: str | tuple[str, ...] | None = None
     flow: str | None = None
+    created_before: int | None = None
 
     def __post_init__(self) -> None:
         if self.state is not None and not isinstance(self.state, str):
@@ -131,6 +133,17 @@ class Client:
         """Store ``graph`` and send its start-workflow; return the workflow id."""
         return start_workflow(self.redis, graph, input, workflow_id, self.keys, limits)
 
+    def submit_once(
+        self,
+        graph: Graph,
+        input: Any,
+        workflow_id: str,
+        limits: Limits = DEFAULT_LIMITS,
+    ) -> bool:
+        """Start ``graph`` as ``workflow_id`` unless a workflow has that id (checked and
+        started in one step); False when it is taken and nothing was sent."""
+        return start_workflow_once(self.redis, graph, input, workflow_id, self.keys, limits)
+
     def exists(self, workflow_id: str) -> bool:
         return bool(self.redis.exists(self.keys.workflow(workflow_id)))
 
@@ -158,8 +171,12 @@ class Client:
         tied = 0  # ids read at after's score: the most a page may repeat
         while True:
             low: str | float = "-inf" if after is None else after[0]
+            # The index's score is the creation time: older_than bounds the read itself.
+            high: str | float = (
+                "+inf" if selection.created_before is None else f"({selection.created_before}"
+            )
             rows: list[tuple[bytes, float]] = self.redis.zrangebyscore(  # type: ignore[assignment]
-                self.keys.workflows, low, "+inf", start=0, num=_PAGE + tied, withscores=True
+                self.keys.workflows, low, high, start=0, num=_PAGE + tied, withscores=True
             )
             page = [(float(score), _text(member)) for member, score in rows]
             if after is not None:  # members of one score come in order: skip those read

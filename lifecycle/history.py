@@ -23,6 +23,7 @@ from lifecycle.audit.archive import ArchivedEvent, id_order, iter_archive
 from lifecycle.inspect import (
     StoredWorkflow,
     archive_record,
+    describe_workflow,
     iso,
     read_workflow,
     replay_command,
@@ -37,6 +38,7 @@ __all__ = [
     "archived_entries",
     "engine_streams",
     "format_timeline",
+    "inspected",
     "live_history",
     "lost_streams",
     "timeline",
@@ -140,6 +142,17 @@ def engine_streams(client: redis.Redis, keys: Keys) -> list[str]:
     members: Any = client.smembers(keys.kinds)
     kinds = sorted(k.decode("utf-8", "replace") for k in members)
     return [keys.lifecycle] + [keys.tasks(kind) for kind in kinds]
+
+
+def inspected(client: redis.Redis, keys: Keys, workflow_id: str) -> dict[str, Any]:
+    """What ``inspect --json`` shows: :func:`lifecycle.inspect.describe_workflow`'s data,
+    ``timeline_lost`` (the streams trimmed of its earlier events) and ``timeline_rest``
+    (where the whole timeline is, when part of it is lost)."""
+    data = describe_workflow(client, keys, workflow_id)
+    lost = lost_streams(client, keys, read_workflow(client, keys, workflow_id))
+    data["timeline_lost"] = lost
+    data["timeline_rest"] = where_the_rest_is(client, keys, workflow_id) if lost else None
+    return data
 
 
 def live_history(

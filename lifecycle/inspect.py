@@ -33,7 +33,7 @@ from flowlang.limits import DEFAULT_LIMITS, loads_value
 from flowlang.machine import parse_key
 from lifecycle import records as rec
 from lifecycle.engine.store import GraphCache
-from lifecycle.errors import UnknownWorkflow, unknown_workflow
+from lifecycle.errors import LifecycleError, UnknownWorkflow, unknown_workflow
 from lifecycle.keys import Keys
 from lifecycle.stored_state import is_chunked, state_from_fields
 
@@ -46,6 +46,7 @@ __all__ = [
     "archive_record",
     "describe_workflow",
     "iso",
+    "list_page",
     "list_workflows",
     "read_workflow",
     "replay_command",
@@ -462,19 +463,48 @@ def list_workflows(
     ``corrupt``. Reads :data:`LIST_PAGE` ids per round trip until ``limit`` rows
     match, so a filter that matches few workflows reads them all.
     """
-    fields = (rec.NAME, rec.STATE, rec.CREATED, rec.ENDED, rec.PAUSED)
+    return list_page(client, keys, state, flow, limit)[0]
+
+
+def list_page(
+    client: redis.Redis,
+    keys: Keys,
+    state: str | None = None,
+    flow: str | None = None,
+    limit: int | None = 50,
+    cursor: str | None = None,
+    graphs: GraphCache | None = None,
+) -> tuple[list[dict[str, Any]], str | None]:
+    """One page of :func:`list_workflows` after ``cursor`` (None: the newest), and the
+    cursor of the next page (None: no more).
+
+    Pages follow the index by score (creation time) and id, not by position, so
+    workflows started or removed meanwhile shift no page. With ``graphs``, each
+    row also has ``tasks_total`` (steps of its graph that run as tasks) and
+    ``tasks_ended`` (of those, the ones with an ended instance; None when the
+    record is too large to count cheaply).
+    """
+    fields = (rec.NAME, rec.STATE, rec.CREATED, rec.ENDED, rec.PAUSED, rec.GRAPH, rec.COMPACTED)
     rows: list[dict[str, Any]] = []
-    offset = 0
-    while not limit or len(rows) < limit:
-        listed: Any = client.zrevrange(keys.workflows, offset, offset + LIST_PAGE - 1)
-        if not listed:
+    after = _cursor(cursor)
+    last: tuple[float, str] | None = None
+    tied = 0  # ids read at after's score: the most a page may repeat
+    full = False
+    while not full:
+        high: str | float = "+inf" if after is None else after[0]
+        listed: Any = client.zrevrangebyscore(
+            keys.workflows, high, "-inf", start=0, num=LIST_PAGE + tied, withscores=True
+        )
+        page = [(float(score), member.decode("utf-8", "replace")) for member, score in listed]
+        if after is not None:  # members of one score come in reverse order: skip those read
+            page = [row for row in page if row < after]
+        if not page:
             break
-        offset += len(listed)
-        ids = [i.decode("utf-8", "replace") for i in listed]
         pipe = client.pipeline(transaction=False)
-        for workflow_id in ids:
+        for _, workflow_id in page:
             pipe.hmget(keys.workflow(workflow_id), *fields)
-        for workflow_id, values in zip(ids, pipe.execute(), strict=True):
+        for (score, workflow_id), values in zip(page, pipe.execute(), strict=True):
+            last = (score, workflow_id)
             if all(v is None for v in values):
                 continue  # its hash is gone: no such workflow any more
             raw = {n.encode(): v for n, v in zip(fields, values, strict=True) if v is not None}
@@ -488,9 +518,71 @@ def list_workflows(
                 "created": iso(record.created),
                 "ended": iso(record.ended),
             }
+            if graphs is not None:
+                row["tasks_total"] = _task_total(graphs, record)
+                row["tasks_ended"] = 0 if record.compacted is None else row["tasks_total"]
             if record.problems:
                 row["corrupt"] = [str(p) for p in record.problems]
             rows.append(row)
             if limit and len(rows) >= limit:
+                full = True
                 break
-    return rows
+        bottom = page[-1][0]
+        same = sum(1 for score, _ in page if score == bottom)
+        tied = same + (tied if after is not None and after[0] == bottom else 0)
+        after = page[-1]
+    if graphs is not None:
+        _count_ended(client, keys, [r for r in rows if r["tasks_ended"] == 0])
+    following = f"{int(last[0])}:{last[1]}" if full and last is not None else None
+    return rows, following
+
+
+COUNT_FIELDS = 5000  # a record with more fields is not counted in a list (tasks_ended None)
+
+
+def _cursor(cursor: str | None) -> tuple[float, str] | None:
+    if not cursor:
+        return None
+    score, colon, workflow_id = cursor.partition(":")
+    try:
+        if not colon:
+            raise ValueError
+        return (float(int(score)), workflow_id)
+    except ValueError:
+        raise LifecycleError(f"cursor {cursor[:80]!r}: not a cursor a listing gave") from None
+
+
+def _task_total(graphs: GraphCache, record: StoredWorkflow) -> int | None:
+    if not record.graph:
+        return 0  # terminated before it started
+    try:
+        graph = graphs.machine(record.graph).graph
+    except Exception:  # noqa: BLE001 - an unreadable graph leaves the count unknown
+        return None
+    return sum(1 for node in graph.nodes if _makes_records(node.kind, node.name))
+
+
+def _count_ended(client: redis.Redis, keys: Keys, rows: list[dict[str, Any]]) -> None:
+    """Set ``tasks_ended`` of ``rows``: the steps with an ended instance (an iterated step
+    counts once), read in two round trips; None for records too large to count."""
+    pipe = client.pipeline(transaction=False)
+    for row in rows:
+        pipe.hlen(keys.workflow(row["id"]))
+    sizes = pipe.execute()
+    counted = [row for row, size in zip(rows, sizes, strict=True) if size <= COUNT_FIELDS]
+    for row, size in zip(rows, sizes, strict=True):
+        if size > COUNT_FIELDS:
+            row["tasks_ended"] = None
+    pipe = client.pipeline(transaction=False)
+    for row in counted:
+        pipe.hkeys(keys.workflow(row["id"]))
+    prefix = rec.END_PREFIX.encode()
+    for row, names in zip(counted, pipe.execute(), strict=True):
+        steps = set()
+        for name in names:
+            if name.startswith(prefix):
+                try:
+                    steps.add(parse_key(name[len(prefix) :].decode())[0])
+                except (UnicodeDecodeError, ValueError, IndexError):
+                    continue  # a corrupt field: inspect shows it
+        row["tasks_ended"] = len(steps)

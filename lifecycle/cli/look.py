@@ -19,13 +19,11 @@ from rich.markup import escape
 from rich.table import Table
 
 from lifecycle.cli.support import EXIT_OK, CliError, Context, dumps_text, print_json
-from lifecycle.history import format_timeline, live_history, lost_streams, where_the_rest_is
+from lifecycle.history import format_timeline, inspected, live_history
 from lifecycle.inspect import (
     LIST_STATES,
     archive_record,
-    describe_workflow,
     list_workflows,
-    read_workflow,
 )
 
 __all__ = ["add_commands", "show_workflow"]
@@ -77,11 +75,8 @@ def add_commands(commands: Any, common: argparse.ArgumentParser) -> None:
 
 
 def _inspect(args: argparse.Namespace, context: Context) -> int:
-    client, keys = context.client, context.keys
-    data = describe_workflow(client, keys, args.id)
-    lost = lost_streams(client, keys, read_workflow(client, keys, args.id))
-    data["timeline_lost"] = lost
-    data["timeline_rest"] = where_the_rest_is(client, keys, args.id) if lost else None
+    data = inspected(context.client, context.keys, args.id)
+    lost = data["timeline_lost"]
     if args.json:
         print_json(data)
     else:

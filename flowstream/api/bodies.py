@@ -1,0 +1,117 @@
+"""Request and response shapes, for the OpenAPI document and for checking bodies.
+
+JSON bodies are read by :func:`flowstream.api.context.json_body` (within the
+limits) rather than by the framework, so each model's schema is attached to its
+route by :func:`body_of`, and :func:`check` reports the first bad field in one
+line (``body.input: ...``).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from flowstream.api.problems import Problem
+
+M = TypeVar("M", bound=BaseModel)
+
+__all__ = [
+    "Action",
+    "ActionBody",
+    "BulkBody",
+    "CheckBody",
+    "RequeueBody",
+    "SessionBody",
+    "StartBody",
+    "body_of",
+    "check",
+]
+
+Action = Literal["terminate", "pause", "resume", "restart", "delete"]
+
+
+class StartBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    flow: str = Field(description="the flow text")
+    input: Any = Field(None, description="the workflow's input (any JSON)")
+    id: str | None = Field(None, description="the workflow id (default: a new one); 409 if taken")
+
+
+class CheckBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    flow: str = Field(description="the flow text")
+
+
+class ActionBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    reason: str | None = Field(None, description="why (terminate: kept as the workflow's error)")
+
+
+class Filter(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    state: str | list[str] | None = None
+    flow: str | None = None
+    schedule: str | None = None
+    older_than: str | float | None = Field(
+        None, description="created longer ago than this: seconds, or 30m, 12h, 7d"
+    )
+
+
+class BulkBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    action: Action
+    filter: Filter = Field(default_factory=Filter)
+    reason: str | None = None
+
+
+class RequeueBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    stream: str | None = Field(
+        None, description="the dead letter's source: a task kind or 'lifecycle'"
+    )
+    id: str = Field(description="the dead letter's entry id")
+
+
+class SessionBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    token: str
+
+
+def body_of(model: type[BaseModel], required: bool = True) -> dict[str, Any]:
+    """``openapi_extra`` that documents ``model`` as the route's JSON body."""
+    schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
+    defs = schema.pop("$defs", {})
+    text = _inline(schema, defs)
+    return {
+        "requestBody": {
+            "required": required,
+            "content": {"application/json": {"schema": text}},
+        }
+    }
+
+
+def _inline(schema: Any, defs: dict[str, Any]) -> Any:
+    if isinstance(schema, dict):
+        ref = schema.get("$ref")
+        if isinstance(ref, str) and ref.startswith("#/components/schemas/"):
+            return _inline(defs[ref.rsplit("/", 1)[1]], defs)
+        return {k: _inline(v, defs) for k, v in schema.items()}
+    if isinstance(schema, list):
+        return [_inline(item, defs) for item in schema]
+    return schema
+
+
+def check(model: type[M], value: Any, required: bool = True) -> M:
+    """``value`` (a decoded body) as ``model``; 400 naming the first bad field."""
+    if value is None and not required:
+        value = {}
+    if not isinstance(value, dict):
+        raise Problem(400, f"the body is {type(value).__name__}, expected a JSON object")
+    try:
+        return model.model_validate(value)
+    except Exception as error:  # noqa: BLE001 - pydantic's ValidationError, shown in one line
+        errors = getattr(error, "errors", lambda: [])()
+        first = errors[0] if errors else {}
+        where = ".".join(["body", *(str(part) for part in first.get("loc", ()))])
+        raise Problem(400, f"{where}: {first.get('msg', error)}") from None
