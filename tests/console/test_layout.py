@@ -95,3 +95,41 @@ def test_a_cycle_is_drawn_with_its_closing_edge_left_out_of_the_layering(
     result = run_layout(page, static_console, nodes, edges)
     assert result["back"] == [size - 1]
     assert result["layers"] == size
+
+
+DRAW = """async ([nodes, edges]) => {
+  const { GraphView } = await import('/js/graph.js');
+  document.body.innerHTML = '<div id="box" tabindex="0"></div><span id="zoom"></span>';
+  Object.assign(document.getElementById('box').style,
+                {height: '500px', width: '900px', overflow: 'auto'});
+  const box = document.getElementById('box');
+  const view = new GraphView(box, document.getElementById('zoom'), () => {});
+  const t0 = performance.now();
+  view.show({nodes, edges});
+  await new Promise(requestAnimationFrame);
+  const ms = performance.now() - t0;
+  const before = box.querySelector('svg').getAttribute('width');
+  box.focus();
+  box.dispatchEvent(new KeyboardEvent('keydown', {key: '+', bubbles: true}));
+  const after = box.querySelector('svg').getAttribute('width');
+  // A second show with new states recolours in place: the same elements stay.
+  const first = box.querySelector('.node');
+  view.show({nodes: nodes.map(n => ({...n, state: 'ended'})), edges});
+  return {ms, drawn: box.querySelectorAll('.node').length, before: +before, after: +after,
+          kept: first === box.querySelector('.node'),
+          ended: box.querySelectorAll('.node.st-ended').length};
+}"""
+
+
+def test_a_thousand_node_graph_is_drawn_zoomable_and_recoloured_in_place(
+    page: Any, static_console: str
+) -> None:
+    nodes, edges = wide_graph(1000)
+    for node in nodes:
+        node["kind"] = "task"
+    page.goto(f"{static_console}/js/graph.js")
+    result = page.evaluate(DRAW, [nodes, edges])
+    assert result["drawn"] == len(nodes)
+    assert result["after"] > result["before"]  # '+' zoomed in
+    assert result["kept"] and result["ended"] == len(nodes)
+    assert result["ms"] < 3000, result["ms"]

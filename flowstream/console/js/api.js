@@ -86,8 +86,9 @@ export function subscribe(path, onData, onState = () => {}) {
     }
     onData(data, event.type);
   };
-  // The unnamed event and the names a server may give its events.
-  for (const name of ["message", "workflow", "update", "change", "list", "end"]) {
+  // The API names its events: "workflows" (the list's first page), "workflow" (one
+  // workflow), "gone" (it was deleted); "message" is an unnamed one.
+  for (const name of ["message", "workflows", "workflow", "gone"]) {
     source.addEventListener(name, handle);
   }
   source.onopen = () => onState("live");

@@ -3,6 +3,14 @@
 import { svg, stateClass } from "./dom.js";
 import { layout, MAX_LABEL, NODE_HEIGHT } from "./layout.js";
 
+const TASKLIKE = new Set(["task", "source", "sink"]);
+const BRACKETS = { "subflow-start": "{", "subflow-end": "}" };
+
+/** Subflow brackets drawn as { and } (as the Mermaid export does); other labels as given. */
+function shortLabel(label) {
+  return label.replace(/subflow-(start|end)$/, (word) => BRACKETS[word]);
+}
+
 const ZOOMS = [0.25, 0.4, 0.6, 0.8, 1, 1.25, 1.5, 2];
 
 export class GraphView {
@@ -40,7 +48,8 @@ export class GraphView {
 
   draw(nodes, edges) {
     const started = performance.now();
-    const placed = layout(nodes, edges);
+    const shown = nodes.map((node) => ({ id: node.id, label: shortLabel(String(node.label ?? node.id)) }));
+    const placed = layout(shown, edges);
     this.size = { width: placed.width, height: placed.height };
     const root = svg("svg", {
       viewBox: `0 0 ${placed.width} ${placed.height}`,
@@ -80,11 +89,11 @@ export class GraphView {
     root.append(edgeLayer);
     const nodeLayer = svg("g", { class: "nodes" });
     this.elements.clear();
-    for (const node of nodes) {
+    for (const node of shown) {
       const id = String(node.id);
       const at = placed.nodes.get(id);
       const group = svg("g", { class: "node", transform: `translate(${at.x} ${at.y})`, "data-id": id });
-      const label = String(node.label ?? id);
+      const label = node.label;
       const title = svg("title");
       group.append(title);
       group.append(svg("rect", { width: at.width, height: NODE_HEIGHT }));
@@ -101,15 +110,18 @@ export class GraphView {
     this.svg = root;
     this.layoutMs = performance.now() - started;
     this.box.dataset.layoutMs = this.layoutMs.toFixed(1);
-    this.fit();
+    this.fit(false);
   }
 
   colour(id, state, kind) {
     const group = this.elements.get(id);
     if (!group) return;
+    // Start, end, subflow brackets and literals have no state of their own.
+    const literal = group.dataset.label.endsWith("<literal>");
+    state = state || (TASKLIKE.has(kind) && !literal ? "not started" : null);
     const selected = group.classList.contains("selected") ? " selected" : "";
     const kindClass = kind ? ` kind-${String(kind).replace(/[^a-z-]/gi, "")}` : "";
-    group.setAttribute("class", `node ${stateClass(state)}${kindClass}${selected}`);
+    group.setAttribute("class", `node ${state ? stateClass(state) : "st-none"}${kindClass}${selected}`);
     group.dataset.state = state || "";
     group.firstChild.textContent = `${group.dataset.label}${kind ? ` (${kind})` : ""}: ${state || "no state"}`;
   }
@@ -128,12 +140,14 @@ export class GraphView {
     this.zoomLabel.textContent = `${Math.round(zoom * 100)} %`;
   }
 
-  /** The whole graph in view when it fits at 25 % or more; otherwise 25 %, scrolled to the top. */
-  fit() {
+  /** The whole graph in view (``whole``), or its width only (labels stay readable and a
+   *  tall graph scrolls); never under 25 %; scrolled to the top. */
+  fit(whole = true) {
     if (!this.size) return;
     const w = this.box.clientWidth || 800;
     const h = this.box.clientHeight || 500;
-    const zoom = Math.min(1, (w - 4) / this.size.width, (h - 4) / this.size.height);
+    const across = (w - 4) / this.size.width;
+    const zoom = Math.min(1, across, whole ? (h - 4) / this.size.height : 1);
     this.setZoom(Math.max(ZOOMS[0], zoom));
     this.box.scrollTo(0, 0);
   }

@@ -7,7 +7,7 @@
 // Linear in nodes + edges per sweep, so a 1,000-node graph lays out in milliseconds.
 
 export const NODE_HEIGHT = 30;
-const LAYER_GAP = 56;
+const LAYER_GAP = 40;
 const NODE_GAP = 24;
 const MARGIN = 20;
 const CHAR_WIDTH = 7;

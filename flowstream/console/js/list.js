@@ -1,6 +1,6 @@
 // The workflow list: filters, cursor pages, live through GET /api/workflows/stream.
 import { api, query, subscribe } from "./api.js";
-import { el, stateClass, throttle, time } from "./dom.js";
+import { el, stateClass, time } from "./dom.js";
 
 export class ListPage {
   constructor(session) {
@@ -15,8 +15,7 @@ export class ListPage {
     this.nextCursor = null;
     this.rows = new Map(); // workflow id -> <tr>
     this.source = null;
-    // Live events only mark the page stale; it is re-read at most once a second.
-    this.refresh = throttle(() => this.load(), 1000);
+    this.streamFor = null; // the filters the open event stream was asked with
     this.form.addEventListener("submit", (event) => {
       event.preventDefault();
       this.cursor = null;
@@ -45,30 +44,46 @@ export class ListPage {
 
   enter() {
     this.load();
-    this.source = subscribe("/api/workflows/stream", (data) => this.changed(data), (state) => {
-      this.live.textContent = state === "live" ? "live" : `live updates ${state}`;
-    });
   }
 
   leave() {
-    if (this.source) this.source.close();
-    this.source = null;
+    this.stopLive();
   }
 
-  changed(data) {
-    // An event that carries a summary already shown updates that row in place; anything
-    // else (a new workflow, a list of ids, a bare notice) re-reads the page.
-    const items = Array.isArray(data?.items) ? data.items : data && data.id ? [data] : [];
-    const known = items.length && items.every((item) => this.rows.has(item.id) && "state" in item);
-    if (known) {
-      for (const item of items) this.rows.get(item.id).replaceWith(this.row(item));
-    } else {
-      this.refresh();
+  stopLive() {
+    if (this.source) this.source.close();
+    this.source = null;
+    this.streamFor = null;
+  }
+
+  /** Follow the list with the current filters: the server sends their first page on each
+   *  change (GET /api/workflows/stream), at most once a second. */
+  follow(filters) {
+    const wanted = query({ state: filters.state, flow: filters.flow, limit: filters.limit });
+    if (this.source && this.streamFor === wanted) return;
+    this.stopLive();
+    this.streamFor = wanted;
+    this.source = subscribe(`/api/workflows/stream${wanted}`, (data) => this.changed(data), (state) => {
+      this.live.textContent = state === "live" ? "Live: updates as workflows change." : `Live updates: ${state}.`;
+    });
+  }
+
+  changed(page) {
+    if (!page || !Array.isArray(page.items)) return;
+    if (this.cursor === null) {
+      this.render(page);
+      return;
+    }
+    // A later page: the rows it shows that changed are updated where they are.
+    for (const item of page.items) {
+      const row = this.rows.get(item.id);
+      if (row) row.replaceWith(this.row(item));
     }
   }
 
   async load(focusTable = false) {
-    const { state, flow, limit } = this.filters();
+    const filters = this.filters();
+    const { state, flow, limit } = filters;
     let page;
     try {
       page = await api("GET", `/api/workflows${query({ state, flow, limit, cursor: this.cursor })}`);
@@ -76,10 +91,24 @@ export class ListPage {
       this.summary.textContent = `Could not read the list: ${problem.message}`;
       return;
     }
+    this.render(page);
+    this.follow(filters);
+    if (focusTable) {
+      const link = this.body.querySelector("a");
+      if (link) link.focus();
+    }
+  }
+
+  render(page) {
+    const { state, flow } = this.filters();
+    // A live re-render must not take the keyboard focus away from the row it was on.
+    const focused = this.body.contains(document.activeElement)
+      ? document.activeElement.closest("tr")?.dataset.id : null;
     const fragment = document.createDocumentFragment();
     this.rows.clear();
     for (const item of page.items || []) fragment.append(this.row(item));
     this.body.replaceChildren(fragment);
+    if (focused && this.rows.has(focused)) this.rows.get(focused).querySelector("a").focus();
     this.nextCursor = page.next || null;
     this.next.disabled = !this.nextCursor;
     this.first.disabled = this.cursor === null;
@@ -87,10 +116,6 @@ export class ListPage {
     const filtered = [state && `state ${state}`, flow && `flow ${flow}`].filter(Boolean).join(", ");
     this.summary.textContent = `${count} workflow${count === 1 ? "" : "s"}${
       this.cursor ? " (later page)" : ""}${filtered ? `, ${filtered}` : ""}${this.nextCursor ? "; more on the next page" : ""}.`;
-    if (focusTable) {
-      const link = this.body.querySelector("a");
-      if (link) link.focus();
-    }
   }
 
   row(item) {

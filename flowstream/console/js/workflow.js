@@ -86,8 +86,14 @@ export class WorkflowPage {
   startLive() {
     this.stopLive();
     const id = this.id;
-    this.source = subscribe(`/api/workflows/${encodeURIComponent(id)}/stream`, (data) => {
-      if (id !== this.id || !data || typeof data !== "object" || !("state" in data)) return;
+    this.source = subscribe(`/api/workflows/${encodeURIComponent(id)}/stream`, (data, type) => {
+      if (id !== this.id) return;
+      if (type === "gone") {
+        this.stopLive();
+        this.message.textContent = `Workflow ${id} was deleted.`;
+        return;
+      }
+      if (!data || typeof data !== "object" || !("state" in data)) return;
       this.update(data);
       this.reloadGraph();
       if (ENDED.has(data.state)) {
@@ -132,7 +138,7 @@ export class WorkflowPage {
 
   tasks() {
     const w = this.workflow || {};
-    return w.nodes || w.tasks || [];
+    return w.tasks || w.nodes || []; // tasks: every field (input, output, duration_ms)
   }
 
   update(workflow) {

@@ -1,0 +1,332 @@
+"""The console end to end: the real API (``python -m lifecycle serve``), a lifecycle worker
+and task workers on the test Redis, driven in the system Chromium.
+
+Set ``FLOWSTREAM_SCREENSHOTS=1`` to also write docs/images/console-list.png and
+console-graph.png; ``FLOWSTREAM_CONSOLE_FULL=1`` lists 1,000 workflows (default 120).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+from tests.conftest import wait_until
+from tests.processes import Processes
+
+OPERATE = "operate-token-for-console-tests"
+READ = "read-token-for-console-tests-00"
+IMAGES = Path(__file__).resolve().parents[2] / "docs" / "images"
+
+# The first task's kind has no worker until the test starts one: the workflow waits
+# there, running, so the page is seen before and after it finishes.
+GATED = """@flow console-e2e
+'''Fetch and score in parallel once the gate opens, then report.'''
+gate:open → fetch | score → report
+"""
+STUCK = """@flow console-stuck
+hold:forever → never
+"""
+
+
+@dataclass
+class Console:
+    url: str
+    processes: Processes
+    redis: redis.Redis
+
+    def call(self, method: str, path: str, body: Any = None, token: str = OPERATE) -> Any:
+        """The API with a bearer token (how the test sets the scene behind the page)."""
+        data = None if body is None else json.dumps(body).encode()
+        request = urllib.request.Request(self.url + path, data=data, method=method)
+        request.add_header("Authorization", f"Bearer {token}")
+        request.add_header("Content-Type", "application/json")
+        with urllib.request.urlopen(request, timeout=10) as response:
+            text = response.read()
+        return json.loads(text) if text else None
+
+    def start(self, flow: str, **extra: Any) -> str:
+        """Start ``flow``; return its id once the lifecycle has made its record."""
+        workflow_id = self.call("POST", "/api/workflows", {"flow": flow, "input": {}, **extra})
+        wait_until(lambda: self.known(workflow_id["id"]), what=f"workflow {workflow_id}")
+        return workflow_id["id"]
+
+    def known(self, workflow_id: str) -> bool:
+        try:
+            self.call("GET", f"/api/workflows/{workflow_id}")
+        except urllib.error.HTTPError as error:
+            if error.code == 404:
+                return False
+            raise
+        return True
+
+    def state(self, workflow_id: str) -> str:
+        return self.call("GET", f"/api/workflows/{workflow_id}")["state"]
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def _answers(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url + "/index.html", timeout=1):
+            return True
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+@pytest.fixture(scope="module")
+def console(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Console]:
+    """One API server and its workers for the module (starting them is most of the cost)."""
+    client = redis.Redis.from_url(redis_url)
+    client.flushdb()
+    tokens = tmp_path_factory.mktemp("console") / "tokens"
+    tokens.write_text(f"operate:{OPERATE}\nread:{READ}\n")
+    port = _free_port()
+    group = Processes(redis_url)
+    try:
+        server = group.start(
+            "lifecycle", "serve", "--port", str(port), "--token-file", str(tokens), stderr=True
+        )
+        group.lifecycle("console-lifecycle")
+        group.noop("console-default")
+        url = f"http://127.0.0.1:{port}"
+        wait_until(lambda: _answers(url) or server.poll() is not None, timeout=30, what="the API")
+        if server.poll() is not None:
+            pytest.fail(f"serve exited: {server.stderr.read().decode()[-2000:]}")
+        yield Console(url, group, client)
+    finally:
+        group.stop_all()
+        client.flushdb()
+        client.close()
+
+
+def log_in(page: Any, console: Console, token: str = OPERATE) -> None:
+    page.goto(console.url + "/")
+    page.wait_for_selector("#page-login:not([hidden])")
+    page.fill("#login-token", token)
+    page.press("#login-token", "Enter")
+    page.wait_for_selector("#page-list:not([hidden])")
+
+
+def test_an_operator_uploads_a_flow_and_watches_it_finish_live_on_the_graph(
+    page: Any, console: Console, tmp_path: Path
+) -> None:
+    log_in(page, console)
+    # The token went into an HttpOnly cookie: nothing the page's scripts can read.
+    assert OPERATE not in page.evaluate("document.cookie + JSON.stringify(localStorage)")
+    cookie = next(c for c in page.context.cookies() if c["name"] == "flowstream_session")
+    assert cookie["httpOnly"] and cookie["sameSite"] == "Strict"
+
+    page.click("nav >> text=Start")
+    page.fill("#start-flow", "@flow broken\na → → b\n")
+    bad = page.wait_for_selector("#start-check.bad")
+    assert re.match(r"\d+:\d+: ", bad.text_content()), bad.text_content()
+    assert not page.is_hidden("#start-caret")
+
+    flow = tmp_path / "gated.flow"
+    flow.write_text(GATED)
+    page.set_input_files("#start-file", str(flow))
+    page.wait_for_function(
+        "document.querySelector('#start-check').textContent.startsWith('Compiles')"
+    )
+    assert "gate" in page.text_content("#start-check")
+    page.fill("#start-input", '{"order": 7}')
+    page.click("#start-form button[type=submit]")
+    page.wait_for_url(re.compile(r"#/workflows/.+"))
+    workflow_id = page.url.split("#/workflows/")[1]
+
+    gate = '#graph .node[data-label="gate:open"]'
+    page.wait_for_selector(f"{gate}.st-running")
+    assert page.text_content("#wf-facts [data-state]") == "running"
+    page.evaluate("window.stillTheSamePage = true")
+
+    console.processes.start("workers", "noop", "--kinds", "gate", "--consumer", "console-gate")
+    page.wait_for_selector("#wf-facts [data-state=finished]", timeout=20_000)
+    page.wait_for_selector('#graph .node[data-label="report"].st-ended')
+    for label in ("gate:open", "fetch", "score", "report"):
+        assert "st-ended" in page.get_attribute(f'#graph .node[data-label="{label}"]', "class")
+    assert page.evaluate("window.stillTheSamePage") is True  # updated live, not reloaded
+    assert page.locator("#task-table tbody tr").count() == 4
+    assert console.state(workflow_id) == "finished"
+    assert page.errors == []
+
+
+def test_an_operator_terminates_a_running_workflow_after_confirming(
+    page: Any, console: Console
+) -> None:
+    workflow_id = console.start(STUCK)
+    log_in(page, console)
+    page.goto(f"{console.url}/#/workflows/{workflow_id}")
+    page.wait_for_selector('#graph .node[data-label="hold:forever"].st-running')
+
+    page.click("button[data-action=terminate]")
+    assert page.is_visible("#confirm")
+    page.click("#confirm-cancel")  # cancelling sends nothing
+    assert console.state(workflow_id) == "running"
+
+    page.click("button[data-action=terminate]")
+    page.fill("#confirm-reason", "stuck on a gate nobody serves")
+    page.click("#confirm-ok")
+    page.wait_for_selector("#wf-facts [data-state=terminated]", timeout=20_000)
+    assert console.state(workflow_id) == "terminated"
+    assert page.is_disabled("button[data-action=terminate]")
+    assert page.is_enabled("button[data-action=restart]")
+    assert page.errors == []
+
+
+def test_untrusted_text_is_shown_as_text_never_as_markup(page: Any, console: Console) -> None:
+    name = "x<img src=x onerror=window.pwned=1>"
+    flow = f"@flow evil\n'''{name}'''\nhold:forever → never\n"
+    workflow_id = console.start(flow)
+    console.call("POST", f"/api/workflows/{workflow_id}/terminate", {"reason": name})
+    wait_until(lambda: console.state(workflow_id) == "terminated", what="terminated")
+    log_in(page, console)
+    page.goto(f"{console.url}/#/workflows/{workflow_id}")
+    page.wait_for_selector("#wf-facts [data-state=terminated]")
+    assert name in page.text_content("#wf-facts")
+    assert page.evaluate("document.querySelectorAll('main img').length") == 0
+    assert page.evaluate("window.pwned") is None
+
+
+def test_a_read_token_sees_workflows_but_no_action_is_offered(page: Any, console: Console) -> None:
+    workflow_id = console.start(STUCK)
+    log_in(page, console, READ)
+    assert page.text_content("#who") == "signed in: read"
+    page.goto(f"{console.url}/#/workflows/{workflow_id}")
+    page.wait_for_selector("#wf-facts [data-state=running]")
+    for action in ("pause", "resume", "restart", "terminate", "delete"):
+        assert page.is_disabled(f"button[data-action={action}]")
+
+
+def test_the_console_is_usable_with_the_keyboard_alone(page: Any, console: Console) -> None:
+    workflow_id = console.start(STUCK)
+    page.goto(console.url + "/")
+    page.wait_for_selector("#page-login:not([hidden])")
+    assert page.evaluate("document.activeElement.id") == "login-title"
+
+    def tab_to(selector: str, limit: int = 40, key: str = "Tab") -> None:
+        for _ in range(limit):
+            page.keyboard.press(key)
+            if page.evaluate("(s) => document.activeElement.matches(s)", selector):
+                return
+        pytest.fail(f"Tab never reached {selector}")
+
+    tab_to("#login-token")
+    page.keyboard.type(OPERATE)
+    page.keyboard.press("Enter")
+    page.wait_for_selector("#page-list:not([hidden])")
+    assert page.evaluate("document.activeElement.id") == "list-title"
+    tab_to(f'a[href="#/workflows/{workflow_id}"]')
+    page.keyboard.press("Enter")
+    page.wait_for_selector('#graph .node[data-label="hold:forever"]')
+    assert page.evaluate("document.activeElement.id") == "wf-title"
+
+    # The graph scrolls and zooms from the keyboard.
+    tab_to("#graph")
+    before = page.text_content("#zoom-level")
+    page.keyboard.press("+")
+    assert page.text_content("#zoom-level") != before
+
+    # An action opens its confirmation with the safe choice focused; Escape cancels and
+    # gives the focus back to the button.
+    page.focus("#wf-title")
+    tab_to("button[data-action=pause]")
+    page.keyboard.press("Enter")
+    assert page.is_visible("#confirm")
+    assert page.evaluate("document.activeElement.id") == "confirm-cancel"
+    page.keyboard.press("Escape")
+    assert not page.is_visible("#confirm")
+    assert page.evaluate("document.activeElement.dataset.action") == "pause"
+    assert console.state(workflow_id) == "running"
+    # Every page is reachable from the navigation.
+    tab_to("nav a[data-page=status]", key="Shift+Tab")
+    page.keyboard.press("Enter")
+    page.wait_for_function("document.activeElement.id === 'status-title'")
+    page.wait_for_selector("#status-streams tbody tr[data-source=lifecycle]")
+    tab_to("nav a[data-page=start]", key="Shift+Tab")
+    page.keyboard.press("Enter")
+    page.wait_for_function("document.activeElement.id === 'start-title'")
+    tab_to("#start-file")
+
+
+def test_the_list_pages_through_every_workflow_and_shows_new_ones_live(
+    page: Any, console: Console
+) -> None:
+    total = 1000 if os.environ.get("FLOWSTREAM_CONSOLE_FULL") else 120
+    flow = f"@flow many-{total}\nwork\n"
+    started = [
+        console.call("POST", "/api/workflows", {"flow": flow, "input": {"n": i}})["id"]
+        for i in range(total)
+    ]
+    query = f"/api/workflows?flow=many-{total}&limit=1000"
+    wait_until(
+        lambda: len(console.call("GET", query)["items"]) == total, timeout=60, what="all listed"
+    )
+    log_in(page, console)
+    page.fill("#filter-flow", f"many-{total}")
+    page.select_option("#filter-limit", "1000")
+    began = time.monotonic()
+    page.wait_for_function(f"document.querySelectorAll('#list-table tbody tr').length === {total}")
+    shown = time.monotonic() - began
+    assert shown < 10, f"{total} rows took {shown:.1f}s"
+
+    page.select_option("#filter-limit", "50")
+    page.wait_for_function("document.querySelectorAll('#list-table tbody tr').length === 50")
+    seen: list[str] = []
+    while True:
+        ids = page.eval_on_selector_all(
+            "#list-table tbody tr", "rows => rows.map(r => r.dataset.id)"
+        )
+        seen += ids
+        if page.is_disabled("#list-next"):
+            break
+        page.click("#list-next")
+        page.wait_for_function(
+            "(first) => document.querySelector('#list-table tbody tr')?.dataset.id !== first",
+            arg=ids[0],
+        )
+    assert sorted(seen) == sorted(started)  # every one once, none twice
+
+    page.click("#list-first")
+    page.wait_for_selector(f'#list-table tr[data-id="{seen[0]}"]')
+    page.evaluate("window.stillTheSamePage = true")
+    newest = console.call("POST", "/api/workflows", {"flow": flow, "input": {}})["id"]
+    page.wait_for_selector(f'#list-table tr[data-id="{newest}"]', timeout=15_000)
+    assert page.evaluate("window.stillTheSamePage") is True
+
+
+def test_screenshots_of_the_list_and_the_graph(page: Any, console: Console, tmp_path: Path) -> None:
+    """Writes docs/images/console-*.png with FLOWSTREAM_SCREENSHOTS=1 (else to a temp dir)."""
+    where = IMAGES if os.environ.get("FLOWSTREAM_SCREENSHOTS") else tmp_path
+    where.mkdir(parents=True, exist_ok=True)
+    demo = (Path(__file__).resolve().parents[2] / "flowstream" / "demo.flow").read_text()
+    # No worker serves notify:, so the run stops there, its other steps done.
+    workflow_id = console.start(demo)
+    log_in(page, console)
+    page.set_viewport_size({"width": 1280, "height": 960})
+    page.wait_for_selector("#list-table tbody tr")
+    page.screenshot(path=str(where / "console-list.png"))
+
+    page.goto(f"{console.url}/#/workflows/{workflow_id}")
+    page.wait_for_selector('#graph .node[data-label="notify:email"].st-running', timeout=20_000)
+    page.wait_for_selector('#graph .node[data-label="summarize"].st-ended')
+    page.click("#zoom-fit")
+    page.evaluate("document.querySelector('#graph-title').scrollIntoView()")
+    page.screenshot(path=str(where / "console-graph.png"))
+    for name in ("console-list.png", "console-graph.png"):
+        assert (where / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
