@@ -189,6 +189,35 @@ def test_an_operator_terminates_a_running_workflow_after_confirming(
     assert page.errors == []
 
 
+def test_pause_resume_restart_and_delete_from_the_workflow_page(
+    page: Any, console: Console
+) -> None:
+    workflow_id = console.start(STUCK)
+    log_in(page, console)
+    page.goto(f"{console.url}/#/workflows/{workflow_id}")
+    page.wait_for_selector("#wf-facts [data-state=running]")
+
+    def act(action: str, state: str) -> None:
+        page.click(f"button[data-action={action}]")
+        page.click("#confirm-ok")
+        page.wait_for_selector(f"#wf-facts [data-state={state}]", timeout=20_000)
+
+    act("pause", "paused")
+    assert page.is_enabled("button[data-action=resume]")
+    assert page.is_disabled("button[data-action=pause]")
+    act("resume", "running")
+    act("terminate", "terminated")
+    act("restart", "running")
+    page.wait_for_selector('#graph .node[data-label="hold:forever"].st-running')
+    act("terminate", "terminated")
+    page.click("button[data-action=delete]")
+    assert "cannot be undone" in page.text_content("#confirm-text")
+    page.click("#confirm-ok")
+    page.wait_for_selector("#page-list:not([hidden])")
+    wait_until(lambda: not console.known(workflow_id), what="deleted")
+    assert page.errors == []
+
+
 def test_untrusted_text_is_shown_as_text_never_as_markup(page: Any, console: Console) -> None:
     name = "x<img src=x onerror=window.pwned=1>"
     flow = f"@flow evil\n'''{name}'''\nhold:forever → never\n"
@@ -258,6 +287,8 @@ def test_the_console_is_usable_with_the_keyboard_alone(page: Any, console: Conso
     page.keyboard.press("Enter")
     page.wait_for_function("document.activeElement.id === 'status-title'")
     page.wait_for_selector("#status-streams tbody tr[data-source=lifecycle]")
+    consumers = page.text_content("#status-streams tbody tr[data-source=default] td:nth-child(7)")
+    assert "console-default" in consumers
     tab_to("nav a[data-page=start]", key="Shift+Tab")
     page.keyboard.press("Enter")
     page.wait_for_function("document.activeElement.id === 'start-title'")

@@ -61,7 +61,7 @@ async function navigate() {
 async function loadSession() {
   try {
     const answer = await api("GET", "/api/session", undefined, { quiet401: true });
-    setRole((answer && answer.role) || "operate");
+    setRole((answer && answer.role) || "operate", answer?.auth !== false);
     return true;
   } catch {
     setRole(null);
@@ -69,10 +69,11 @@ async function loadSession() {
   }
 }
 
-function setRole(role) {
+function setRole(role, auth = true) {
   session.role = role;
-  document.getElementById("who").textContent = role ? `signed in: ${role}` : "";
-  document.getElementById("logout").hidden = !role;
+  const who = !role ? "" : auth ? `signed in: ${role}` : "no authentication (development server)";
+  document.getElementById("who").textContent = who;
+  document.getElementById("logout").hidden = !role || !auth;
   document.body.dataset.role = role || "";
 }
 

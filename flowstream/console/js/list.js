@@ -126,7 +126,7 @@ export class ListPage {
     const tr = el("tr", { "data-id": item.id },
       el("td", {}, el("a", { href: `#/workflows/${encodeURIComponent(item.id)}`, text: item.id })),
       el("td", { text: item.flow ?? "" }),
-      el("td", {}, el("span", { class: `state ${stateClass(item.state)}-text`, text: item.state ?? "" })),
+      el("td", {}, el("span", { class: `state badge ${stateClass(item.state)}`, text: item.state ?? "" })),
       el("td", {}, progress, ` ${ended} / ${total}`),
       el("td", {}, time(item.created)),
       el("td", {}, time(item.ended)));

@@ -4,6 +4,7 @@ import { api, subscribe } from "./api.js";
 import { duration, el, pretty, stateClass, throttle, time } from "./dom.js";
 import { GraphView } from "./graph.js";
 
+const UNKNOWN_WAIT_MS = 10000;
 const ENDED = new Set(["finished", "failed", "terminated"]);
 // The states each action makes sense in; the server has the last word (409 otherwise).
 const ALLOWED = {
@@ -69,15 +70,28 @@ export class WorkflowPage {
   async load() {
     const id = this.id;
     let workflow;
-    try {
-      workflow = await api("GET", `/api/workflows/${encodeURIComponent(id)}`);
-    } catch (problem) {
-      if (id === this.id) this.message.textContent = problem.status === 404
-        ? `No workflow ${id} (never started, deleted, or removed by retention).`
-        : `Could not read workflow ${id}: ${problem.message}`;
-      return;
+    // A workflow just started has no record until a lifecycle worker takes its start
+    // event: an unknown id is asked for again for a while before it is called unknown.
+    const until = Date.now() + UNKNOWN_WAIT_MS;
+    for (;;) {
+      try {
+        workflow = await api("GET", `/api/workflows/${encodeURIComponent(id)}`);
+        break;
+      } catch (problem) {
+        if (id !== this.id) return;
+        if (problem.status === 404 && Date.now() < until) {
+          this.message.textContent = `Waiting for workflow ${id} to be recorded…`;
+          await new Promise((resolve) => setTimeout(resolve, 300));
+          continue;
+        }
+        this.message.textContent = problem.status === 404
+          ? `No workflow ${id} (never started, deleted, or removed by retention).`
+          : `Could not read workflow ${id}: ${problem.message}`;
+        return;
+      }
     }
     if (id !== this.id) return;
+    if (this.message.textContent.startsWith("Waiting")) this.message.textContent = "";
     this.update(workflow);
     await this.loadGraph();
     if (!ENDED.has(workflow.state)) this.startLive();
@@ -261,8 +275,21 @@ export class WorkflowPage {
       return;
     }
     this.message.textContent = `${VERBS[action]}: accepted.`;
-    // Read the result now, and follow it live again (a restart or resume runs once more).
-    await this.load();
+    // The lifecycle applies the action a moment later: read until the state moves (a
+    // restarted workflow must not look ended, which would leave it unfollowed), then
+    // load the page again, which follows it live while it runs.
+    const before = this.workflow?.state;
+    const until = Date.now() + UNKNOWN_WAIT_MS;
+    while (Date.now() < until && id === this.id) {
+      try {
+        const now = await api("GET", path);
+        if (now.state !== before) break;
+      } catch {
+        break;
+      }
+      await new Promise((resolve) => setTimeout(resolve, 250));
+    }
+    if (id === this.id) await this.load();
   }
 }
 
@@ -294,7 +321,7 @@ function fillTaskRow(row, task) {
   cells[0].textContent = String(task.key);
   cells[1].textContent = task.name ?? "";
   cells[2].textContent = task.kind ?? "";
-  cells[3].replaceChildren(el("span", { class: `state ${stateClass(task.state)}-text`, text: task.state ?? "" }));
+  cells[3].replaceChildren(el("span", { class: `state badge ${stateClass(task.state)}`, text: task.state ?? "" }));
   cells[4].replaceChildren(time(task.started));
   cells[5].replaceChildren(time(task.ended));
   cells[6].textContent = duration(task.duration_ms);
