@@ -361,3 +361,66 @@ def test_screenshots_of_the_list_and_the_graph(page: Any, console: Console, tmp_
     page.screenshot(path=str(where / "console-graph.png"))
     for name in ("console-list.png", "console-graph.png"):
         assert (where / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+# WCAG 2 contrast of every visible piece of text against the background it is drawn on
+# (the nearest opaque one), and of each graph node's label against its fill. Disabled
+# controls are exempt, as in WCAG.
+CONTRAST = """() => {
+  const parse = (c) => {
+    const m = /rgba?\\(([^)]+)\\)/.exec(c || '');
+    if (!m) return null;
+    const p = m[1].split(/[ ,/]+/).filter(Boolean).map(Number);
+    return {r: p[0], g: p[1], b: p[2], a: p.length > 3 ? p[3] : 1};
+  };
+  const lum = ({r, g, b}) => {
+    const f = (v) => { v /= 255; return v <= 0.03928 ? v / 12.92 : ((v + 0.055) / 1.055) ** 2.4; };
+    return 0.2126 * f(r) + 0.7152 * f(g) + 0.0722 * f(b);
+  };
+  const ratio = (a, b) => {
+    const [x, y] = [lum(a), lum(b)].sort((p, q) => q - p);
+    return (x + 0.05) / (y + 0.05);
+  };
+  const backgroundOf = (el) => {
+    for (let e = el; e; e = e.parentElement) {
+      const c = parse(getComputedStyle(e).backgroundColor);
+      if (c && c.a > 0.5) return c;
+    }
+    return {r: 255, g: 255, b: 255, a: 1};
+  };
+  const bad = [];
+  const walker = document.createTreeWalker(document.body, NodeFilter.SHOW_TEXT);
+  while (walker.nextNode()) {
+    const text = walker.currentNode;
+    const el = text.parentElement;
+    if (!text.textContent.trim() || el.closest('svg, :disabled, option')) continue;
+    if (!el.checkVisibility()) continue;
+    const style = getComputedStyle(el);
+    const size = parseFloat(style.fontSize);
+    const large = size >= 24 || (size >= 18.66 && Number(style.fontWeight) >= 700);
+    const r = ratio(parse(style.color), backgroundOf(el));
+    const shown = text.textContent.trim().slice(0, 30);
+    if (r < (large ? 3 : 4.5)) bad.push(`${el.tagName} "${shown}": ${r.toFixed(2)}`);
+  }
+  for (const node of document.querySelectorAll('#graph .node')) {
+    const r = ratio(parse(getComputedStyle(node.querySelector('text')).fill),
+                    parse(getComputedStyle(node.querySelector('rect')).fill));
+    if (r < 4.5) bad.push(`node ${node.dataset.label} (${node.dataset.state}): ${r.toFixed(2)}`);
+  }
+  return bad;
+}"""
+
+
+def test_text_contrast_meets_wcag_aa_on_every_page(page: Any, console: Console) -> None:
+    running = console.start(STUCK)
+    log_in(page, console)
+    problems = {"list": page.evaluate(CONTRAST)}
+    page.goto(f"{console.url}/#/workflows/{running}")
+    page.wait_for_selector('#graph .node[data-label="hold:forever"].st-running')
+    page.click("#wf-io summary")
+    problems["workflow"] = page.evaluate(CONTRAST)
+    for name in ("status", "start"):
+        page.goto(f"{console.url}/#/{name}")
+        page.wait_for_function(f"document.activeElement.id === '{name}-title'")
+        problems[name] = page.evaluate(CONTRAST)
+    assert {page: found for page, found in problems.items() if found} == {}
