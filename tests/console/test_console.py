@@ -220,7 +220,7 @@ def test_pause_resume_restart_and_delete_from_the_workflow_page(
 
 def test_untrusted_text_is_shown_as_text_never_as_markup(page: Any, console: Console) -> None:
     name = "x<img src=x onerror=window.pwned=1>"
-    flow = f"@flow evil\n'''{name}'''\nhold:forever → never\n"
+    flow = f"@flow markup-as-text\n'''{name}'''\nhold:forever → never\n"
     workflow_id = console.start(flow)
     console.call("POST", f"/api/workflows/{workflow_id}/terminate", {"reason": name})
     wait_until(lambda: console.state(workflow_id) == "terminated", what="terminated")
@@ -295,52 +295,6 @@ def test_the_console_is_usable_with_the_keyboard_alone(page: Any, console: Conso
     tab_to("#start-file")
 
 
-def test_the_list_pages_through_every_workflow_and_shows_new_ones_live(
-    page: Any, console: Console
-) -> None:
-    total = 1000 if os.environ.get("FLOWSTREAM_CONSOLE_FULL") else 120
-    flow = f"@flow many-{total}\nwork\n"
-    started = [
-        console.call("POST", "/api/workflows", {"flow": flow, "input": {"n": i}})["id"]
-        for i in range(total)
-    ]
-    query = f"/api/workflows?flow=many-{total}&limit=1000"
-    wait_until(
-        lambda: len(console.call("GET", query)["items"]) == total, timeout=60, what="all listed"
-    )
-    log_in(page, console)
-    page.fill("#filter-flow", f"many-{total}")
-    page.select_option("#filter-limit", "1000")
-    began = time.monotonic()
-    page.wait_for_function(f"document.querySelectorAll('#list-table tbody tr').length === {total}")
-    shown = time.monotonic() - began
-    assert shown < 10, f"{total} rows took {shown:.1f}s"
-
-    page.select_option("#filter-limit", "50")
-    page.wait_for_function("document.querySelectorAll('#list-table tbody tr').length === 50")
-    seen: list[str] = []
-    while True:
-        ids = page.eval_on_selector_all(
-            "#list-table tbody tr", "rows => rows.map(r => r.dataset.id)"
-        )
-        seen += ids
-        if page.is_disabled("#list-next"):
-            break
-        page.click("#list-next")
-        page.wait_for_function(
-            "(first) => document.querySelector('#list-table tbody tr')?.dataset.id !== first",
-            arg=ids[0],
-        )
-    assert sorted(seen) == sorted(started)  # every one once, none twice
-
-    page.click("#list-first")
-    page.wait_for_selector(f'#list-table tr[data-id="{seen[0]}"]')
-    page.evaluate("window.stillTheSamePage = true")
-    newest = console.call("POST", "/api/workflows", {"flow": flow, "input": {}})["id"]
-    page.wait_for_selector(f'#list-table tr[data-id="{newest}"]', timeout=15_000)
-    assert page.evaluate("window.stillTheSamePage") is True
-
-
 def test_screenshots_of_the_list_and_the_graph(page: Any, console: Console, tmp_path: Path) -> None:
     """Writes docs/images/console-*.png with FLOWSTREAM_SCREENSHOTS=1 (else to a temp dir)."""
     where = IMAGES if os.environ.get("FLOWSTREAM_SCREENSHOTS") else tmp_path
@@ -349,9 +303,10 @@ def test_screenshots_of_the_list_and_the_graph(page: Any, console: Console, tmp_
     # No worker serves notify:, so the run stops there, its other steps done.
     workflow_id = console.start(demo)
     log_in(page, console)
-    page.set_viewport_size({"width": 1280, "height": 960})
+    page.set_viewport_size({"width": 1280, "height": 520})
     page.wait_for_selector("#list-table tbody tr")
     page.screenshot(path=str(where / "console-list.png"))
+    page.set_viewport_size({"width": 1280, "height": 960})
 
     page.goto(f"{console.url}/#/workflows/{workflow_id}")
     page.wait_for_selector('#graph .node[data-label="notify:email"].st-running', timeout=20_000)
@@ -424,3 +379,49 @@ def test_text_contrast_meets_wcag_aa_on_every_page(page: Any, console: Console) 
         page.wait_for_function(f"document.activeElement.id === '{name}-title'")
         problems[name] = page.evaluate(CONTRAST)
     assert {page: found for page, found in problems.items() if found} == {}
+
+
+def test_the_list_pages_through_every_workflow_and_shows_new_ones_live(
+    page: Any, console: Console
+) -> None:
+    total = 1000 if os.environ.get("FLOWSTREAM_CONSOLE_FULL") else 120
+    flow = f"@flow many-{total}\nwork\n"
+    started = [
+        console.call("POST", "/api/workflows", {"flow": flow, "input": {"n": i}})["id"]
+        for i in range(total)
+    ]
+    query = f"/api/workflows?flow=many-{total}&limit=1000"
+    wait_until(
+        lambda: len(console.call("GET", query)["items"]) == total, timeout=60, what="all listed"
+    )
+    log_in(page, console)
+    page.fill("#filter-flow", f"many-{total}")
+    page.select_option("#filter-limit", "1000")
+    began = time.monotonic()
+    page.wait_for_function(f"document.querySelectorAll('#list-table tbody tr').length === {total}")
+    shown = time.monotonic() - began
+    assert shown < 10, f"{total} rows took {shown:.1f}s"
+
+    page.select_option("#filter-limit", "50")
+    page.wait_for_function("document.querySelectorAll('#list-table tbody tr').length === 50")
+    seen: list[str] = []
+    while True:
+        ids = page.eval_on_selector_all(
+            "#list-table tbody tr", "rows => rows.map(r => r.dataset.id)"
+        )
+        seen += ids
+        if page.is_disabled("#list-next"):
+            break
+        page.click("#list-next")
+        page.wait_for_function(
+            "(first) => document.querySelector('#list-table tbody tr')?.dataset.id !== first",
+            arg=ids[0],
+        )
+    assert sorted(seen) == sorted(started)  # every one once, none twice
+
+    page.click("#list-first")
+    page.wait_for_selector(f'#list-table tr[data-id="{seen[0]}"]')
+    page.evaluate("window.stillTheSamePage = true")
+    newest = console.call("POST", "/api/workflows", {"flow": flow, "input": {}})["id"]
+    page.wait_for_selector(f'#list-table tr[data-id="{newest}"]', timeout=15_000)
+    assert page.evaluate("window.stillTheSamePage") is True
