@@ -303,7 +303,7 @@ def test_screenshots_of_the_list_and_the_graph(page: Any, console: Console, tmp_
     # No worker serves notify:, so the run stops there, its other steps done.
     workflow_id = console.start(demo)
     log_in(page, console)
-    page.set_viewport_size({"width": 1280, "height": 520})
+    page.set_viewport_size({"width": 1280, "height": 560})
     page.wait_for_selector("#list-table tbody tr")
     page.screenshot(path=str(where / "console-list.png"))
     page.set_viewport_size({"width": 1280, "height": 960})

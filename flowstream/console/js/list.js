@@ -127,7 +127,7 @@ export class ListPage {
       el("td", {}, el("a", { href: `#/workflows/${encodeURIComponent(item.id)}`, text: item.id })),
       el("td", { text: item.flow ?? "" }),
       el("td", {}, el("span", { class: `state badge ${stateClass(item.state)}`, text: item.state ?? "" })),
-      el("td", {}, progress, ` ${ended} / ${total}`),
+      el("td", { class: "nowrap" }, progress, ` ${ended} / ${total}`),
       el("td", {}, time(item.created)),
       el("td", {}, time(item.ended)));
     this.rows.set(item.id, tr);
