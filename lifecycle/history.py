@@ -20,6 +20,7 @@ import redis
 
 from lifecycle import events as ev
 from lifecycle.audit.archive import ArchivedEvent, id_order, iter_archive
+from lifecycle.engine.store import GraphCache
 from lifecycle.inspect import (
     StoredWorkflow,
     archive_record,
@@ -144,11 +145,13 @@ def engine_streams(client: redis.Redis, keys: Keys) -> list[str]:
     return [keys.lifecycle] + [keys.tasks(kind) for kind in kinds]
 
 
-def inspected(client: redis.Redis, keys: Keys, workflow_id: str) -> dict[str, Any]:
+def inspected(
+    client: redis.Redis, keys: Keys, workflow_id: str, graphs: GraphCache | None = None
+) -> dict[str, Any]:
     """What ``inspect --json`` shows: :func:`lifecycle.inspect.describe_workflow`'s data,
     ``timeline_lost`` (the streams trimmed of its earlier events) and ``timeline_rest``
     (where the whole timeline is, when part of it is lost)."""
-    data = describe_workflow(client, keys, workflow_id)
+    data = describe_workflow(client, keys, workflow_id, graphs=graphs)
     lost = lost_streams(client, keys, read_workflow(client, keys, workflow_id))
     data["timeline_lost"] = lost
     data["timeline_rest"] = where_the_rest_is(client, keys, workflow_id) if lost else None

@@ -315,7 +315,11 @@ def parse_workflow(workflow_id: str, raw: dict[bytes, bytes]) -> StoredWorkflow:
 
 
 def describe_workflow(
-    client: redis.Redis, keys: Keys, workflow_id: str, now_ms: int | None = None
+    client: redis.Redis,
+    keys: Keys,
+    workflow_id: str,
+    now_ms: int | None = None,
+    graphs: GraphCache | None = None,
 ) -> dict[str, Any]:
     """State, every task instance with its times, duration, attempts, input and output;
     ``corrupt`` lists the fields that could not be read (shown, not raised).
@@ -327,12 +331,13 @@ def describe_workflow(
     guard leaves no record, so while the workflow runs it cannot be told from a
     step whose turn has not come). ``duration_ms`` of a running task counts up to
     ``now_ms`` (default: this host's clock, as the worker's that stamped the start).
+    ``graphs``: a cache of compiled graphs kept across calls (a server's).
     """
     record = read_workflow(client, keys, workflow_id)
     graph = None
     if record.graph:  # a workflow terminated before it started has no graph
         try:
-            graph = GraphCache(client, keys).machine(record.graph).graph
+            graph = (graphs or GraphCache(client, keys)).machine(record.graph).graph
         except Exception as error:  # noqa: BLE001 - an unreadable graph is shown, not raised
             record.problems.append(Problem(rec.GRAPH, f"graph {record.graph}: {error}"))
     if now_ms is None and record.running:

@@ -92,8 +92,8 @@ class Tokens:
             except UnicodeDecodeError:
                 raise TokenError(f"{token_file}: not UTF-8 text") from None
             return cls.parse(text, token_file)
-        text = os.environ.get(TOKENS_ENV)
-        return cls.parse(text, TOKENS_ENV) if text else None
+        variable = os.environ.get(TOKENS_ENV)
+        return cls.parse(variable, TOKENS_ENV) if variable else None
 
     def role(self, token: str) -> str | None:
         """The role of ``token``, None for an unknown one; every entry is compared, each

@@ -61,7 +61,7 @@ class Filter(BaseModel):
 class BulkBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
     action: Action
-    filter: Filter = Field(default_factory=Filter)
+    filter: Filter = Field(default_factory=lambda: Filter.model_validate({}))
     reason: str | None = None
 
 
@@ -111,7 +111,93 @@ def check(model: type[M], value: Any, required: bool = True) -> M:
     try:
         return model.model_validate(value)
     except Exception as error:  # noqa: BLE001 - pydantic's ValidationError, shown in one line
-        errors = getattr(error, "errors", lambda: [])()
+        errors: list[Any] = getattr(error, "errors", list)()
         first = errors[0] if errors else {}
         where = ".".join(["body", *(str(part) for part in first.get("loc", ()))])
         raise Problem(400, f"{where}: {first.get('msg', error)}") from None
+
+
+# Answers, for the OpenAPI document only (routes return the readers' data as is).
+class Started(BaseModel):
+    id: str
+
+
+class Checked(BaseModel):
+    ok: bool
+    name: str | None
+    nodes: int
+    kinds: list[str]
+
+
+class ListItem(BaseModel):
+    id: str
+    flow: str | None
+    state: str
+    created: str | None
+    ended: str | None
+    tasks_ended: int | None
+    tasks_total: int | None
+
+
+class Listing(BaseModel):
+    items: list[ListItem]
+    next: str | None
+
+
+class NodeRow(BaseModel):
+    key: str
+    name: str | None
+    kind: str
+    state: str
+    started: str | None
+    ended: str | None
+    attempt: int | None
+    worker: str | None
+
+
+class Workflow(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    id: str
+    flow: str | None
+    state: str
+    created: str | None
+    ended: str | None
+    input: Any
+    output: Any
+    error: str | None
+    nodes: list[NodeRow]
+
+
+class GraphNode(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    id: str
+    label: str
+    kind: str
+    state: str | None
+
+
+class GraphEdge(BaseModel):
+    model_config = ConfigDict(extra="allow", populate_by_name=True)
+    from_: str = Field(alias="from")
+    to: str
+    label: str | None = None
+
+
+class GraphAnswer(BaseModel):
+    nodes: list[GraphNode]
+    edges: list[GraphEdge]
+
+
+class AppliedAnswer(BaseModel):
+    id: str
+    applied: bool
+    event: str | None
+    before: str | None
+    state: str | None
+
+
+def answer(model: type[BaseModel], status: int = 200) -> dict[int | str, dict[str, Any]]:
+    """``responses=`` that documents ``model`` as the route's answer."""
+    schema = model.model_json_schema(by_alias=True, ref_template="#/components/schemas/{model}")
+    defs = schema.pop("$defs", {})
+    return {status: {"content": {"application/json": {"schema": _inline(schema, defs)}}}}

@@ -70,8 +70,9 @@ def problem_response(
 
 def flow_problem(error: FlowError) -> Problem:
     """A flow (or a value) that is refused: 400 naming the line and column when known."""
-    extra = {"line": error.line, "column": error.column} if error.line else {}
-    return Problem(400, str(error), **extra)
+    if error.line:
+        return Problem(400, str(error), line=error.line, column=error.column)
+    return Problem(400, str(error))
 
 
 def install_handlers(app: FastAPI) -> None:
@@ -104,7 +105,7 @@ def install_handlers(app: FastAPI) -> None:
     async def _invalid(request: Request, error: RequestValidationError) -> JSONResponse:
         first = error.errors()[0] if error.errors() else {}
         where = ".".join(str(part) for part in first.get("loc", ()))
-        return problem_response(422, f"{where}: {first.get('msg', 'invalid')}")
+        return problem_response(400, f"{where}: {first.get('msg', 'invalid')}")
 
     @app.exception_handler(redis.RedisError)
     async def _redis(request: Request, error: redis.RedisError) -> JSONResponse:

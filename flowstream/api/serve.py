@@ -9,6 +9,8 @@ from __future__ import annotations
 import argparse
 import ipaddress
 import logging
+import os
+import secrets
 import sys
 from pathlib import Path
 from typing import Any
@@ -18,7 +20,15 @@ import redis
 from lifecycle.cli.support import EXIT_OK, CliError, Context
 from lifecycle.keys import Keys
 
-__all__ = ["add_commands", "is_loopback", "load_tokens", "serve_app"]
+__all__ = [
+    "add_commands",
+    "demo_tokens",
+    "is_loopback",
+    "load_tokens",
+    "say_where",
+    "serve_app",
+    "server_arguments",
+]
 
 log = logging.getLogger(__name__)
 
@@ -108,12 +118,46 @@ def load_tokens(args: argparse.Namespace) -> Any:
     return tokens
 
 
+def demo_tokens(args: argparse.Namespace) -> Any:
+    """``demo --serve``'s tokens: as ``serve`` takes them, else one new operate token for
+    this run (:func:`say_where` prints it: the demo's user logs in with it)."""
+    require_extra()
+    _check_port(args.port)
+    if args.no_auth or args.token_file or os.environ.get("FLOWSTREAM_API_TOKENS"):
+        return load_tokens(args)
+    from flowstream.api.auth import Tokens
+
+    return Tokens.parse(f"operate:{secrets.token_urlsafe(24)}", "demo")
+
+
+def say_where(args: argparse.Namespace, tokens: Any, console: Any) -> None:
+    """The console's address and, for a token made by :func:`demo_tokens`, the token."""
+    host = f"[{args.host}]" if ":" in args.host else args.host
+    console.print(f"console and API on http://{host}:{args.port}/ (Ctrl-C stops)", markup=False)
+    if tokens is not None and not args.token_file and not os.environ.get("FLOWSTREAM_API_TOKENS"):
+        token = tokens.entries[0][0].decode()
+        console.print(f"log in with the operate token made for this run: {token}", markup=False)
+
+
+def require_extra() -> None:
+    """Refuse in one line when the ``api`` extra is not installed."""
+    for module in ("fastapi", "uvicorn", "python_multipart", "prometheus_client"):
+        try:
+            __import__(module)
+        except ImportError:
+            raise CliError(
+                f"the HTTP API needs the api extra ({module} is missing): "
+                "pip install 'flowstream[api]'"
+            ) from None
+
+
 def _check_port(port: int) -> None:
     if not 0 <= port <= 65535:
         raise CliError(f"--port {port}: expected 0 to 65535")
 
 
 def _serve(args: argparse.Namespace, context: Context) -> int:
+    require_extra()
     _check_port(args.port)
     if args.archive is not None and not Path(args.archive).is_dir():
         raise CliError(f"--archive {args.archive}: no such directory")
@@ -126,15 +170,12 @@ def serve_app(
     client: redis.Redis, keys: Keys, args: argparse.Namespace, tokens: Any, **uvicorn: Any
 ) -> None:
     """Build the app and serve it until interrupted (SIGINT or SIGTERM)."""
-    try:
-        import uvicorn as server  # noqa: PLC0415 - the api extra, needed by this command only
+    require_extra()
+    import uvicorn as server  # the api extra, needed by this command only
 
-        from flowstream.api.app import create_app
-        from flowstream.api.context import ApiConfig
-    except ImportError as error:
-        raise CliError(
-            f"serve needs the api extra ({error.name} is missing): pip install 'flowstream[api]'"
-        ) from None
+    from flowstream.api.app import create_app
+    from flowstream.api.context import ApiConfig
+
     config = ApiConfig(
         client, keys, tokens, tuple(args.cors_origin), archive=getattr(args, "archive", None)
     )

@@ -100,7 +100,7 @@ async def stream_workflow(workflow_id: str, request: Request, api: Reader) -> St
     """``text/event-stream``: an event ``workflow`` (as ``GET /api/workflows/{id}``) at
     once and after each change, the last once it has ended; ``gone`` if it is deleted
     meanwhile. 404 for an unknown id."""
-    first = workflow_view(await in_thread(inspected, api.redis, api.keys, workflow_id))
+    first = workflow_view(await in_thread(inspected, api.redis, api.keys, workflow_id, api.graphs))
     _open(api)
     key = api.keys.workflow(workflow_id)
 
@@ -128,7 +128,7 @@ async def stream_workflow(workflow_id: str, request: Request, api: Reader) -> St
             if now != seen:
                 try:
                     data = workflow_view(
-                        await in_thread(inspected, api.redis, api.keys, workflow_id)
+                        await in_thread(inspected, api.redis, api.keys, workflow_id, api.graphs)
                     )
                 except UnknownWorkflow:
                     yield event("gone", {"id": workflow_id})

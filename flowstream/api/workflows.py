@@ -4,6 +4,7 @@ the same the CLI calls."""
 
 from __future__ import annotations
 
+import time
 from typing import Annotated, Any
 
 from fastapi import APIRouter, File, Form, Query, Request, UploadFile
@@ -11,7 +12,20 @@ from fastapi import APIRouter, File, Form, Query, Request, UploadFile
 from flowlang.compiler import compile_text
 from flowlang.graph import Graph
 from flowlang.limits import loads_value
-from flowstream.api.bodies import ActionBody, CheckBody, StartBody, body_of, check
+from flowstream.api.bodies import (
+    ActionBody,
+    AppliedAnswer,
+    CheckBody,
+    Checked,
+    GraphAnswer,
+    Listing,
+    StartBody,
+    Started,
+    Workflow,
+    answer,
+    body_of,
+    check,
+)
 from flowstream.api.context import Api, Operator, Reader, in_thread, json_body
 from flowstream.api.problems import Problem
 from flowstream.api.views import graph_view, workflow_view
@@ -24,9 +38,15 @@ __all__ = ["router", "start"]
 
 router = APIRouter(prefix="/api", tags=["workflows"])
 MAX_LIST = 1000  # rows one list page may ask for
+START_WAIT_S = 2.0  # a start waits this long at most for its record to exist
 
 
-@router.post("/workflows", status_code=201, openapi_extra=body_of(StartBody))
+@router.post(
+    "/workflows",
+    status_code=201,
+    openapi_extra=body_of(StartBody),
+    responses=answer(Started, 201),
+)
 async def start_workflow(request: Request, api: Operator) -> dict[str, str]:
     """Compile the flow text and start it with ``input``: 201 ``{"id"}``; a flow that does
     not compile is 400 with ``line`` and ``column``; a taken ``id`` 409."""
@@ -39,7 +59,7 @@ async def start_workflow(request: Request, api: Operator) -> dict[str, str]:
     return {"id": await in_thread(start, api, body.flow, "flow", body.input, body.id)}
 
 
-@router.post("/workflows/upload", status_code=201)
+@router.post("/workflows/upload", status_code=201, responses=answer(Started, 201))
 async def upload_workflow(
     api: Operator,
     file: Annotated[UploadFile, File(description="the .flow file")],
@@ -61,18 +81,23 @@ async def upload_workflow(
 
 
 def start(api: Api, text: str, name: str, value: Any, workflow_id: str | None) -> str:
-    """Compile ``text`` and start it through the client (once, for a given id)."""
+    """Compile ``text`` and start it through the client (once, for a given id); wait up
+    to :data:`START_WAIT_S` for a lifecycle worker to record it, so that the id answered
+    can be read at once (it is answered all the same when none does in time)."""
     graph = compile_text(text, name, api.config.limits)
     if workflow_id is None:
-        return api.client.submit(graph, value, limits=api.config.limits)
-    if not workflow_id.strip():
+        workflow_id = api.client.submit(graph, value, limits=api.config.limits)
+    elif not workflow_id.strip():
         raise Problem(400, "body.id: empty; leave it out for a new id")
-    if not api.client.submit_once(graph, value, workflow_id, api.config.limits):
+    elif not api.client.submit_once(graph, value, workflow_id, api.config.limits):
         raise Problem(409, f"workflow {workflow_id} exists (or its start is not applied yet)")
+    deadline = time.monotonic() + START_WAIT_S
+    while not api.client.exists(workflow_id) and time.monotonic() < deadline:
+        time.sleep(0.01)
     return workflow_id
 
 
-@router.post("/flows/check", openapi_extra=body_of(CheckBody))
+@router.post("/flows/check", openapi_extra=body_of(CheckBody), responses=answer(Checked))
 async def check_flow(request: Request, api: Reader) -> dict[str, Any]:
     """Compile the flow text without starting it: ``ok``, ``nodes``, ``kinds`` (the task
     kinds a worker must serve); 400 with ``line`` and ``column`` when it does not."""
@@ -86,7 +111,7 @@ async def check_flow(request: Request, api: Reader) -> dict[str, Any]:
     }
 
 
-@router.get("/workflows")
+@router.get("/workflows", responses=answer(Listing))
 def list_workflows(
     api: Reader,
     state: str | None = Query(None, description=f"one of {', '.join(LIST_STATES)}"),
@@ -108,16 +133,16 @@ def list_workflows(
     return {"items": items, "next": following}
 
 
-@router.get("/workflows/{workflow_id}")
+@router.get("/workflows/{workflow_id}", responses=answer(Workflow))
 def get_workflow(workflow_id: str, api: Reader) -> dict[str, Any]:
     """One workflow as ``inspect --json`` shows it, plus ``nodes``; 404 for an unknown id."""
-    return workflow_view(inspected(api.redis, api.keys, workflow_id))
+    return workflow_view(inspected(api.redis, api.keys, workflow_id, api.graphs))
 
 
-@router.get("/workflows/{workflow_id}/graph")
+@router.get("/workflows/{workflow_id}/graph", responses=answer(GraphAnswer))
 def get_graph(workflow_id: str, api: Reader) -> dict[str, Any]:
     """The workflow's graph: ``nodes`` (id, label, kind, state) and ``edges`` (from, to)."""
-    data = workflow_view(inspected(api.redis, api.keys, workflow_id))
+    data = workflow_view(inspected(api.redis, api.keys, workflow_id, api.graphs))
     if not data["graph"]:
         return {"nodes": [], "edges": []}  # terminated before it started
     return graph_view(api.graphs.machine(data["graph"]).graph, data)
@@ -153,33 +178,35 @@ async def _control(request: Request, api: Api, action: str, workflow_id: str) ->
 
 
 _ACTION_BODY = body_of(ActionBody, required=False)
+_APPLIED = answer(AppliedAnswer, 202)
+_ACTION: dict[str, Any] = {"status_code": 202, "openapi_extra": _ACTION_BODY, "responses": _APPLIED}
 
 
-@router.post("/workflows/{workflow_id}/terminate", status_code=202, openapi_extra=_ACTION_BODY)
+@router.post("/workflows/{workflow_id}/terminate", **_ACTION)
 async def terminate(workflow_id: str, request: Request, api: Operator) -> Any:
     """Stop the workflow (``reason`` kept as its error): 202; 409 when it has ended."""
     return await _control(request, api, "terminate", workflow_id)
 
 
-@router.post("/workflows/{workflow_id}/pause", status_code=202, openapi_extra=_ACTION_BODY)
+@router.post("/workflows/{workflow_id}/pause", **_ACTION)
 async def pause(workflow_id: str, request: Request, api: Operator) -> Any:
     """Hold the tasks it would start until resumed: 202; 409 unless it is running."""
     return await _control(request, api, "pause", workflow_id)
 
 
-@router.post("/workflows/{workflow_id}/resume", status_code=202, openapi_extra=_ACTION_BODY)
+@router.post("/workflows/{workflow_id}/resume", **_ACTION)
 async def resume(workflow_id: str, request: Request, api: Operator) -> Any:
     """Start what was held: 202; 409 unless it is paused."""
     return await _control(request, api, "resume", workflow_id)
 
 
-@router.post("/workflows/{workflow_id}/restart", status_code=202, openapi_extra=_ACTION_BODY)
+@router.post("/workflows/{workflow_id}/restart", **_ACTION)
 async def restart(workflow_id: str, request: Request, api: Operator) -> Any:
     """Run a failed or terminated workflow on: 202; 409 in another state."""
     return await _control(request, api, "restart", workflow_id)
 
 
-@router.delete("/workflows/{workflow_id}", status_code=202)
+@router.delete("/workflows/{workflow_id}", status_code=202, responses=_APPLIED)
 async def delete(workflow_id: str, request: Request, api: Operator) -> Any:
     """Remove an ended workflow's record: 202; 409 while it runs."""
     return await _control(request, api, "delete", workflow_id)

@@ -24,6 +24,7 @@ from workers.noop import SimulatedWorker
 
 OPERATE_TOKEN = "operate-token-0123456789abcdef"
 READ_TOKEN = "read-token-0123456789abcdef"
+MAX_STREAMS = 3
 TOKENS = Tokens.parse(f"operate:{OPERATE_TOKEN}\nread:{READ_TOKEN}\n", "test")
 
 
@@ -35,6 +36,7 @@ class Served:
 
     def client(self, token: str | None = OPERATE_TOKEN, **options: Any) -> httpx.Client:
         headers = {"Authorization": f"Bearer {token}"} if token else {}
+        headers.update(options.pop("headers", {}))
         return httpx.Client(base_url=self.url, headers=headers, timeout=10, **options)
 
 
@@ -78,7 +80,7 @@ def served(redis_client: redis.Redis) -> Iterator[Served]:
     threads = [threading.Thread(target=w.listen, daemon=True) for w in workers]
     for thread in threads:
         thread.start()
-    config = ApiConfig(redis_client, keys, TOKENS, poll_s=0.1)
+    config = ApiConfig(redis_client, keys, TOKENS, max_streams=MAX_STREAMS, poll_s=0.1)
     server, thread, url = run_server(config)
     try:
         yield Served(url, redis_client, keys)

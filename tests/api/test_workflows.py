@@ -171,3 +171,18 @@ def test_openapi_metrics_and_docs_are_served(served: Served) -> None:
         assert metrics.status_code == 200 and "python_info" in metrics.text
         docs = http.get("/docs").text
         assert "/api/workflows" in docs and "<script" not in docs
+
+
+def test_a_bulk_action_older_than_selects_by_creation_time(served: Served) -> None:
+    slow = "@flow aged\nA → B → C → D → E → F → G → H"
+    with served.client() as http:
+        ids = [http.post("/api/workflows", json={"flow": slow}).json()["id"] for _ in range(3)]
+        recent = {"action": "pause", "filter": {"flow": "aged", "older_than": "1h"}}
+        assert http.post("/api/actions", json=recent).json()["matched"] == 0
+        bad = {"action": "pause", "filter": {"older_than": "soon"}}
+        assert http.post("/api/actions", json=bad).status_code == 400
+        every = {"action": "terminate", "filter": {"flow": "aged", "older_than": 0}}
+        answer = http.post("/api/actions", json=every).json()
+        assert answer["matched"] == 3 and answer["applied"] + answer["already"] <= 3
+        for workflow_id in ids:
+            wait_state(http, workflow_id, ("terminated", "finished"))
