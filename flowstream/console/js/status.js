@@ -52,8 +52,12 @@ export class StatusPage {
         el("dd", { text: `the newest ${counts.scanned} of ${counts.listed}` }));
     }
     document.getElementById("status-workflows").replaceChildren(...facts);
+    const notes = status.notes || [];
     document.getElementById("status-notes").replaceChildren(
-      ...(status.notes || []).map((note) => el("li", { text: note })));
+      ...(notes.length ? notes.map((note) => el("li", { text: note })) : [el("li", { text: "None." })]));
+    const workers = status.lifecycle_workers || [];
+    document.getElementById("status-workers").textContent = `Lifecycle workers alive: ${workers.length}${
+      workers.length ? ` (${workers.join(", ")})` : ""}.`;
   }
 }
 
