@@ -218,6 +218,28 @@ def test_pause_resume_restart_and_delete_from_the_workflow_page(
     assert page.errors == []
 
 
+def test_an_action_on_every_workflow_the_filters_select(page: Any, console: Console) -> None:
+    flow = "@flow console-bulk\nhold:forever → never\n"
+    ids = [console.start(flow) for _ in range(3)]
+    other = console.start(STUCK)
+    log_in(page, console)
+    page.click("#bulk-apply")  # no filter: refused in the page, nothing sent
+    assert "Choose a state or a flow" in page.text_content("#bulk-result")
+    page.fill("#filter-flow", "console-bulk")
+    page.press("#filter-flow", "Enter")
+    page.wait_for_function("document.querySelectorAll('#list-table tbody tr').length === 3")
+    page.select_option("#bulk-action", "terminate")
+    page.click("#bulk-apply")
+    assert "all of them" in page.text_content("#confirm-text")
+    page.fill("#confirm-reason", "cleaning up")
+    page.click("#confirm-ok")
+    page.wait_for_function(
+        "document.querySelector('#bulk-result').textContent.includes('3 matched, 3 sent')"
+    )
+    wait_until(lambda: all(console.state(i) == "terminated" for i in ids), what="terminated")
+    assert console.state(other) == "running"
+
+
 def test_untrusted_text_is_shown_as_text_never_as_markup(page: Any, console: Console) -> None:
     name = "x<img src=x onerror=window.pwned=1>"
     flow = f"@flow markup-as-text\n'''{name}'''\nhold:forever → never\n"
@@ -236,6 +258,7 @@ def test_a_read_token_sees_workflows_but_no_action_is_offered(page: Any, console
     workflow_id = console.start(STUCK)
     log_in(page, console, READ)
     assert page.text_content("#who") == "signed in: read"
+    assert page.is_hidden("#bulk")
     page.goto(f"{console.url}/#/workflows/{workflow_id}")
     page.wait_for_selector("#wf-facts [data-state=running]")
     for action in ("pause", "resume", "restart", "terminate", "delete"):

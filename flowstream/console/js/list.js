@@ -1,5 +1,6 @@
 // The workflow list: filters, cursor pages, live through GET /api/workflows/stream.
 import { api, query, subscribe } from "./api.js";
+import { confirmAction } from "./confirm.js";
 import { el, stateClass, time } from "./dom.js";
 
 export class ListPage {
@@ -35,6 +36,47 @@ export class ListPage {
       this.cursor = null;
       this.load(true);
     });
+    this.bulk = document.getElementById("bulk");
+    this.bulkResult = document.getElementById("bulk-result");
+    this.bulk.addEventListener("submit", (event) => {
+      event.preventDefault();
+      this.bulkAction();
+    });
+  }
+
+  /** One action on every workflow the filters select, however many (POST /api/actions). */
+  async bulkAction() {
+    const { state, flow } = this.filters();
+    const action = document.getElementById("bulk-action").value;
+    if (!state && !flow) {
+      this.bulkResult.textContent = "Choose a state or a flow first: an action on every workflow is not offered.";
+      return;
+    }
+    const selected = [state && `state ${state}`, flow && `flow ${flow}`].filter(Boolean).join(" and ");
+    const answer = await confirmAction({
+      title: `${action} every matching workflow?`,
+      text: `${action} every workflow with ${selected} — all of them, not only this page.${
+        action === "delete" ? " Deleting cannot be undone." : ""}`,
+      ok: `${action} all`,
+      reason: action === "terminate",
+      returnTo: document.getElementById("bulk-apply"),
+    });
+    if (!answer.ok) return;
+    const filter = {};
+    if (state) filter.state = state;
+    if (flow) filter.flow = flow;
+    const body = { action, filter };
+    if (answer.reason) body.reason = answer.reason;
+    this.bulkResult.textContent = `${action}: sending…`;
+    try {
+      const done = await api("POST", "/api/actions", body);
+      const refusals = (done.refusals || []).map((r) => `${r.id}: ${r.why}`).join("; ");
+      this.bulkResult.textContent = `${action}: ${done.matched} matched, ${done.applied} sent, ${
+        done.already} already so, ${done.refused} refused${refusals ? ` (${refusals})` : ""}.`;
+    } catch (problem) {
+      this.bulkResult.textContent = `${action} failed: ${problem.message}`;
+    }
+    this.load();
   }
 
   filters() {
@@ -43,6 +85,8 @@ export class ListPage {
   }
 
   enter() {
+    this.bulk.hidden = this.session.role === "read";
+    this.bulkResult.textContent = "";
     this.load();
   }
 

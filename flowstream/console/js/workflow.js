@@ -1,6 +1,7 @@
 // One workflow: facts, actions with confirmation, the graph coloured by node state, the task
 // table (input/output on demand), the history. Live through GET /api/workflows/{id}/stream.
 import { api, subscribe } from "./api.js";
+import { confirmAction } from "./confirm.js";
 import { duration, el, pretty, stateClass, throttle, time } from "./dom.js";
 import { GraphView } from "./graph.js";
 
@@ -237,24 +238,17 @@ export class WorkflowPage {
     this.historyNote.textContent = `${events.length} events.${lost}`;
   }
 
-  confirm(action, button) {
-    const dialog = document.getElementById("confirm");
-    document.getElementById("confirm-title").textContent = `${VERBS[action]} workflow?`;
-    document.getElementById("confirm-text").textContent = action === "delete"
-      ? `Delete workflow ${this.id} and all its records? This cannot be undone.`
-      : `${VERBS[action]} workflow ${this.id} (now ${this.workflow?.state ?? "unknown"}).`;
-    const reason = document.getElementById("confirm-reason");
-    reason.value = "";
-    reason.parentElement.querySelector("label[for=confirm-reason]").hidden = action !== "terminate";
-    reason.hidden = action !== "terminate";
-    document.getElementById("confirm-ok").textContent = VERBS[action];
-    dialog.returnValue = "";
-    dialog.addEventListener("close", () => {
-      button.focus();
-      if (dialog.returnValue === "ok") this.act(action, reason.value.trim());
-    }, { once: true });
-    dialog.showModal();
-    document.getElementById("confirm-cancel").focus(); // the safe choice first
+  async confirm(action, button) {
+    const answer = await confirmAction({
+      title: `${VERBS[action]} workflow?`,
+      text: action === "delete"
+        ? `Delete workflow ${this.id} and all its records? This cannot be undone.`
+        : `${VERBS[action]} workflow ${this.id} (now ${this.workflow?.state ?? "unknown"}).`,
+      ok: VERBS[action],
+      reason: action === "terminate",
+      returnTo: button,
+    });
+    if (answer.ok) await this.act(action, answer.reason);
   }
 
   async act(action, reason) {
