@@ -162,6 +162,17 @@ def test_an_operator_uploads_a_flow_and_watches_it_finish_live_on_the_graph(
         assert "st-ended" in page.get_attribute(f'#graph .node[data-label="{label}"]', "class")
     assert page.evaluate("window.stillTheSamePage") is True  # updated live, not reloaded
     assert page.locator("#task-table tbody tr").count() == 4
+    # Input and output on demand: a task row's details are filled when opened.
+    details = page.locator('#task-table tbody tr[data-key="1"] details')
+    assert details.locator("pre").count() == 0
+    details.locator("summary").click()
+    assert '"order": 7' in details.locator("pre").first.text_content()
+    page.click("#history-load")
+    page.wait_for_selector("#history-table tbody tr")
+    events = page.eval_on_selector_all(
+        "#history-table tbody td:nth-child(2)", "c => c.map(x => x.textContent)"
+    )
+    assert events.count("start-task") == 4 and events.count("end-task") == 4, events
     assert console.state(workflow_id) == "finished"
     assert page.errors == []
 
