@@ -251,6 +251,29 @@ def test_an_action_on_every_workflow_the_filters_select(page: Any, console: Cons
     assert console.state(other) == "running"
 
 
+def test_a_workflow_of_a_thousand_steps_is_drawn_and_coloured(page: Any, console: Console) -> None:
+    # 24 parallel chains of 40 steps, of a kind no worker serves: the first step of each
+    # runs, the other 936 have not started.
+    chains = " ".join(
+        "{ " + " → ".join(f"wide:c{c}s{s}" for s in range(40)) + " }" for c in range(24)
+    )
+    workflow_id = console.start(f"@flow console-wide\nbegin → {{ {chains} }} → finish\n")
+    log_in(page, console)
+    page.goto(f"{console.url}/#/workflows/{workflow_id}")
+    page.wait_for_function(
+        "document.querySelectorAll('#graph .node.st-running').length === 24", timeout=20_000
+    )
+    assert page.locator("#graph .node").count() > 1000
+    assert page.locator("#graph .node.st-not").count() == 24 * 39 + 1
+    assert float(page.get_attribute("#graph", "data-layout-ms")) < 3000
+    page.click("#zoom-fit")
+    box = page.eval_on_selector(
+        "#graph", "b => [b.clientHeight, +b.querySelector('svg').getAttribute('height')]"
+    )
+    assert box[1] <= box[0] or page.text_content("#zoom-level") == "25 %"
+    assert page.errors == []
+
+
 def test_untrusted_text_is_shown_as_text_never_as_markup(page: Any, console: Console) -> None:
     name = "x<img src=x onerror=window.pwned=1>"
     flow = f"@flow markup-as-text\n'''{name}'''\nhold:forever → never\n"

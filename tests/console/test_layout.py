@@ -133,3 +133,16 @@ def test_a_thousand_node_graph_is_drawn_zoomable_and_recoloured_in_place(
     assert result["after"] > result["before"]  # '+' zoomed in
     assert result["kept"] and result["ended"] == len(nodes)
     assert result["ms"] < 3000, result["ms"]
+
+
+def test_a_chain_is_a_straight_column_and_a_fan_out_is_centred_under_its_source(
+    page: Any, static_console: str
+) -> None:
+    labels = {"a": "a", "b": "a much longer label", "c": "c", "x": "x", "y": "y", "z": "z"}
+    nodes = [{"id": k, "label": v} for k, v in labels.items()]
+    pairs = [("a", "b"), ("b", "c"), ("c", "x"), ("c", "y"), ("c", "z")]
+    placed = run_layout(page, static_console, nodes, [{"from": a, "to": b} for a, b in pairs])
+    middle = {k: p["x"] + p["width"] / 2 for k, p in placed["nodes"].items()}
+    assert middle["a"] == pytest.approx(middle["b"]) == pytest.approx(middle["c"])
+    assert middle["x"] < middle["y"] < middle["z"]
+    assert (middle["x"] + middle["z"]) / 2 == pytest.approx(middle["c"])

@@ -134,10 +134,17 @@ export class GraphView {
 
   setZoom(zoom) {
     if (!this.svg) return;
+    // Keep the point at the middle of the view where it is (zooming from the corner
+    // would throw the reader somewhere else in a large graph).
+    const box = this.box;
+    const before = this.zoom;
+    const midX = (box.scrollLeft + box.clientWidth / 2) / before;
+    const midY = (box.scrollTop + box.clientHeight / 2) / before;
     this.zoom = zoom;
     this.svg.setAttribute("width", String(Math.round(this.size.width * zoom)));
     this.svg.setAttribute("height", String(Math.round(this.size.height * zoom)));
     this.zoomLabel.textContent = `${Math.round(zoom * 100)} %`;
+    box.scrollTo(midX * zoom - box.clientWidth / 2, midY * zoom - box.clientHeight / 2);
   }
 
   /** The whole graph in view (``whole``), or its width only (labels stay readable and a
