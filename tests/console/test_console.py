@@ -22,9 +22,13 @@ from typing import Any
 import pytest
 import redis
 
+from lifecycle.keys import TASK_GROUP, Keys
+from rqse.deadletter import MAX_DELIVERIES, dead_letter_fields
+from rqse.keys import dead_letter_key
 from tests.conftest import wait_until
 from tests.processes import Processes
 
+KEYS = Keys()
 OPERATE = "operate-token-for-console-tests"
 READ = "read-token-for-console-tests-00"
 IMAGES = Path(__file__).resolve().parents[2] / "docs" / "images"
@@ -272,6 +276,41 @@ def test_a_workflow_of_a_thousand_steps_is_drawn_and_coloured(page: Any, console
     )
     assert box[1] <= box[0] or page.text_content("#zoom-level") == "25 %"
     assert page.errors == []
+
+
+def test_a_dead_letter_is_listed_on_the_status_page_and_requeued(
+    page: Any, console: Console
+) -> None:
+    # A start-task a worker gave up on, as rqse writes it; its kind has no worker, so
+    # the requeued entry stays on the kind's stream.
+    console.redis.sadd(KEYS.kinds, "dlq")
+    start_task = {b"kind": b'"start-task"', b"workflow": b'"wf-gone"', b"key": b'"1"'}
+    fields = dead_letter_fields(
+        stream=KEYS.tasks("dlq"),
+        group=TASK_GROUP,
+        consumer="w1",
+        entry_id="5-0",
+        fields={**start_task, b"name": b'"dlq:job"', b"attempt": b"1"},
+        reason=MAX_DELIVERIES,
+        error="delivered 5 times without an acknowledgement",
+        deliveries=5,
+    )
+    dead_id = console.redis.xadd(dead_letter_key(KEYS.tasks("dlq")), fields).decode()
+    dead = "/api/dead-letters?kind=dlq"
+    letter = console.call("GET", dead)["items"][0]
+    assert letter["id"] == dead_id
+    log_in(page, console)
+    page.click("nav a[data-page=status]")
+    row = page.wait_for_selector(f'#dead-table tr[data-id="{letter["id"]}"]')
+    assert "wf-gone" in row.text_content() and MAX_DELIVERIES in row.text_content()
+    row.query_selector("button").click()
+    page.click("#confirm-ok")
+    page.wait_for_function(
+        "document.querySelector('#dead-note').textContent.startsWith('Requeued')"
+    )
+    assert letter["id"] in page.text_content("#dead-note")
+    assert all(item["id"] != letter["id"] for item in console.call("GET", dead)["items"])
+    assert console.redis.xlen(KEYS.tasks("dlq")) == 1
 
 
 def test_untrusted_text_is_shown_as_text_never_as_markup(page: Any, console: Console) -> None:
