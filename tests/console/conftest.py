@@ -27,8 +27,9 @@ def chromium_path() -> str:
 
 @pytest.fixture(scope="session")
 def browser() -> Iterator[Any]:
-    sync_api = pytest.importorskip("playwright.sync_api", reason="pip install -e '.[test]'")
-    with sync_api.sync_playwright() as playwright:
+    from playwright.sync_api import sync_playwright  # the test extra
+
+    with sync_playwright() as playwright:
         # --no-sandbox: CI and containers run as root, where Chromium's sandbox cannot start.
         launched = playwright.chromium.launch(
             executable_path=chromium_path(), args=["--no-sandbox"]
@@ -45,7 +46,10 @@ def page(browser: Any) -> Iterator[Any]:
     opened = context.new_page()
     errors: list[str] = []
     opened.on("pageerror", lambda error: errors.append(str(error)))
-    opened.errors = errors
+    opened.errors = errors  # uncaught script errors, for tests to assert there are none
+    requests: list[str] = []
+    opened.on("request", lambda request: requests.append(request.url))
+    opened.requests = requests  # every URL the page asked for (assets from elsewhere show)
     try:
         yield opened
     finally:

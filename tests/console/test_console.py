@@ -179,6 +179,8 @@ def test_an_operator_uploads_a_flow_and_watches_it_finish_live_on_the_graph(
     assert events.count("start-task") == 4 and events.count("end-task") == 4, events
     assert console.state(workflow_id) == "finished"
     assert page.errors == []
+    # Every script, style and call went to the console's own server (no CDN).
+    assert [url for url in page.requests if not url.startswith(console.url + "/")] == []
 
 
 def test_an_operator_terminates_a_running_workflow_after_confirming(
