@@ -493,18 +493,34 @@ def list_page(
     rows: list[dict[str, Any]] = []
     after = _cursor(cursor)
     last: tuple[float, str] | None = None
-    tied = 0  # ids read at after's score: the most a page may repeat
+    # Ids at the top of the next read already listed: the ones of after's score that
+    # sort before it (members of one score come in reverse order).
+    skip = 0
     full = False
     while not full:
         high: str | float = "+inf" if after is None else after[0]
-        listed: Any = client.zrevrangebyscore(
-            keys.workflows, high, "-inf", start=0, num=LIST_PAGE + tied, withscores=True
+        # Without a filter, a page needs no more ids than rows; with one, a full read.
+        num = LIST_PAGE
+        if limit and not (state or flow or skip):
+            num = min(LIST_PAGE, limit - len(rows))
+        # ZRANGE BYSCORE REV: the readers' ACL (docs/security.md) grants ZRANGE.
+        listed: Any = client.zrange(
+            keys.workflows,
+            high,
+            "-inf",
+            desc=True,
+            byscore=True,
+            offset=skip,
+            num=num,
+            withscores=True,
         )
-        page = [(float(score), member.decode("utf-8", "replace")) for member, score in listed]
-        if after is not None:  # members of one score come in reverse order: skip those read
-            page = [row for row in page if row < after]
+        read = [(float(score), member.decode("utf-8", "replace")) for member, score in listed]
+        page = read if after is None else [row for row in read if row < after]
         if not page:
-            break
+            if len(read) < num:
+                break  # the end of the index
+            skip += len(read)  # more ids of after's score than one read: read past them
+            continue
         pipe = client.pipeline(transaction=False)
         for _, workflow_id in page:
             pipe.hmget(keys.workflow(workflow_id), *fields)
@@ -532,9 +548,14 @@ def list_page(
             if limit and len(rows) >= limit:
                 full = True
                 break
+        if len(read) < num:
+            break  # the end of the index
         bottom = page[-1][0]
         same = sum(1 for score, _ in page if score == bottom)
-        tied = same + (tied if after is not None and after[0] == bottom else 0)
+        if after is not None and after[0] == bottom:  # still in after's score
+            skip += len(read) - len(page) + same
+        else:
+            skip = same
         after = page[-1]
     if graphs is not None:
         _count_ended(client, keys, [r for r in rows if r["tasks_ended"] == 0])

@@ -106,6 +106,8 @@ def check(model: type[M], value: Any, required: bool = True) -> M:
     """``value`` (a decoded body) as ``model``; 400 naming the first bad field."""
     if value is None and not required:
         value = {}
+    if value is None:
+        raise Problem(400, "the body is empty: expected a JSON object")
     if not isinstance(value, dict):
         raise Problem(400, f"the body is {type(value).__name__}, expected a JSON object")
     try:

@@ -71,7 +71,9 @@ async def bulk_action(request: Request, api: Operator) -> dict[str, Any]:
 
     def act() -> dict[str, Any]:
         matched = list(api.client.select(selection))
-        sent, refused = api.client.control_many(kind, matched, body.reason or "")
+        # A terminate records its reason as the workflow's error, as the CLI's does.
+        reason = body.reason or ("terminated" if body.action == "terminate" else "")
+        sent, refused = api.client.control_many(kind, matched, reason)
         return {
             "action": body.action,
             "matched": len(matched),

@@ -100,13 +100,15 @@ async def stream_workflow(workflow_id: str, request: Request, api: Reader) -> St
     """``text/event-stream``: an event ``workflow`` (as ``GET /api/workflows/{id}``) at
     once and after each change, the last once it has ended; ``gone`` if it is deleted
     meanwhile. 404 for an unknown id."""
+    key = api.keys.workflow(workflow_id)
+    # The version is read before the record: a commit in between is seen at the next poll.
+    version = await in_thread(api.redis.hget, key, rec.VERSION)
     first = workflow_view(await in_thread(inspected, api.redis, api.keys, workflow_id, api.graphs))
     _open(api)
-    key = api.keys.workflow(workflow_id)
 
     async def changes() -> AsyncIterator[bytes]:
         data: dict[str, Any] | None = first
-        seen: Any = None  # the record's version as last read
+        seen: Any = version  # the record's version as last read
         beat = time.monotonic()
         while True:
             if data is not None:

@@ -38,6 +38,7 @@ __all__ = ["router", "start"]
 
 router = APIRouter(prefix="/api", tags=["workflows"])
 MAX_LIST = 1000  # rows one list page may ask for
+MAX_ID = 200  # characters of a workflow id given by the caller
 START_WAIT_S = 2.0  # a start waits this long at most for its record to exist
 
 
@@ -89,6 +90,12 @@ def start(api: Api, text: str, name: str, value: Any, workflow_id: str | None) -
         workflow_id = api.client.submit(graph, value, limits=api.config.limits)
     elif not workflow_id.strip():
         raise Problem(400, "body.id: empty; leave it out for a new id")
+    elif workflow_id == "stream":  # GET /api/workflows/stream is the list's event stream
+        raise Problem(400, "body.id 'stream': the name of a route; choose another id")
+    elif "/" in workflow_id or not workflow_id.isprintable() or len(workflow_id) > MAX_ID:
+        # Its routes could not name it: /api/workflows/{id} is one path segment.
+        shown = repr(workflow_id[:40])
+        raise Problem(400, f"body.id {shown}: expected {MAX_ID} printable characters at most, no /")
     elif not api.client.submit_once(graph, value, workflow_id, api.config.limits):
         raise Problem(409, f"workflow {workflow_id} exists (or its start is not applied yet)")
     deadline = time.monotonic() + START_WAIT_S

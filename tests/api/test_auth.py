@@ -3,11 +3,13 @@ and a server without tokens only on a loopback address."""
 
 from __future__ import annotations
 
+import argparse
 import sys
 
 import pytest
 
 from flowstream.api.auth import COOKIE, TokenError, Tokens
+from flowstream.api.serve import load_tokens
 from flowstream.cli import main
 from tests.api.conftest import OPERATE_TOKEN, READ_TOKEN, Served, wait_state
 
@@ -108,3 +110,12 @@ def test_serve_without_the_api_extra_says_which_install_it_needs(
     monkeypatch.setitem(sys.modules, "uvicorn", None)  # as if not installed
     assert main(["serve", "--no-auth", "--redis-url", redis_url]) == 2
     assert "pip install 'flowstream[api]'" in capsys.readouterr().err
+
+
+def test_no_auth_on_loopback_is_allowed_and_says_so_loudly(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    for host in ("127.0.0.1", "::1", "localhost"):
+        args = argparse.Namespace(no_auth=True, host=host, token_file=None)
+        assert load_tokens(args) is None
+        assert "WARNING: --no-auth" in capsys.readouterr().err

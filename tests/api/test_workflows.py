@@ -65,11 +65,13 @@ def test_an_unknown_id_is_404_and_a_refused_action_409(served: Served) -> None:
         assert http.delete(f"/api/workflows/{workflow_id}").status_code == 202
 
 
-def test_a_taken_id_is_409(served: Served) -> None:
+def test_a_taken_id_is_409_and_an_id_no_route_could_name_is_400(served: Served) -> None:
     with served.client() as http:
         assert http.post("/api/workflows", json={"flow": "A", "id": "w1"}).status_code == 201
         again = http.post("/api/workflows", json={"flow": "A", "id": "w1"})
         assert again.status_code == 409
+        for bad in ("", "a/b", "tab\there", "x" * 201, "stream"):
+            assert http.post("/api/workflows", json={"flow": "A", "id": bad}).status_code == 400
 
 
 def test_terminate_while_tasks_end_never_answers_500(served: Served) -> None:
