@@ -85,11 +85,13 @@ class Applied:
 class Selection:
     """Which workflows a bulk action applies to: every given filter must match.
     ``state`` is one state or several (any of them matches); ``created_before``: only
-    workflows created before this time (ms)."""
+    workflows created before this time (ms); ``schedule``: only the runs of that
+    schedule (started before ``created_before`` by their fire time)."""
 
     state: str | tuple[str, ...] | None = None
     flow: str | None = None
     created_before: int | None = None
+    schedule: str | None = None
 
     def __post_init__(self) -> None:
         if self.state is not None and not isinstance(self.state, str):
@@ -129,9 +131,14 @@ class Client:
         input: Any = None,
         workflow_id: str | None = None,
         limits: Limits = DEFAULT_LIMITS,
+        *,
+        priority: int = 0,
     ) -> str:
-        """Store ``graph`` and send its start-workflow; return the workflow id."""
-        return start_workflow(self.redis, graph, input, workflow_id, self.keys, limits)
+        """Store ``graph`` and send its start-workflow; return the workflow id.
+        ``priority``: see lifecycle.priorities (:class:`BadPriority` out of range)."""
+        return start_workflow(
+            self.redis, graph, input, workflow_id, self.keys, limits, priority=priority
+        )
 
     def submit_once(
         self,
@@ -139,10 +146,14 @@ class Client:
         input: Any,
         workflow_id: str,
         limits: Limits = DEFAULT_LIMITS,
+        *,
+        priority: int = 0,
     ) -> bool:
         """Start ``graph`` as ``workflow_id`` unless a workflow has that id (checked and
         started in one step); False when it is taken and nothing was sent."""
-        return start_workflow_once(self.redis, graph, input, workflow_id, self.keys, limits)
+        return start_workflow_once(
+            self.redis, graph, input, workflow_id, self.keys, limits, priority=priority
+        )
 
     def exists(self, workflow_id: str) -> bool:
         return bool(self.redis.exists(self.keys.workflow(workflow_id)))
@@ -167,6 +178,9 @@ class Client:
         Pages follow the index by score (creation time) and member, not by position, so
         workflows removed meanwhile (retention, another operator's delete) make none of
         the others be skipped."""
+        index = self.keys.workflows
+        if selection.schedule is not None:
+            index = self.keys.schedule_runs(selection.schedule)  # scored by fire time
         after: tuple[float, str] | None = None  # the last (score, id) read
         tied = 0  # ids read at after's score: the most a page may repeat
         while True:
@@ -176,7 +190,7 @@ class Client:
                 "+inf" if selection.created_before is None else f"({selection.created_before}"
             )
             rows: list[tuple[bytes, float]] = self.redis.zrangebyscore(  # type: ignore[assignment]
-                self.keys.workflows, low, high, start=0, num=_PAGE + tied, withscores=True
+                index, low, high, start=0, num=_PAGE + tied, withscores=True
             )
             page = [(float(score), _text(member)) for member, score in rows]
             if after is not None:  # members of one score come in order: skip those read

@@ -31,6 +31,7 @@ from lifecycle.inspect import (
     shown_raw,
 )
 from lifecycle.keys import RECEIPTS_GROUP, Keys
+from lifecycle.priorities import task_streams
 from rqse.client import scan_entries
 from rqse.keys import DEAD_LETTER_SUFFIX
 
@@ -139,10 +140,9 @@ def format_timeline(rows: list[dict[str, Any]]) -> list[str]:
 
 
 def engine_streams(client: redis.Redis, keys: Keys) -> list[str]:
-    """The lifecycle stream and every task kind's stream (a workflow's events)."""
-    members: Any = client.smembers(keys.kinds)
-    kinds = sorted(k.decode("utf-8", "replace") for k in members)
-    return [keys.lifecycle] + [keys.tasks(kind) for kind in kinds]
+    """The lifecycle stream and every task stream, priority streams included (a
+    workflow's events)."""
+    return [keys.lifecycle] + [found.stream for found in task_streams(client, keys)]
 
 
 def inspected(

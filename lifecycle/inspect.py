@@ -119,6 +119,7 @@ class StoredWorkflow:
     ends: dict[str, list[Any]] = field(default_factory=dict)  # key -> [t1, ok, output, error, w]
     paused: list[Any] | None = None  # held task keys while paused, else None
     compacted: int | None = None  # ms: when its task records went (it finished long ago)
+    priority: int = 0  # lifecycle.priorities
     problems: list[Problem] = field(default_factory=list)
 
     @property
@@ -278,6 +279,7 @@ def parse_workflow(workflow_id: str, raw: dict[bytes, bytes]) -> StoredWorkflow:
     found.created = read(rec.CREATED, _int)
     found.ended = read(rec.ENDED, _int)
     found.compacted = read(rec.COMPACTED, _int)
+    found.priority = read(rec.PRIORITY, _int) or 0
     found.input = read(rec.INPUT, _json)
     found.paused = read(rec.PAUSED, _paused)
     if found.paused is None and rec.PAUSED.encode() in raw:
@@ -385,6 +387,7 @@ def describe_workflow(
         "flow": record.name,
         "graph": record.graph,
         "state": record.shown_state,
+        "priority": record.priority,
         "paused": record.paused,
         "created": iso(record.created),
         "ended": iso(record.ended),
@@ -458,9 +461,12 @@ def list_workflows(
     state: str | None = None,
     flow: str | None = None,
     limit: int | None = 50,
+    index: str | None = None,
 ) -> list[dict[str, Any]]:
     """Up to ``limit`` summaries (None or 0: all), newest first (by creation time),
-    filtered by shown state (:data:`LIST_STATES`) and flow name.
+    filtered by shown state (:data:`LIST_STATES`) and flow name. ``index``: list the
+    ids of that sorted set instead of every workflow (a schedule's runs, newest fire
+    time first).
 
     Ids whose hash is gone (retention or delete removed it and the id's entry in
     ``{flow}:workflows`` is not swept yet) are skipped. A workflow whose record
@@ -468,7 +474,7 @@ def list_workflows(
     ``corrupt``. Reads :data:`LIST_PAGE` ids per round trip until ``limit`` rows
     match, so a filter that matches few workflows reads them all.
     """
-    return list_page(client, keys, state, flow, limit)[0]
+    return list_page(client, keys, state, flow, limit, index=index)[0]
 
 
 def list_page(
@@ -479,9 +485,10 @@ def list_page(
     limit: int | None = 50,
     cursor: str | None = None,
     graphs: GraphCache | None = None,
+    index: str | None = None,
 ) -> tuple[list[dict[str, Any]], str | None]:
     """One page of :func:`list_workflows` after ``cursor`` (None: the newest), and the
-    cursor of the next page (None: no more).
+    cursor of the next page (None: no more); ``index`` as for :func:`list_workflows`.
 
     Pages follow the index by score (creation time) and id, not by position, so
     workflows started or removed meanwhile shift no page. With ``graphs``, each
@@ -505,7 +512,7 @@ def list_page(
             num = min(LIST_PAGE, limit - len(rows))
         # ZRANGE BYSCORE REV: the readers' ACL (docs/security.md) grants ZRANGE.
         listed: Any = client.zrange(
-            keys.workflows,
+            index or keys.workflows,
             high,
             "-inf",
             desc=True,

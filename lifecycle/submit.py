@@ -14,12 +14,16 @@ from flowlang.limits import DEFAULT_LIMITS, Limits, encode_value
 from flowlang.policy import split_params
 from lifecycle import events as ev
 from lifecycle.keys import Keys, task_kind
+from lifecycle.priorities import check_priority, priority_member
 from rqse import lua
 
 _SCRIPTS = lua.scripts_dir(__file__)
 
 __all__ = [
+    "encode_event",
+    "encode_start",
     "graph_task_kinds",
+    "register_streams",
     "start_workflows",
     "new_workflow_id",
     "start_workflow",
@@ -50,14 +54,26 @@ def graph_task_kinds(graph: Graph) -> set[str]:
     }
 
 
-def _encode(event: dict[str, Any]) -> dict[str, bytes]:
+def register_streams(pipe: Any, keys: Keys, graph: Graph, priority: int) -> None:
+    """Name the streams the graph's tasks go to, for workers and tools to find: its kinds
+    and, for a priority other than 0, their streams of that priority."""
+    kinds = sorted(graph_task_kinds(graph))
+    if kinds:
+        pipe.sadd(keys.kinds, *kinds)
+        if priority:
+            pipe.sadd(keys.priorities, *(priority_member(kind, priority) for kind in kinds))
+
+
+def encode_event(event: dict[str, Any]) -> dict[str, bytes]:
     return {name: orjson.dumps(value) for name, value in event.items()}
 
 
-def _encode_start(workflow_id: str, digest: str, input: Any, limits: Limits) -> dict[str, bytes]:
+def encode_start(
+    workflow_id: str, digest: str, input: Any, limits: Limits, priority: int = 0
+) -> dict[str, bytes]:
     """The start-workflow's fields, its input checked against the limits (the input's
     encoding is the check, and what is sent)."""
-    fields = _encode(ev.start_workflow(workflow_id, digest, None))
+    fields = encode_event(ev.start_workflow(workflow_id, digest, None, priority=priority))
     fields["input"] = encode_value(input, limits, f"the input of workflow {workflow_id}")
     return fields
 
@@ -69,15 +85,20 @@ def start_workflow(
     workflow_id: str | None = None,
     keys: Keys | None = None,
     limits: Limits = DEFAULT_LIMITS,
+    *,
+    priority: int = 0,
 ) -> str:
     """Store ``graph`` (once per content hash) and ask the lifecycle to start it.
 
     Starting the same ``workflow_id`` twice starts it once. An input past ``limits``
-    raises :class:`flowlang.limits.LimitExceeded` and nothing is stored.
+    raises :class:`flowlang.limits.LimitExceeded` and nothing is stored; a ``priority``
+    out of range (lifecycle.priorities) :class:`BadPriority`.
     """
     keys = keys or Keys()
     workflow_id = workflow_id or new_workflow_id(graph)
-    return start_workflows(client, graph, [input], [workflow_id], keys, limits=limits)[0]
+    return start_workflows(
+        client, graph, [input], [workflow_id], keys, limits=limits, priority=priority
+    )[0]
 
 
 def start_workflows(
@@ -88,25 +109,27 @@ def start_workflows(
     keys: Keys | None = None,
     chunk: int = 1000,
     limits: Limits = DEFAULT_LIMITS,
+    *,
+    priority: int = 0,
 ) -> list[str]:
     """Start one workflow per input, pipelined ``chunk`` at a time; return their ids.
 
     Every input is checked against ``limits`` before anything is stored: one that
-    breaks them raises :class:`flowlang.limits.LimitExceeded` and nothing is sent."""
+    breaks them raises :class:`flowlang.limits.LimitExceeded` and nothing is sent.
+    ``priority`` (lifecycle.priorities) is every one's."""
     keys = keys or Keys()
+    check_priority(priority)
     validate_policies(graph)
     digest = graph.content_hash()
     ids = workflow_ids or [new_workflow_id(graph) for _ in inputs]
     starts = [
-        _encode_start(workflow_id, digest, value, limits)
+        encode_start(workflow_id, digest, value, limits, priority)
         for workflow_id, value in zip(ids, inputs, strict=True)
     ]
     pipe = client.pipeline(transaction=False)
     # The graph and the kinds go first, in the same round trip as the first events.
     pipe.set(keys.graph(digest), graph.to_json(), nx=True)
-    kinds = graph_task_kinds(graph)
-    if kinds:
-        pipe.sadd(keys.kinds, *sorted(kinds))
+    register_streams(pipe, keys, graph, priority)
     for first in range(0, len(starts), chunk):
         for fields in starts[first : first + chunk]:
             pipe.xadd(keys.lifecycle, fields)  # type: ignore[arg-type]
@@ -121,18 +144,21 @@ def start_workflow_once(
     workflow_id: str,
     keys: Keys | None = None,
     limits: Limits = DEFAULT_LIMITS,
+    *,
+    priority: int = 0,
 ) -> bool:
     """Start ``workflow_id`` only if no workflow has that id (in Redis, or started and not
     yet applied); False when it is taken and nothing was sent. The check and the start
     are one step (``start_once.lua``): two callers racing for one id start it once."""
     keys = keys or Keys()
+    check_priority(priority)
     validate_policies(graph)
     digest = graph.content_hash()
-    fields = _encode_start(workflow_id, digest, input, limits)
-    client.set(keys.graph(digest), graph.to_json(), nx=True)
-    kinds = graph_task_kinds(graph)
-    if kinds:
-        client.sadd(keys.kinds, *sorted(kinds))
+    fields = encode_start(workflow_id, digest, input, limits, priority)
+    pipe = client.pipeline(transaction=False)
+    pipe.set(keys.graph(digest), graph.to_json(), nx=True)
+    register_streams(pipe, keys, graph, priority)
+    pipe.execute()
     script = lua.load_script(client, "start_once", _SCRIPTS)
     now = int(time.time() * 1000)
     flat = [part for pair in fields.items() for part in pair]
@@ -143,4 +169,4 @@ def terminate_workflow(
     client: redis.Redis, workflow_id: str, reason: str = "terminated", keys: Keys | None = None
 ) -> None:
     keys = keys or Keys()
-    client.xadd(keys.lifecycle, _encode(ev.terminate_workflow(workflow_id, reason)))  # type: ignore[arg-type]
+    client.xadd(keys.lifecycle, encode_event(ev.terminate_workflow(workflow_id, reason)))  # type: ignore[arg-type]

@@ -1,6 +1,6 @@
 """The HTTP API (and the console it serves), for ``python -m lifecycle serve``.
 
-Needs the ``api`` extra (FastAPI, uvicorn, python-multipart, prometheus-client);
+Needs the ``api`` extra (FastAPI, uvicorn, python-multipart);
 nothing here is imported by the engine, and :func:`create_app` imports the web
 framework only when called, so the engine runs without the extra.
 """
@@ -10,9 +10,11 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    import redis
     from fastapi import FastAPI
 
     from flowstream.api.context import ApiConfig
+    from lifecycle.keys import Keys
 
 __all__ = ["create_app", "metrics_text"]
 
@@ -24,11 +26,11 @@ def create_app(config: ApiConfig) -> FastAPI:
     return build(config)
 
 
-def metrics_text() -> tuple[bytes, str]:
+def metrics_text(client: redis.Redis, keys: Keys) -> tuple[bytes, str]:
     """The Prometheus text ``/metrics`` serves and its content type."""
     from flowstream.api.metrics import metrics_text as render
 
-    return render()
+    return render(client, keys)
 
 
 def __getattr__(name: str) -> Any:

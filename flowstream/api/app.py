@@ -46,7 +46,7 @@ def create_app(config: ApiConfig) -> FastAPI:
 
     @app.get("/metrics", include_in_schema=False)
     def metrics() -> Response:
-        body, media = metrics_text()
+        body, media = metrics_text(config.redis, config.keys)
         return Response(body, media_type=media)
 
     @app.get("/docs", include_in_schema=False)

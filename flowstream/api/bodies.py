@@ -36,6 +36,7 @@ class StartBody(BaseModel):
     flow: str = Field(description="the flow text")
     input: Any = Field(None, description="the workflow's input (any JSON)")
     id: str | None = Field(None, description="the workflow id (default: a new one); 409 if taken")
+    priority: int = Field(0, description="the workflow's priority, -9 to 9 (higher first)")
 
 
 class CheckBody(BaseModel):

@@ -16,6 +16,7 @@ from flowstream.api.problems import Problem
 from lifecycle import events as ev
 from lifecycle.client import Selection
 from lifecycle.dead_letters import find_dead_letter, list_dead_letters, requeue, sources
+from lifecycle.schedules import Schedules
 from lifecycle.status import read_status
 
 __all__ = ["router"]
@@ -57,19 +58,20 @@ async def bulk_action(request: Request, api: Operator) -> dict[str, Any]:
     for): how many matched, were sent, were already so, and which were refused."""
     body = check(BulkBody, await json_body(request, api))
     given = body.filter
-    if given.schedule:
-        raise Problem(400, "filter.schedule: this deployment has no schedules to filter by")
-    if not given.state and not given.flow and given.older_than in (None, ""):
-        raise Problem(400, "filter: give state, flow or older_than (an action on every run?)")
+    if not (given.state or given.flow or given.schedule) and given.older_than in (None, ""):
+        raise Problem(
+            400, "filter: give state, flow, schedule or older_than (an action on every run?)"
+        )
     states = (
         given.state if isinstance(given.state, str) or given.state is None else tuple(given.state)
     )
-    selection = Selection(
-        states or None, given.flow or None, older_than_ms(given.older_than, int(time.time() * 1000))
-    )
+    before = older_than_ms(given.older_than, int(time.time() * 1000))
+    selection = Selection(states or None, given.flow or None, before, given.schedule or None)
     kind = _KINDS[body.action]
 
     def act() -> dict[str, Any]:
+        if selection.schedule is not None:  # an unknown schedule is a 404, not no match
+            Schedules(api.redis, api.keys).get(selection.schedule)
         matched = list(api.client.select(selection))
         # A terminate records its reason as the workflow's error, as the CLI's does.
         reason = body.reason or ("terminated" if body.action == "terminate" else "")

@@ -20,6 +20,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from flowlang.errors import FlowError
 from lifecycle.dead_letters import UnknownDeadLetter
 from lifecycle.errors import LifecycleError, NotAllowed, UnknownWorkflow
+from lifecycle.schedules import UnknownSchedule
 
 __all__ = ["PROBLEM_JSON", "Problem", "flow_problem", "install_handlers", "problem_response"]
 
@@ -90,7 +91,7 @@ def install_handlers(app: FastAPI) -> None:
     @app.exception_handler(LifecycleError)
     async def _lifecycle(request: Request, error: LifecycleError) -> JSONResponse:
         status = 400
-        if isinstance(error, (UnknownWorkflow, UnknownDeadLetter)):
+        if isinstance(error, (UnknownWorkflow, UnknownDeadLetter, UnknownSchedule)):
             status = 404
         elif isinstance(error, NotAllowed):
             status = 409

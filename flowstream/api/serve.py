@@ -141,7 +141,7 @@ def say_where(args: argparse.Namespace, tokens: Any, console: Any) -> None:
 
 def require_extra() -> None:
     """Refuse in one line when the ``api`` extra is not installed."""
-    for module in ("fastapi", "uvicorn", "python_multipart", "prometheus_client"):
+    for module in ("fastapi", "uvicorn", "python_multipart"):
         try:
             __import__(module)
         except ImportError:

@@ -32,6 +32,7 @@ from flowstream.api.views import graph_view, workflow_view
 from lifecycle.client import Applied
 from lifecycle.history import inspected, live_history
 from lifecycle.inspect import LIST_STATES, list_page
+from lifecycle.schedules import Schedules
 from lifecycle.submit import graph_task_kinds
 
 __all__ = ["router", "start"]
@@ -57,7 +58,8 @@ async def start_workflow(request: Request, api: Operator) -> dict[str, str]:
             400, "body.name: this deployment stores no flows by name; send the text as 'flow'"
         )
     body = check(StartBody, raw)
-    return {"id": await in_thread(start, api, body.flow, "flow", body.input, body.id)}
+    started = await in_thread(start, api, body.flow, "flow", body.input, body.id, body.priority)
+    return {"id": started}
 
 
 @router.post("/workflows/upload", status_code=201, responses=answer(Started, 201))
@@ -66,6 +68,7 @@ async def upload_workflow(
     file: Annotated[UploadFile, File(description="the .flow file")],
     input: str | None = Form(None, description="the workflow's input as JSON text"),
     id: str | None = Form(None, description="the workflow id (default: a new one)"),
+    priority: int = Form(0, description="the workflow's priority, -9 to 9"),
 ) -> dict[str, str]:
     """Start an uploaded ``.flow`` file (multipart ``file``, ``input`` JSON text): 201."""
     limits = api.config.limits
@@ -78,16 +81,18 @@ async def upload_workflow(
     except UnicodeDecodeError as error:
         raise Problem(400, f"{name}: not UTF-8 text (byte at offset {error.start})") from None
     value = loads_value(input, limits, "input") if input else None
-    return {"id": await in_thread(start, api, text, name, value, id)}
+    return {"id": await in_thread(start, api, text, name, value, id, priority)}
 
 
-def start(api: Api, text: str, name: str, value: Any, workflow_id: str | None) -> str:
+def start(
+    api: Api, text: str, name: str, value: Any, workflow_id: str | None, priority: int = 0
+) -> str:
     """Compile ``text`` and start it through the client (once, for a given id); wait up
     to :data:`START_WAIT_S` for a lifecycle worker to record it, so that the id answered
     can be read at once (it is answered all the same when none does in time)."""
     graph = compile_text(text, name, api.config.limits)
     if workflow_id is None:
-        workflow_id = api.client.submit(graph, value, limits=api.config.limits)
+        workflow_id = api.client.submit(graph, value, limits=api.config.limits, priority=priority)
     elif not workflow_id.strip():
         raise Problem(400, "body.id: empty; leave it out for a new id")
     elif workflow_id == "stream":  # GET /api/workflows/stream is the list's event stream
@@ -96,7 +101,9 @@ def start(api: Api, text: str, name: str, value: Any, workflow_id: str | None) -
         # Its routes could not name it: /api/workflows/{id} is one path segment.
         shown = repr(workflow_id[:40])
         raise Problem(400, f"body.id {shown}: expected {MAX_ID} printable characters at most, no /")
-    elif not api.client.submit_once(graph, value, workflow_id, api.config.limits):
+    elif not api.client.submit_once(
+        graph, value, workflow_id, api.config.limits, priority=priority
+    ):
         raise Problem(409, f"workflow {workflow_id} exists (or its start is not applied yet)")
     deadline = time.monotonic() + START_WAIT_S
     while not api.client.exists(workflow_id) and time.monotonic() < deadline:
@@ -132,10 +139,12 @@ def list_workflows(
     state = state or None
     if state is not None and state not in LIST_STATES:
         raise Problem(400, f"state {state!r}: expected one of {', '.join(LIST_STATES)}")
-    if schedule:
-        raise Problem(400, "schedule: this deployment has no schedules to filter by")
+    index = None
+    if schedule:  # an unknown schedule is a 404, not an empty list
+        Schedules(api.redis, api.keys).get(schedule)
+        index = api.keys.schedule_runs(schedule)
     items, following = list_page(
-        api.redis, api.keys, state, flow or None, limit, cursor or None, api.graphs
+        api.redis, api.keys, state, flow or None, limit, cursor or None, api.graphs, index
     )
     return {"items": items, "next": following}
 

@@ -25,6 +25,7 @@ from lifecycle.inspect import (
     archive_record,
     list_workflows,
 )
+from lifecycle.schedules import Schedules
 
 __all__ = ["add_commands", "show_workflow"]
 
@@ -47,6 +48,7 @@ def add_commands(commands: Any, common: argparse.ArgumentParser) -> None:
     )
     listing.add_argument("--state", help=f"only workflows in this state ({', '.join(LIST_STATES)})")
     listing.add_argument("--flow", help="only workflows of this flow name")
+    listing.add_argument("--schedule", metavar="NAME", help="only workflows this schedule started")
     listing.add_argument(
         "--limit", type=int, default=50, help="at most this many (default 50; 0: all)"
     )
@@ -114,7 +116,10 @@ def show_workflow(data: dict[str, Any], console: Console) -> None:
         f"[bold]{escape(data['id'])}[/]  flow {escape(data['flow'] or '-')}  "
         f"state [bold]{escape(data['state'])}[/]"
     )
-    console.print(f"created {data['created'] or '-'}  ended {data['ended'] or '-'}", soft_wrap=True)
+    priority = f"  priority {data['priority']}" if data.get("priority") else ""
+    console.print(
+        f"created {data['created'] or '-'}  ended {data['ended'] or '-'}{priority}", soft_wrap=True
+    )
     if data["error"]:
         console.print(f"[red]error:[/] {escape(one_line(data['error']))}", soft_wrap=True)
     if data.get("paused") is not None:
@@ -229,7 +234,13 @@ def _list(args: argparse.Namespace, context: Context) -> int:
         raise CliError(f"unknown state {args.state!r} (expected one of {', '.join(LIST_STATES)})")
     if args.limit < 0:
         raise CliError(f"--limit {args.limit}: expected 0 (all) or more")
-    rows = list_workflows(context.client, context.keys, args.state, args.flow, args.limit)
+    index = None
+    if args.schedule is not None:  # an unknown schedule is an error, not an empty list
+        Schedules(context.client, context.keys).get(args.schedule)
+        index = context.keys.schedule_runs(args.schedule)
+    rows = list_workflows(
+        context.client, context.keys, args.state, args.flow, args.limit, index=index
+    )
     if args.json:
         print_json(rows)
         return EXIT_OK

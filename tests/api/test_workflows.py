@@ -3,8 +3,12 @@ real workers."""
 
 from __future__ import annotations
 
+import time
+from pathlib import Path
+
 import httpx
 
+from flowstream.cli import main
 from tests.api.conftest import Served, wait_state
 
 FLOW = "A → B|C → D"
@@ -170,7 +174,7 @@ def test_openapi_metrics_and_docs_are_served(served: Served) -> None:
     with httpx.Client(base_url=served.url) as http:
         assert "/api/workflows" in http.get("/openapi.json").json()["paths"]
         metrics = http.get("/metrics")
-        assert metrics.status_code == 200 and "python_info" in metrics.text
+        assert metrics.status_code == 200 and "flowstream_status_up 1.0" in metrics.text
         docs = http.get("/docs").text
         assert "/api/workflows" in docs and "<script" not in docs
 
@@ -188,3 +192,34 @@ def test_a_bulk_action_older_than_selects_by_creation_time(served: Served) -> No
         assert answer["matched"] == 3 and answer["applied"] + answer["already"] <= 3
         for workflow_id in ids:
             wait_state(http, workflow_id, ("terminated", "finished"))
+
+
+def test_a_start_carries_its_priority_and_refuses_one_out_of_range(served: Served) -> None:
+    with served.client() as http:
+        started = http.post("/api/workflows", json={"flow": "A", "priority": 3})
+        assert started.status_code == 201
+        assert http.get(f"/api/workflows/{started.json()['id']}").json()["priority"] == 3
+        refused = http.post("/api/workflows", json={"flow": "A", "priority": 42})
+        assert refused.status_code == 400 and "42" in refused.json()["detail"]
+
+
+def test_a_schedules_runs_are_listed_and_acted_on_by_its_name(
+    served: Served, redis_url: str, tmp_path: Path
+) -> None:
+    flow = tmp_path / "tick.flow"
+    flow.write_text("A")
+    add = ["schedule", "add", "tick", str(flow), "--every", "1s", "--redis-url", redis_url]
+    assert main(add) == 0
+    with served.client() as http:
+        http.post("/api/workflows", json={"flow": "A"})  # a run of no schedule
+        deadline = time.monotonic() + 10
+        while not (runs := http.get("/api/workflows", params={"schedule": "tick"}).json()["items"]):
+            assert time.monotonic() < deadline, "the schedule started no run"
+            time.sleep(0.1)
+        assert all(run["id"].startswith("tick") for run in runs)
+        assert http.get("/api/workflows", params={"schedule": "nope"}).status_code == 404
+        bulk = {"action": "delete", "filter": {"schedule": "tick", "state": "finished"}}
+        assert http.post("/api/actions", json=bulk).status_code == 202
+        missing = {"action": "delete", "filter": {"schedule": "nope"}}
+        assert http.post("/api/actions", json=missing).status_code == 404
+    assert main(["schedule", "remove", "tick", "--redis-url", redis_url]) == 0
