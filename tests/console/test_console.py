@@ -150,6 +150,7 @@ def test_an_operator_uploads_a_flow_and_watches_it_finish_live_on_the_graph(
     )
     assert "gate" in page.text_content("#start-check")
     page.fill("#start-input", '{"order": 7}')
+    page.fill("#start-priority", "5")
     page.click("#start-form button[type=submit]")
     page.wait_for_url(re.compile(r"#/workflows/.+"))
     workflow_id = page.url.split("#/workflows/")[1]
@@ -157,6 +158,7 @@ def test_an_operator_uploads_a_flow_and_watches_it_finish_live_on_the_graph(
     gate = '#graph .node[data-label="gate:open"]'
     page.wait_for_selector(f"{gate}.st-running")
     assert page.text_content("#wf-facts [data-state]") == "running"
+    assert "Priority5" in page.text_content("#wf-facts")
     page.evaluate("window.stillTheSamePage = true")
 
     console.processes.start("workers", "noop", "--kinds", "gate", "--consumer", "console-gate")
@@ -241,7 +243,14 @@ def test_an_action_on_every_workflow_the_filters_select(page: Any, console: Cons
     other = console.start(STUCK)
     log_in(page, console)
     page.click("#bulk-apply")  # no filter: refused in the page, nothing sent
-    assert "Choose a state or a flow" in page.text_content("#bulk-result")
+    assert "Choose a state, a flow or a schedule" in page.text_content("#bulk-result")
+    page.fill("#filter-schedule", "no-such-schedule")
+    page.press("#filter-schedule", "Enter")
+    page.wait_for_function(
+        "document.querySelector('#list-summary').textContent.startsWith('Could not read')"
+    )
+    assert "no-such-schedule" in page.text_content("#list-summary")
+    page.fill("#filter-schedule", "")
     page.fill("#filter-flow", "console-bulk")
     page.press("#filter-flow", "Enter")
     page.wait_for_function("document.querySelectorAll('#list-table tbody tr').length === 3")

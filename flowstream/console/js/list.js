@@ -1,7 +1,7 @@
 // The workflow list: filters, cursor pages, live through GET /api/workflows/stream.
 import { api, query, subscribe } from "./api.js";
 import { confirmAction } from "./confirm.js";
-import { el, stateClass, time } from "./dom.js";
+import { el, stateClass, throttle, time } from "./dom.js";
 
 export class ListPage {
   constructor(session) {
@@ -17,6 +17,7 @@ export class ListPage {
     this.rows = new Map(); // workflow id -> <tr>
     this.source = null;
     this.streamFor = null; // the filters the open event stream was asked with
+    this.reload = throttle(() => this.load(), 1000);
     this.form.addEventListener("submit", (event) => {
       event.preventDefault();
       this.cursor = null;
@@ -46,13 +47,15 @@ export class ListPage {
 
   /** One action on every workflow the filters select, however many (POST /api/actions). */
   async bulkAction() {
-    const { state, flow } = this.filters();
+    const { state, flow, schedule } = this.filters();
     const action = document.getElementById("bulk-action").value;
-    if (!state && !flow) {
-      this.bulkResult.textContent = "Choose a state or a flow first: an action on every workflow is not offered.";
+    if (!state && !flow && !schedule) {
+      this.bulkResult.textContent =
+        "Choose a state, a flow or a schedule first: an action on every workflow is not offered.";
       return;
     }
-    const selected = [state && `state ${state}`, flow && `flow ${flow}`].filter(Boolean).join(" and ");
+    const selected = [state && `state ${state}`, flow && `flow ${flow}`, schedule && `schedule ${schedule}`]
+      .filter(Boolean).join(" and ");
     const answer = await confirmAction({
       title: `${action} every matching workflow?`,
       text: `${action} every workflow with ${selected} — all of them, not only this page.${
@@ -65,6 +68,7 @@ export class ListPage {
     const filter = {};
     if (state) filter.state = state;
     if (flow) filter.flow = flow;
+    if (schedule) filter.schedule = schedule;
     const body = { action, filter };
     if (answer.reason) body.reason = answer.reason;
     this.bulkResult.textContent = `${action}: sending…`;
@@ -81,7 +85,12 @@ export class ListPage {
 
   filters() {
     const data = new FormData(this.form);
-    return { state: data.get("state"), flow: data.get("flow").trim(), limit: data.get("limit") };
+    return {
+      state: data.get("state"),
+      flow: data.get("flow").trim(),
+      schedule: data.get("schedule").trim(),
+      limit: data.get("limit"),
+    };
   }
 
   enter() {
@@ -114,6 +123,11 @@ export class ListPage {
 
   changed(page) {
     if (!page || !Array.isArray(page.items)) return;
+    if (this.filters().schedule) {
+      // The event stream does not filter by schedule: its page is only a sign of change.
+      this.reload();
+      return;
+    }
     if (this.cursor === null) {
       this.render(page);
       return;
@@ -127,10 +141,10 @@ export class ListPage {
 
   async load(focusTable = false) {
     const filters = this.filters();
-    const { state, flow, limit } = filters;
+    const { state, flow, schedule, limit } = filters;
     let page;
     try {
-      page = await api("GET", `/api/workflows${query({ state, flow, limit, cursor: this.cursor })}`);
+      page = await api("GET", `/api/workflows${query({ state, flow, schedule, limit, cursor: this.cursor })}`);
     } catch (problem) {
       this.summary.textContent = `Could not read the list: ${problem.message}`;
       return;
@@ -144,7 +158,7 @@ export class ListPage {
   }
 
   render(page) {
-    const { state, flow } = this.filters();
+    const { state, flow, schedule } = this.filters();
     // A live re-render must not take the keyboard focus away from the row it was on.
     const focused = this.body.contains(document.activeElement)
       ? document.activeElement.closest("tr")?.dataset.id : null;
@@ -157,7 +171,8 @@ export class ListPage {
     this.next.disabled = !this.nextCursor;
     this.first.disabled = this.cursor === null;
     const count = (page.items || []).length;
-    const filtered = [state && `state ${state}`, flow && `flow ${flow}`].filter(Boolean).join(", ");
+    const filtered = [state && `state ${state}`, flow && `flow ${flow}`, schedule && `schedule ${schedule}`]
+      .filter(Boolean).join(", ");
     this.summary.textContent = `${count} workflow${count === 1 ? "" : "s"}${
       this.cursor ? " (later page)" : ""}${filtered ? `, ${filtered}` : ""}${this.nextCursor ? "; more on the next page" : ""}.`;
   }

@@ -116,6 +116,8 @@ export class StartPage {
     const body = { flow: this.flow.value };
     const input = this.input.value.trim();
     if (input) body.input = JSON.parse(input);
+    const priority = Number(document.getElementById("start-priority").value || 0);
+    if (priority) body.priority = priority;
     const id = document.getElementById("start-id").value.trim();
     if (id) body.id = id;
     try {

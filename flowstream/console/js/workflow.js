@@ -163,6 +163,7 @@ export class WorkflowPage {
       ...fact("Flow", workflow.flow ?? ""),
       ...fact("Created", time(workflow.created)),
       ...fact("Ended", time(workflow.ended)),
+      ...(workflow.priority ? fact("Priority", String(workflow.priority)) : []),
       ...(workflow.error ? fact("Error", String(workflow.error)) : []),
     );
     document.getElementById("wf-input").textContent = pretty(workflow.input);
