@@ -183,8 +183,8 @@ export class ListPage {
     const progress = el("progress", { max: Math.max(total, 1), value: Math.min(ended, Math.max(total, 1)),
       "aria-label": `${ended} of ${total} tasks ended` });
     const tr = el("tr", { "data-id": item.id },
-      el("td", {}, el("a", { href: `#/workflows/${encodeURIComponent(item.id)}`, text: item.id })),
-      el("td", { text: item.flow ?? "" }),
+      el("td", { class: "nowrap" }, el("a", { href: `#/workflows/${encodeURIComponent(item.id)}`, text: item.id })),
+      el("td", { class: "nowrap", text: item.flow ?? "" }),
       el("td", {}, el("span", { class: `state badge ${stateClass(item.state)}`, text: item.state ?? "" })),
       el("td", { class: "nowrap" }, progress, ` ${ended} / ${total}`),
       el("td", {}, time(item.created)),
