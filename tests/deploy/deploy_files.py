@@ -4,8 +4,6 @@ kustomize binary is there), the command lines they run and the parsers that take
 from __future__ import annotations
 
 import argparse
-import contextlib
-import io
 import shutil
 import subprocess
 import sys
@@ -20,9 +18,6 @@ DEPLOY = ROOT / "deploy"
 K8S = DEPLOY / "k8s"
 IMAGE = "flowstream"  # the base's image name; the overlay maps it to a registry
 KUSTOMIZATIONS = [K8S / "base", K8S / "overlays" / "example"]
-# The HTTP API's command: until it is in this build it is left out of the parse check
-# (and said so), then checked as any.
-PENDING_COMMANDS = {("lifecycle", "serve")}
 
 
 def kustomize_binary() -> list[str] | None:
@@ -111,14 +106,3 @@ def workers_parser() -> argparse.ArgumentParser:
     from workers.cli import _parser
 
     return _parser()
-
-
-def accepts(parser: argparse.ArgumentParser, command: str, flag: str) -> bool:
-    buffer = io.StringIO()
-    with (
-        contextlib.redirect_stdout(buffer),
-        contextlib.redirect_stderr(io.StringIO()),
-        contextlib.suppress(SystemExit),
-    ):
-        parser.parse_args([command, "--help"])
-    return flag in buffer.getvalue()
