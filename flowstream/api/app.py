@@ -10,6 +10,7 @@ from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import HTMLResponse, Response
 from fastapi.staticfiles import StaticFiles
+from starlette.routing import Match, Mount
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from flowstream.api import operations, stream, workflows
@@ -69,8 +70,22 @@ def create_app(config: ApiConfig) -> FastAPI:
             allow_headers=["Authorization", "Content-Type", CSRF_HEADER],
         )
     if config.console_dir is not None and config.console_dir.is_dir():
-        app.mount("/", StaticFiles(directory=config.console_dir, html=True), name="console")
+        app.router.routes.append(
+            ConsoleFiles("/", StaticFiles(directory=config.console_dir, html=True), name="console")
+        )
     return app
+
+
+class ConsoleFiles(Mount):
+    """The console's files at ``/``, but never for an ``/api`` path: the routes' own
+    answers hold there (a GET on a POST-only action is 405, an unknown one 404 as
+    problem details) instead of the file server's 404."""
+
+    def matches(self, scope: Scope) -> tuple[Match, Scope]:
+        path = scope.get("path", "")
+        if path == "/api" or path.startswith("/api/"):
+            return Match.NONE, {}
+        return super().matches(scope)
 
 
 # The console loads only its own files and talks only to this origin; no page may frame it.

@@ -42,8 +42,30 @@ def browser() -> Iterator[Any]:
 
 @pytest.fixture
 def page(browser: Any) -> Iterator[Any]:
-    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    """A page whose tests may evaluate their own probes: Playwright runs a string
+    predicate through eval, which the API's Content-Security-Policy forbids (the policy
+    itself is held to by ``strict_page``)."""
+    yield from _page(browser, bypass_csp=True)
+
+
+@pytest.fixture
+def strict_page(browser: Any) -> Iterator[Any]:
+    """A page under the Content-Security-Policy the API sends; every violation the
+    browser reports is in ``.violations``."""
+    yield from _page(browser, bypass_csp=False)
+
+
+def _page(browser: Any, bypass_csp: bool) -> Iterator[Any]:
+    context = browser.new_context(viewport={"width": 1280, "height": 900}, bypass_csp=bypass_csp)
     opened = context.new_page()
+    violations: list[str] = []
+    opened.on(
+        "console",
+        lambda message: (
+            violations.append(message.text) if "Content Security Policy" in message.text else None
+        ),
+    )
+    opened.violations = violations
     errors: list[str] = []
     opened.on("pageerror", lambda error: errors.append(str(error)))
     opened.errors = errors  # uncaught script errors, for tests to assert there are none

@@ -473,6 +473,19 @@ CONTRAST = """() => {
 }"""
 
 
+def test_every_page_runs_under_the_content_security_policy(
+    strict_page: Any, console: Console
+) -> None:
+    running = console.start(STUCK)
+    log_in(strict_page, console)
+    strict_page.goto(f"{console.url}/#/workflows/{running}")
+    strict_page.wait_for_selector('#graph .node[data-label="hold:forever"].st-running')
+    for name in ("status", "start"):
+        strict_page.goto(f"{console.url}/#/{name}")
+        strict_page.wait_for_selector(f"#page-{name}:not([hidden])")
+    assert strict_page.violations == [] and strict_page.errors == []
+
+
 def test_text_contrast_meets_wcag_aa_on_every_page(page: Any, console: Console) -> None:
     running = console.start(STUCK)
     log_in(page, console)
