@@ -125,6 +125,15 @@ def get_status(api: Reader) -> dict[str, Any]:
     return read_status(api.redis, api.keys).to_dict()
 
 
+@router.get("/health", tags=["operations"])
+def get_health(api: Server) -> dict[str, Any]:
+    """Readiness for a load balancer or an orchestrator: this server answers and reaches
+    Redis (one PING; 503 when it does not). Needs no token and shows nothing else; what
+    the engine is doing is ``/api/status``."""
+    api.redis.ping()
+    return {"ok": True}
+
+
 @router.post("/session", status_code=204, tags=["session"], openapi_extra=body_of(SessionBody))
 async def log_in(request: Request, api: Server) -> Response:
     """The console's login: a valid token becomes the ``flowstream_session`` cookie

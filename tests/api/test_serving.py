@@ -128,3 +128,18 @@ def test_demo_serve_starts_the_api_and_console_on_an_embedded_redis(tmp_path: Pa
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(20)
+
+
+def test_health_needs_no_token_and_is_503_while_redis_does_not_answer(serve: Serve) -> None:
+    url = serve(tokens=TOKENS)
+    assert httpx.get(url + "/api/health").json() == {"ok": True}
+    assert httpx.get(url + "/api/status").status_code == 401  # the rest still asks a token
+    closed = redis.Redis(port=free_port(), socket_connect_timeout=0.5)
+    server, thread, down = run_server(ApiConfig(closed, Keys(), TOKENS))
+    try:
+        answer = httpx.get(down + "/api/health", timeout=10)
+        assert answer.status_code == 503
+        assert answer.headers["content-type"] == "application/problem+json"
+    finally:
+        server.should_exit = True
+        thread.join(5)
