@@ -51,7 +51,7 @@ class WorkflowStatus:
 
 # The states each control applies to (besides the one it leads to, which is "already so").
 ACTS_ON: dict[str, tuple[str, ...]] = {
-    ev.TERMINATE_WORKFLOW: (rec.RUNNING, rec.PAUSED_STATE),
+    ev.TERMINATE_WORKFLOW: (rec.RUNNING, rec.PAUSED_STATE, rec.QUEUED_STATE),
     ev.PAUSE_WORKFLOW: (rec.RUNNING,),
     ev.RESUME_WORKFLOW: (rec.PAUSED_STATE,),
     ev.RESTART_WORKFLOW: (rec.FAILED, rec.TERMINATED),
@@ -127,9 +127,23 @@ class Client:
         input: Any = None,
         workflow_id: str | None = None,
         limits: Limits = DEFAULT_LIMITS,
+        *,
+        concurrency_key: str | None = None,
+        max_running: int | None = None,
     ) -> str:
-        """Store ``graph`` and send its start-workflow; return the workflow id."""
-        return start_workflow(self.redis, graph, input, workflow_id, self.keys, limits)
+        """Store ``graph`` and send its start-workflow; return the workflow id. With a
+        ``concurrency_key``, at most ``max_running`` workflows of that key run at once;
+        the others wait ``queued``, started in the order they were sent."""
+        return start_workflow(
+            self.redis,
+            graph,
+            input,
+            workflow_id,
+            self.keys,
+            limits,
+            concurrency_key=concurrency_key,
+            max_running=max_running,
+        )
 
     def exists(self, workflow_id: str) -> bool:
         return bool(self.redis.exists(self.keys.workflow(workflow_id)))
@@ -258,11 +272,11 @@ class Client:
 
     def _statuses(self, ids: list[str]) -> list[WorkflowStatus | None]:
         pipe = self.redis.pipeline(transaction=False)
-        fields = (rec.STATE, rec.PAUSED, rec.VERSION, rec.ENDED, rec.NAME)
+        fields = (rec.STATE, rec.PAUSED, rec.VERSION, rec.ENDED, rec.NAME, rec.CONCURRENCY)
         for workflow_id in ids:
             pipe.hmget(self.keys.workflow(workflow_id), fields)
         statuses: list[WorkflowStatus | None] = []
-        for workflow_id, (state, paused, version, ended, name) in zip(
+        for workflow_id, (state, paused, version, ended, name, concurrency) in zip(
             ids, pipe.execute(), strict=True
         ):
             if state is None and version is None:
@@ -276,7 +290,7 @@ class Client:
             except (orjson.JSONDecodeError, AttributeError):
                 status, restartable = rec.FAILED, False  # the lifecycle fails it on any event
                 error = "its state cannot be read"
-            status = rec.shown_state(status, paused is not None)
+            status = rec.shown_state(status, paused is not None, rec.is_queued(concurrency))
             statuses.append(
                 WorkflowStatus(
                     workflow_id,

@@ -117,13 +117,16 @@ class StoredWorkflow:
     starts: dict[str, list[Any]] = field(default_factory=dict)  # key -> [attempt, t0, input]
     ends: dict[str, list[Any]] = field(default_factory=dict)  # key -> [t1, ok, output, error, w]
     paused: list[Any] | None = None  # held task keys while paused, else None
+    concurrency: Any = None  # {"key", "max"[, "queued"]} under a concurrency key, else None
     compacted: int | None = None  # ms: when its task records went (it finished long ago)
     problems: list[Problem] = field(default_factory=list)
 
     @property
     def shown_state(self) -> str:
-        """The state as shown: ``paused`` for a running workflow that is paused."""
-        return rec.shown_state(self.status, self.paused is not None)
+        """The state as shown: ``paused`` for a running workflow that is paused,
+        ``queued`` for one waiting for its concurrency key."""
+        queued = isinstance(self.concurrency, dict) and self.concurrency.get("queued") is True
+        return rec.shown_state(self.status, self.paused is not None, queued)
 
 
 class _Bad(Exception):
@@ -279,6 +282,7 @@ def parse_workflow(workflow_id: str, raw: dict[bytes, bytes]) -> StoredWorkflow:
     found.compacted = read(rec.COMPACTED, _int)
     found.input = read(rec.INPUT, _json)
     found.paused = read(rec.PAUSED, _paused)
+    found.concurrency = read(rec.CONCURRENCY, _json)
     if found.paused is None and rec.PAUSED.encode() in raw:
         found.paused = []  # paused all the same; the field's problem is listed
     if rec.STATE.encode() not in raw:
@@ -374,7 +378,7 @@ def describe_workflow(
         )
     if graph is not None and record.compacted is None:
         nodes += _unstarted(graph, record)
-    return {
+    described = {
         "id": record.id,
         "flow": record.name,
         "graph": record.graph,
@@ -389,6 +393,9 @@ def describe_workflow(
         "compacted": iso(record.compacted),
         "corrupt": [str(p) for p in record.problems],
     }
+    if record.concurrency is not None:  # {"key", "max"[, "queued"]}
+        described["concurrency"] = record.concurrency
+    return described
 
 
 def _unstarted(graph: Graph, record: StoredWorkflow) -> list[dict[str, Any]]:
@@ -462,7 +469,7 @@ def list_workflows(
     ``corrupt``. Reads :data:`LIST_PAGE` ids per round trip until ``limit`` rows
     match, so a filter that matches few workflows reads them all.
     """
-    fields = (rec.NAME, rec.STATE, rec.CREATED, rec.ENDED, rec.PAUSED)
+    fields = (rec.NAME, rec.STATE, rec.CREATED, rec.ENDED, rec.PAUSED, rec.CONCURRENCY)
     rows: list[dict[str, Any]] = []
     offset = 0
     while not limit or len(rows) < limit:

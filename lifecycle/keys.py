@@ -118,6 +118,18 @@ class Keys:
         """Sorted set of durable timers, scored by due time (ms)."""
         return f"{self.prefix}:timers"
 
+    # -- Workflows under a concurrency key (run --concurrency-key K --max-running N) -----
+
+    def key_running(self, concurrency_key: str) -> str:
+        """Set of the workflows of a concurrency key admitted and not yet ended (at most
+        its max-running); written only by ``engine/scripts/gate.lua``."""
+        return f"{self.prefix}:running:{concurrency_key}"
+
+    def key_queue(self, concurrency_key: str) -> str:
+        """Sorted set of the workflows of a concurrency key waiting to start, by their
+        start-workflow's stream entry id (``ms * 1000 + seq``): admitted in that order."""
+        return f"{self.prefix}:run-queue:{concurrency_key}"
+
     # -- Concurrency limits per task kind (lifecycle/kind_limits.py) ---------------------
 
     @property

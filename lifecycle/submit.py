@@ -13,12 +13,15 @@ from flowlang.graph import Graph, NodeKind
 from flowlang.limits import DEFAULT_LIMITS, Limits, encode_value
 from flowlang.policy import split_params
 from lifecycle import events as ev
+from lifecycle.errors import LifecycleError
 from lifecycle.keys import Keys, task_kind
 from rqse import lua
 
 _SCRIPTS = lua.scripts_dir(__file__)
 
 __all__ = [
+    "BadConcurrency",
+    "check_concurrency",
     "graph_task_kinds",
     "start_workflows",
     "new_workflow_id",
@@ -27,6 +30,11 @@ __all__ = [
     "terminate_workflow",
     "validate_policies",
 ]
+
+
+class BadConcurrency(LifecycleError):
+    """Raised when a concurrency key or its max-running is not valid (one without the
+    other, an empty key, a max below 1)."""
 
 
 def new_workflow_id(graph: Graph) -> str:
@@ -54,12 +62,28 @@ def _encode(event: dict[str, Any]) -> dict[str, bytes]:
     return {name: orjson.dumps(value) for name, value in event.items()}
 
 
-def _encode_start(workflow_id: str, digest: str, input: Any, limits: Limits) -> dict[str, bytes]:
+def _encode_start(
+    workflow_id: str,
+    digest: str,
+    input: Any,
+    limits: Limits,
+    concurrency_key: str | None = None,
+    max_running: int | None = None,
+) -> dict[str, bytes]:
     """The start-workflow's fields, its input checked against the limits (the input's
     encoding is the check, and what is sent)."""
-    fields = _encode(ev.start_workflow(workflow_id, digest, None))
+    event = ev.start_workflow(workflow_id, digest, None, None, concurrency_key, max_running)
+    fields = _encode(event)
     fields["input"] = encode_value(input, limits, f"the input of workflow {workflow_id}")
     return fields
+
+
+def check_concurrency(concurrency_key: str | None, max_running: int | None) -> None:
+    """Raise :class:`BadConcurrency` unless both or neither are given, a non-empty key and
+    a whole number >= 1."""
+    problem = ev.concurrency_problem(concurrency_key, max_running)
+    if problem is not None:
+        raise BadConcurrency(problem)
 
 
 def start_workflow(
@@ -69,15 +93,29 @@ def start_workflow(
     workflow_id: str | None = None,
     keys: Keys | None = None,
     limits: Limits = DEFAULT_LIMITS,
+    *,
+    concurrency_key: str | None = None,
+    max_running: int | None = None,
 ) -> str:
     """Store ``graph`` (once per content hash) and ask the lifecycle to start it.
 
     Starting the same ``workflow_id`` twice starts it once. An input past ``limits``
-    raises :class:`flowlang.limits.LimitExceeded` and nothing is stored.
+    raises :class:`flowlang.limits.LimitExceeded` and nothing is stored. With a
+    ``concurrency_key``, at most ``max_running`` workflows of that key run at once: this
+    one waits ``queued`` until a place is free (in the order they were sent).
     """
     keys = keys or Keys()
     workflow_id = workflow_id or new_workflow_id(graph)
-    return start_workflows(client, graph, [input], [workflow_id], keys, limits=limits)[0]
+    return start_workflows(
+        client,
+        graph,
+        [input],
+        [workflow_id],
+        keys,
+        limits=limits,
+        concurrency_key=concurrency_key,
+        max_running=max_running,
+    )[0]
 
 
 def start_workflows(
@@ -88,17 +126,22 @@ def start_workflows(
     keys: Keys | None = None,
     chunk: int = 1000,
     limits: Limits = DEFAULT_LIMITS,
+    *,
+    concurrency_key: str | None = None,
+    max_running: int | None = None,
 ) -> list[str]:
     """Start one workflow per input, pipelined ``chunk`` at a time; return their ids.
 
     Every input is checked against ``limits`` before anything is stored: one that
-    breaks them raises :class:`flowlang.limits.LimitExceeded` and nothing is sent."""
+    breaks them raises :class:`flowlang.limits.LimitExceeded` and nothing is sent.
+    ``concurrency_key``/``max_running``: as :func:`start_workflow`, for each."""
     keys = keys or Keys()
     validate_policies(graph)
+    check_concurrency(concurrency_key, max_running)
     digest = graph.content_hash()
     ids = workflow_ids or [new_workflow_id(graph) for _ in inputs]
     starts = [
-        _encode_start(workflow_id, digest, value, limits)
+        _encode_start(workflow_id, digest, value, limits, concurrency_key, max_running)
         for workflow_id, value in zip(ids, inputs, strict=True)
     ]
     pipe = client.pipeline(transaction=False)
@@ -121,14 +164,19 @@ def start_workflow_once(
     workflow_id: str,
     keys: Keys | None = None,
     limits: Limits = DEFAULT_LIMITS,
+    *,
+    concurrency_key: str | None = None,
+    max_running: int | None = None,
 ) -> bool:
     """Start ``workflow_id`` only if no workflow has that id (in Redis, or started and not
     yet applied); False when it is taken and nothing was sent. The check and the start
-    are one step (``start_once.lua``): two callers racing for one id start it once."""
+    are one step (``start_once.lua``): two callers racing for one id start it once.
+    ``concurrency_key``/``max_running``: as :func:`start_workflow`."""
     keys = keys or Keys()
     validate_policies(graph)
+    check_concurrency(concurrency_key, max_running)
     digest = graph.content_hash()
-    fields = _encode_start(workflow_id, digest, input, limits)
+    fields = _encode_start(workflow_id, digest, input, limits, concurrency_key, max_running)
     client.set(keys.graph(digest), graph.to_json(), nx=True)
     kinds = graph_task_kinds(graph)
     if kinds:
