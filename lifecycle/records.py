@@ -87,7 +87,7 @@ ENDED_STATES = (FINISHED, FAILED, TERMINATED)
 # waiting for its concurrency key (CONCURRENCY says "queued") is queued.
 PAUSED_STATE = "paused"
 QUEUED_STATE = "queued"
-SHOWN_STATES = (QUEUED_STATE, RUNNING, PAUSED_STATE, FINISHED, FAILED, TERMINATED)
+SHOWN_STATES = (RUNNING, PAUSED_STATE, QUEUED_STATE, FINISHED, FAILED, TERMINATED)
 
 
 def shown_state(status: str, paused: bool, queued: bool = False) -> str:
