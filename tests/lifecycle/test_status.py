@@ -177,7 +177,7 @@ def test_workflows_are_counted_by_state_and_gone_ones_are_not(
         "terminated": 1,
         "corrupt": 0,
     }
-    assert (counts.counted, counts.scanned, counts.listed, counts.partial) == (5, 6, 6, False)
+    assert (counts.counted, counts.scanned, counts.listed, counts.partial) == (6, 7, 7, False)
     newest = count_workflows(redis_client, KEYS, limit=2)
     assert newest.states["terminated"] == 1 and sum(newest.states.values()) == 1
     assert (newest.scanned, newest.partial) == (2, True)
