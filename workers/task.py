@@ -330,6 +330,7 @@ class TaskListener(EventListener):
             check_interval=self.slot_check_interval,
         )
         self.read_along = (self._stopped.along, self._slots.along)
+        self._limit_reply = 1  # where the kind's limit is among read_replies
         self.flush_with_next_read = True  # one round trip per batch
 
     def prepare_batch(
@@ -358,8 +359,8 @@ class TaskListener(EventListener):
 
     def process(self, event_id: str, event: dict[str, Any]) -> bool:
         task = self.task(event_id, event)
-        replies = self.read_replies
-        if not self._slots.limited(replies[1] if replies and len(replies) > 1 else None):
+        replies, at = self.read_replies, self._limit_reply
+        if not self._slots.limited(replies[at] if replies and len(replies) > at else None):
             return self._answer(task, event)
         slot = self._slots.acquire(task.id, event_id, lambda: self._give_up(task))
         if slot is None:  # the limit went meanwhile
