@@ -6,6 +6,7 @@ memory baseline; shared by ``bench.engine`` (throughput), ``bench.latency`` and
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import subprocess
 import sys
@@ -223,6 +224,12 @@ def add_rig_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--no-receipts", action="store_true", help="run without the receipts worker (its share)"
     )
+    parser.add_argument(
+        "--metrics-port",
+        type=int,
+        metavar="BASE",
+        help="run every worker process with metrics on (ports BASE, BASE+1, ...): their cost",
+    )
 
 
 def start_rig(
@@ -245,16 +252,21 @@ def start_rig(
     def log(name: str) -> Path | None:
         return logs / f"{name}.log" if logs else None
 
+    ports = itertools.count(args.metrics_port) if getattr(args, "metrics_port", None) else None
+
+    def metrics() -> tuple[str, ...]:
+        return () if ports is None else ("--metrics-port", str(next(ports)))
+
     procs: dict[str, list[subprocess.Popen[bytes]]] = {"lifecycle": [], "noop": []}
     for n in range(args.lifecycle):
         command = ("lifecycle", "worker", "--no-wait", "--consumer", f"lc{n}", *lifecycle_flags)
-        procs["lifecycle"].append(spawn(server.url, *command, log=log(f"lc{n}")))
+        procs["lifecycle"].append(spawn(server.url, *command, *metrics(), log=log(f"lc{n}")))
     for n in range(args.workers):
         command = ("workers", "noop", "--kinds", "default", "--consumer", f"w{n}")
-        procs["noop"].append(spawn(server.url, *command, log=log(f"w{n}")))
+        procs["noop"].append(spawn(server.url, *command, *metrics(), log=log(f"w{n}")))
     if not args.no_receipts:
         archive = stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-receipts-"))
-        command = ("lifecycle", "receipts", "--archive", archive)
+        command = ("lifecycle", "receipts", "--archive", archive, *metrics())
         procs["receipts"] = [spawn(server.url, *command, log=log("receipts"))]
     stack.callback(stop_processes, [p for group in procs.values() for p in group])
     return Rig(server, client, procs, receipts=not args.no_receipts)

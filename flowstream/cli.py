@@ -3,6 +3,7 @@ also serves the built-in ``wait:`` tasks, and the demo."""
 
 from __future__ import annotations
 
+from flowstream.api.serve import add_commands as serve_commands
 from flowstream.demo import add_commands as demo_commands
 from flowstream.worker import WaitCompanion
 from lifecycle.cli.main import ENGINE_COMMANDS
@@ -16,6 +17,7 @@ COMMANDS: tuple[Registrar, ...] = (
     worker_command([WaitCompanion()]),
     *ENGINE_COMMANDS,
     demo_commands,
+    serve_commands,
 )
 
 

@@ -27,6 +27,7 @@ from rich.markup import escape
 
 from flowlang.compiler import compile_text
 from flowlang.graph import Graph
+from flowstream.api.serve import demo_tokens, say_where, serve_app, server_arguments
 from lifecycle import records as rec
 from lifecycle.cli.look import show_workflow
 from lifecycle.cli.run import Since, wait_for_end
@@ -57,6 +58,12 @@ def add_commands(commands: Any, common: argparse.ArgumentParser) -> None:
     parser.add_argument("file", nargs="?", help="the .flow file (default: a built-in example)")
     parser.add_argument("--input", help="workflow input: JSON text, or @file.json")
     parser.add_argument("--delay-max", type=float, default=0.3, help="simulated task time, max s")
+    parser.add_argument(
+        "--serve",
+        action="store_true",
+        help="then keep running with the HTTP API and console (the api extra; serve's options)",
+    )
+    server_arguments(parser)
     parser.set_defaults(func=demo)
 
 
@@ -103,10 +110,11 @@ def demo(args: argparse.Namespace, context: Context) -> int:
     else:
         graph = compile_text((Path(__file__).parent / "demo.flow").read_text(), "demo.flow")
     value = read_input(args.input)  # refused before any server starts
+    tokens = demo_tokens(args) if args.serve else None
     try:
         with ExitStack() as stack:
             _stop_on_sigterm(stack)
-            return _run_demo(args, context, graph, value, console, stack)
+            return _run_demo(args, context, graph, value, console, stack, tokens)
     except KeyboardInterrupt:  # the stack stopped the workers, then the server
         console.print("demo interrupted: workers and server stopped", markup=False)
         return EXIT_FAILED
@@ -131,9 +139,11 @@ def _run_demo(
     value: Any,
     console: Console,
     stack: ExitStack,
+    tokens: Any = None,
 ) -> int:
     """Start the server (unless Redis is configured) and the workers on ``stack``, run
-    the workflow, show its end."""
+    the workflow, show its end; with ``--serve``, serve the API and console until
+    interrupted, a simulating worker serving every kind that appears."""
     keys = context.keys
     said_once = _SaidOnce()
     listener_log = logging.getLogger("rqse.listener")
@@ -159,9 +169,13 @@ def _run_demo(
         WaitWorker(keys, pool=pool, handle_signals=False),
         ResourceWorker(keys=keys, base_dir=base_dir, pool=pool, handle_signals=False),
     ]
-    if kinds:
+    if kinds or args.serve:
         simulator = SimulatedWorker(
-            kinds, keys, delay_max=args.delay_max, pool=pool, handle_signals=False
+            None if args.serve else kinds,
+            keys,
+            delay_max=args.delay_max,
+            pool=pool,
+            handle_signals=False,
         )
         workers.append(simulator)
     for worker in workers:
@@ -174,6 +188,10 @@ def _run_demo(
     served = ", ".join(kinds)
     name = graph.name or "workflow"
     console.print(f"started {workflow_id} ({name}), tasks served by {served}")
+    if args.serve:
+        say_where(args, tokens, console)
+        serve_app(client, keys, args, tokens)
+        return EXIT_OK
     ending = wait_for_end(client, keys, workflow_id, graph, since, 120, console)
     if ending is None or ending.status != rec.FINISHED:
         reason = ending.reason if ending else "no end within 120 s"

@@ -29,7 +29,7 @@ from lifecycle import records as rec
 from lifecycle.errors import LifecycleError, NotAllowed
 from lifecycle.inspect import no_workflow
 from lifecycle.keys import Keys
-from lifecycle.submit import start_workflow
+from lifecycle.submit import start_workflow, start_workflow_once
 
 __all__ = ["ACTS_ON", "Applied", "Client", "Selection", "WorkflowStatus"]
 
@@ -84,10 +84,14 @@ class Applied:
 @dataclass(frozen=True, slots=True)
 class Selection:
     """Which workflows a bulk action applies to: every given filter must match.
-    ``state`` is one state or several (any of them matches)."""
+    ``state`` is one state or several (any of them matches); ``created_before``: only
+    workflows created before this time (ms); ``schedule``: only the runs of that
+    schedule (started before ``created_before`` by their fire time)."""
 
     state: str | tuple[str, ...] | None = None
     flow: str | None = None
+    created_before: int | None = None
+    schedule: str | None = None
 
     def __post_init__(self) -> None:
         if self.state is not None and not isinstance(self.state, str):
@@ -128,10 +132,12 @@ class Client:
         workflow_id: str | None = None,
         limits: Limits = DEFAULT_LIMITS,
         *,
+        priority: int = 0,
         concurrency_key: str | None = None,
         max_running: int | None = None,
     ) -> str:
-        """Store ``graph`` and send its start-workflow; return the workflow id. With a
+        """Store ``graph`` and send its start-workflow; return the workflow id.
+        ``priority``: see lifecycle.priorities (:class:`BadPriority` out of range). With a
         ``concurrency_key``, at most ``max_running`` workflows of that key run at once;
         the others wait ``queued``, started in the order they were sent."""
         return start_workflow(
@@ -141,6 +147,32 @@ class Client:
             workflow_id,
             self.keys,
             limits,
+            priority=priority,
+            concurrency_key=concurrency_key,
+            max_running=max_running,
+        )
+
+    def submit_once(
+        self,
+        graph: Graph,
+        input: Any,
+        workflow_id: str,
+        limits: Limits = DEFAULT_LIMITS,
+        *,
+        priority: int = 0,
+        concurrency_key: str | None = None,
+        max_running: int | None = None,
+    ) -> bool:
+        """Start ``graph`` as ``workflow_id`` unless a workflow has that id (checked and
+        started in one step); False when it is taken and nothing was sent."""
+        return start_workflow_once(
+            self.redis,
+            graph,
+            input,
+            workflow_id,
+            self.keys,
+            limits,
+            priority=priority,
             concurrency_key=concurrency_key,
             max_running=max_running,
         )
@@ -168,12 +200,19 @@ class Client:
         Pages follow the index by score (creation time) and member, not by position, so
         workflows removed meanwhile (retention, another operator's delete) make none of
         the others be skipped."""
+        index = self.keys.workflows
+        if selection.schedule is not None:
+            index = self.keys.schedule_runs(selection.schedule)  # scored by fire time
         after: tuple[float, str] | None = None  # the last (score, id) read
         tied = 0  # ids read at after's score: the most a page may repeat
         while True:
             low: str | float = "-inf" if after is None else after[0]
+            # The index's score is the creation time: older_than bounds the read itself.
+            high: str | float = (
+                "+inf" if selection.created_before is None else f"({selection.created_before}"
+            )
             rows: list[tuple[bytes, float]] = self.redis.zrangebyscore(  # type: ignore[assignment]
-                self.keys.workflows, low, "+inf", start=0, num=_PAGE + tied, withscores=True
+                index, low, high, start=0, num=_PAGE + tied, withscores=True
             )
             page = [(float(score), _text(member)) for member, score in rows]
             if after is not None:  # members of one score come in order: skip those read

@@ -28,6 +28,7 @@ from lifecycle.audit.archive import id_order
 from lifecycle.errors import LifecycleError
 from lifecycle.inspect import iso
 from lifecycle.keys import Keys
+from lifecycle.priorities import task_streams
 from rqse import lua
 from rqse.client import scan_entries
 from rqse.keys import DEAD_LETTER_SUFFIX, dead_letter_key
@@ -135,17 +136,17 @@ class Requeued:
 def sources(client: redis.Redis, keys: Keys, kind: str | None = None) -> list[tuple[str, str]]:
     """(source, original stream) pairs: the lifecycle stream and every task kind's, or
     the one ``kind`` names (:class:`DeadLetterError` when it names none)."""
-    members: Any = client.smembers(keys.kinds)
-    kinds = sorted(k.decode("utf-8", "replace") for k in members)
-    every = [(LIFECYCLE_SOURCE, keys.lifecycle)] + [(k, keys.tasks(k)) for k in kinds]
+    found = task_streams(client, keys)
+    every = [(LIFECYCLE_SOURCE, keys.lifecycle)] + [(t.source, t.stream) for t in found]
     if kind is None:
         return every
     if kind == LIFECYCLE_SOURCE:
         return every[:1]
     name = kind.removeprefix(_TASKS)
-    if name in kinds:
-        return [(name, keys.tasks(name))]
-    known = ", ".join([LIFECYCLE_SOURCE, *kinds])
+    named = [pair for pair in every[1:] if pair[0] == name]
+    if named:
+        return named
+    known = ", ".join(source for source, _ in every)
     raise DeadLetterError(f"no stream of kind {kind!r} (known: {known})")
 
 

@@ -16,6 +16,7 @@ from typing import Any
 import orjson
 
 from lifecycle.errors import BadEvent
+from lifecycle.priorities import MAX_PRIORITY, MIN_PRIORITY
 from lifecycle.records import FAILED, FINISHED, PAUSED_STATE, QUEUED_STATE, RUNNING, TERMINATED
 from rqse import fastpipe
 
@@ -143,6 +144,7 @@ class StartWorkflow:
     graph: str
     input: Any
     salt: str = ""  # empty for start-workflows written without one
+    priority: int = 0  # lifecycle.priorities: which of its kinds' streams its tasks go to
     # (key, max running) when it runs under a concurrency key, else None
     concurrency: tuple[str, int] | None = None
 
@@ -152,12 +154,14 @@ def start_workflow(
     graph: str,
     input: Any,
     salt: str | None = None,
+    priority: int = 0,
     concurrency_key: str | None = None,
     max_running: int | None = None,
 ) -> dict[str, Any]:
-    """Ask the lifecycle to start ``workflow`` from the stored graph ``graph``; with a
-    ``concurrency_key``, only once fewer than ``max_running`` workflows of that key run
-    (it waits queued until then)."""
+    """Ask the lifecycle to start ``workflow`` from the stored graph ``graph``.
+    ``priority`` is written only when not 0 (events from before priorities are 0). With
+    a ``concurrency_key``, it starts only once fewer than ``max_running`` workflows of
+    that key run (it waits queued until then)."""
     event = {
         "kind": START_WORKFLOW,
         "workflow": workflow,
@@ -165,6 +169,8 @@ def start_workflow(
         "input": input,
         "salt": new_salt() if salt is None else salt,
     }
+    if priority:
+        event["priority"] = priority
     if concurrency_key is not None:
         event["concurrency_key"] = concurrency_key
         event["max_running"] = max_running
@@ -187,6 +193,12 @@ def concurrency_problem(key: Any, max_running: Any) -> str | None:
 
 def parse_start_workflow(event_id: str, event: dict[str, Any]) -> StartWorkflow:
     salt = _field(event_id, event, "salt", str) if "salt" in event else ""
+    priority = _field(event_id, event, "priority", int) if "priority" in event else 0
+    if not MIN_PRIORITY <= priority <= MAX_PRIORITY:
+        raise BadEvent(
+            f"event {event_id} ({START_WORKFLOW}): field 'priority' is {priority}, "
+            f"expected {MIN_PRIORITY}..{MAX_PRIORITY}"
+        )
     concurrency = None
     if "concurrency_key" in event or "max_running" in event:
         key, most = event.get("concurrency_key"), event.get("max_running")
@@ -199,6 +211,7 @@ def parse_start_workflow(event_id: str, event: dict[str, Any]) -> StartWorkflow:
         _field(event_id, event, "graph", str),
         event.get("input"),
         salt,
+        priority,
         concurrency,  # type: ignore[arg-type]  # checked by concurrency_problem
     )
 
@@ -427,13 +440,15 @@ _START_TASK_JSON = _dumps(START_TASK)
 
 
 def start_task_template(
-    stream: str, name: str, node: int, parameters: Any, role: str | None
+    stream: str, name: str, node: int, parameters: Any, role: str | None, priority: int = 0
 ) -> fastpipe.Template:
     """``XADD stream * <start-task>`` for every attempt of one node, packed once.
 
     Its slots, filled per attempt with JSON values: ``workflow``, ``key``, ``attempt``,
     ``id`` (:func:`task_instance_id`), ``token`` (:func:`task_token`), ``input``. A
-    resource node's ``role`` (one of :data:`ROLES`) tells its worker what to do.
+    resource node's ``role`` (one of :data:`ROLES`) tells its worker what to do. The
+    workflow's ``priority`` is written when not 0 (its stream already says it: for
+    workers and tools that look at the task alone).
     """
     slot = fastpipe.SLOT
     fields: list[Any] = [
@@ -450,6 +465,8 @@ def start_task_template(
     ]  # fmt: skip
     if role is not None:
         fields += (b"role", _dumps(role))
+    if priority:
+        fields += (b"priority", _dumps(priority))
     return fastpipe.Template("XADD", stream, "*", *fields)
 
 

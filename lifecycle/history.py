@@ -20,15 +20,18 @@ import redis
 
 from lifecycle import events as ev
 from lifecycle.audit.archive import ArchivedEvent, id_order, iter_archive
+from lifecycle.engine.store import GraphCache
 from lifecycle.inspect import (
     StoredWorkflow,
     archive_record,
+    describe_workflow,
     iso,
     read_workflow,
     replay_command,
     shown_raw,
 )
 from lifecycle.keys import RECEIPTS_GROUP, Keys
+from lifecycle.priorities import task_streams
 from rqse.client import scan_entries
 from rqse.keys import DEAD_LETTER_SUFFIX
 
@@ -37,6 +40,7 @@ __all__ = [
     "archived_entries",
     "engine_streams",
     "format_timeline",
+    "inspected",
     "live_history",
     "lost_streams",
     "timeline",
@@ -136,10 +140,22 @@ def format_timeline(rows: list[dict[str, Any]]) -> list[str]:
 
 
 def engine_streams(client: redis.Redis, keys: Keys) -> list[str]:
-    """The lifecycle stream and every task kind's stream (a workflow's events)."""
-    members: Any = client.smembers(keys.kinds)
-    kinds = sorted(k.decode("utf-8", "replace") for k in members)
-    return [keys.lifecycle] + [keys.tasks(kind) for kind in kinds]
+    """The lifecycle stream and every task stream, priority streams included (a
+    workflow's events)."""
+    return [keys.lifecycle] + [found.stream for found in task_streams(client, keys)]
+
+
+def inspected(
+    client: redis.Redis, keys: Keys, workflow_id: str, graphs: GraphCache | None = None
+) -> dict[str, Any]:
+    """What ``inspect --json`` shows: :func:`lifecycle.inspect.describe_workflow`'s data,
+    ``timeline_lost`` (the streams trimmed of its earlier events) and ``timeline_rest``
+    (where the whole timeline is, when part of it is lost)."""
+    data = describe_workflow(client, keys, workflow_id, graphs=graphs)
+    lost = lost_streams(client, keys, read_workflow(client, keys, workflow_id))
+    data["timeline_lost"] = lost
+    data["timeline_rest"] = where_the_rest_is(client, keys, workflow_id) if lost else None
+    return data
 
 
 def live_history(

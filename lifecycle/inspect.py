@@ -33,7 +33,7 @@ from flowlang.limits import DEFAULT_LIMITS, loads_value
 from flowlang.machine import parse_key
 from lifecycle import records as rec
 from lifecycle.engine.store import GraphCache
-from lifecycle.errors import UnknownWorkflow, unknown_workflow
+from lifecycle.errors import LifecycleError, UnknownWorkflow, unknown_workflow
 from lifecycle.keys import Keys
 from lifecycle.stored_state import is_chunked, state_from_fields
 
@@ -46,6 +46,7 @@ __all__ = [
     "archive_record",
     "describe_workflow",
     "iso",
+    "list_page",
     "list_workflows",
     "read_workflow",
     "replay_command",
@@ -119,6 +120,7 @@ class StoredWorkflow:
     paused: list[Any] | None = None  # held task keys while paused, else None
     concurrency: Any = None  # {"key", "max"[, "queued"]} under a concurrency key, else None
     compacted: int | None = None  # ms: when its task records went (it finished long ago)
+    priority: int = 0  # lifecycle.priorities
     problems: list[Problem] = field(default_factory=list)
 
     @property
@@ -280,6 +282,7 @@ def parse_workflow(workflow_id: str, raw: dict[bytes, bytes]) -> StoredWorkflow:
     found.created = read(rec.CREATED, _int)
     found.ended = read(rec.ENDED, _int)
     found.compacted = read(rec.COMPACTED, _int)
+    found.priority = read(rec.PRIORITY, _int) or 0
     found.input = read(rec.INPUT, _json)
     found.paused = read(rec.PAUSED, _paused)
     found.concurrency = read(rec.CONCURRENCY, _json)
@@ -318,7 +321,11 @@ def parse_workflow(workflow_id: str, raw: dict[bytes, bytes]) -> StoredWorkflow:
 
 
 def describe_workflow(
-    client: redis.Redis, keys: Keys, workflow_id: str, now_ms: int | None = None
+    client: redis.Redis,
+    keys: Keys,
+    workflow_id: str,
+    now_ms: int | None = None,
+    graphs: GraphCache | None = None,
 ) -> dict[str, Any]:
     """State, every task instance with its times, duration, attempts, input and output;
     ``corrupt`` lists the fields that could not be read (shown, not raised).
@@ -330,12 +337,13 @@ def describe_workflow(
     guard leaves no record, so while the workflow runs it cannot be told from a
     step whose turn has not come). ``duration_ms`` of a running task counts up to
     ``now_ms`` (default: this host's clock, as the worker's that stamped the start).
+    ``graphs``: a cache of compiled graphs kept across calls (a server's).
     """
     record = read_workflow(client, keys, workflow_id)
     graph = None
     if record.graph:  # a workflow terminated before it started has no graph
         try:
-            graph = GraphCache(client, keys).machine(record.graph).graph
+            graph = (graphs or GraphCache(client, keys)).machine(record.graph).graph
         except Exception as error:  # noqa: BLE001 - an unreadable graph is shown, not raised
             record.problems.append(Problem(rec.GRAPH, f"graph {record.graph}: {error}"))
     if now_ms is None and record.running:
@@ -383,6 +391,7 @@ def describe_workflow(
         "flow": record.name,
         "graph": record.graph,
         "state": record.shown_state,
+        "priority": record.priority,
         "paused": record.paused,
         "created": iso(record.created),
         "ended": iso(record.ended),
@@ -459,9 +468,12 @@ def list_workflows(
     state: str | None = None,
     flow: str | None = None,
     limit: int | None = 50,
+    index: str | None = None,
 ) -> list[dict[str, Any]]:
     """Up to ``limit`` summaries (None or 0: all), newest first (by creation time),
-    filtered by shown state (:data:`LIST_STATES`) and flow name.
+    filtered by shown state (:data:`LIST_STATES`) and flow name. ``index``: list the
+    ids of that sorted set instead of every workflow (a schedule's runs, newest fire
+    time first).
 
     Ids whose hash is gone (retention or delete removed it and the id's entry in
     ``{flow}:workflows`` is not swept yet) are skipped. A workflow whose record
@@ -469,19 +481,68 @@ def list_workflows(
     ``corrupt``. Reads :data:`LIST_PAGE` ids per round trip until ``limit`` rows
     match, so a filter that matches few workflows reads them all.
     """
-    fields = (rec.NAME, rec.STATE, rec.CREATED, rec.ENDED, rec.PAUSED, rec.CONCURRENCY)
+    return list_page(client, keys, state, flow, limit, index=index)[0]
+
+
+def list_page(
+    client: redis.Redis,
+    keys: Keys,
+    state: str | None = None,
+    flow: str | None = None,
+    limit: int | None = 50,
+    cursor: str | None = None,
+    graphs: GraphCache | None = None,
+    index: str | None = None,
+) -> tuple[list[dict[str, Any]], str | None]:
+    """One page of :func:`list_workflows` after ``cursor`` (None: the newest), and the
+    cursor of the next page (None: no more); ``index`` as for :func:`list_workflows`.
+
+    Pages follow the index by score (creation time) and id, not by position, so
+    workflows started or removed meanwhile shift no page. With ``graphs``, each
+    row also has ``tasks_total`` (steps of its graph that run as tasks) and
+    ``tasks_ended`` (of those, the ones with an ended instance; None when the
+    record is too large to count cheaply).
+    """
+    fields = (
+        rec.NAME, rec.STATE, rec.CREATED, rec.ENDED, rec.PAUSED, rec.GRAPH, rec.COMPACTED,
+        rec.CONCURRENCY,
+    )  # fmt: skip
     rows: list[dict[str, Any]] = []
-    offset = 0
-    while not limit or len(rows) < limit:
-        listed: Any = client.zrevrange(keys.workflows, offset, offset + LIST_PAGE - 1)
-        if not listed:
-            break
-        offset += len(listed)
-        ids = [i.decode("utf-8", "replace") for i in listed]
+    after = _cursor(cursor)
+    last: tuple[float, str] | None = None
+    # Ids at the top of the next read already listed: the ones of after's score that
+    # sort before it (members of one score come in reverse order).
+    skip = 0
+    full = False
+    while not full:
+        high: str | float = "+inf" if after is None else after[0]
+        # Without a filter, a page needs no more ids than rows; with one, a full read.
+        num = LIST_PAGE
+        if limit and not (state or flow or skip):
+            num = min(LIST_PAGE, limit - len(rows))
+        # ZRANGE BYSCORE REV: the readers' ACL (docs/security.md) grants ZRANGE.
+        listed: Any = client.zrange(
+            index or keys.workflows,
+            high,
+            "-inf",
+            desc=True,
+            byscore=True,
+            offset=skip,
+            num=num,
+            withscores=True,
+        )
+        read = [(float(score), member.decode("utf-8", "replace")) for member, score in listed]
+        page = read if after is None else [row for row in read if row < after]
+        if not page:
+            if len(read) < num:
+                break  # the end of the index
+            skip += len(read)  # more ids of after's score than one read: read past them
+            continue
         pipe = client.pipeline(transaction=False)
-        for workflow_id in ids:
+        for _, workflow_id in page:
             pipe.hmget(keys.workflow(workflow_id), *fields)
-        for workflow_id, values in zip(ids, pipe.execute(), strict=True):
+        for (score, workflow_id), values in zip(page, pipe.execute(), strict=True):
+            last = (score, workflow_id)
             if all(v is None for v in values):
                 continue  # its hash is gone: no such workflow any more
             raw = {n.encode(): v for n, v in zip(fields, values, strict=True) if v is not None}
@@ -495,9 +556,76 @@ def list_workflows(
                 "created": iso(record.created),
                 "ended": iso(record.ended),
             }
+            if graphs is not None:
+                row["tasks_total"] = _task_total(graphs, record)
+                row["tasks_ended"] = 0 if record.compacted is None else row["tasks_total"]
             if record.problems:
                 row["corrupt"] = [str(p) for p in record.problems]
             rows.append(row)
             if limit and len(rows) >= limit:
+                full = True
                 break
-    return rows
+        if len(read) < num:
+            break  # the end of the index
+        bottom = page[-1][0]
+        same = sum(1 for score, _ in page if score == bottom)
+        if after is not None and after[0] == bottom:  # still in after's score
+            skip += len(read) - len(page) + same
+        else:
+            skip = same
+        after = page[-1]
+    if graphs is not None:
+        _count_ended(client, keys, [r for r in rows if r["tasks_ended"] == 0])
+    following = f"{int(last[0])}:{last[1]}" if full and last is not None else None
+    return rows, following
+
+
+COUNT_FIELDS = 5000  # a record with more fields is not counted in a list (tasks_ended None)
+
+
+def _cursor(cursor: str | None) -> tuple[float, str] | None:
+    if not cursor:
+        return None
+    score, colon, workflow_id = cursor.partition(":")
+    try:
+        if not colon:
+            raise ValueError
+        return (float(int(score)), workflow_id)
+    except ValueError:
+        raise LifecycleError(f"cursor {cursor[:80]!r}: not a cursor a listing gave") from None
+
+
+def _task_total(graphs: GraphCache, record: StoredWorkflow) -> int | None:
+    if not record.graph:
+        return 0  # terminated before it started
+    try:
+        graph = graphs.machine(record.graph).graph
+    except Exception:  # noqa: BLE001 - an unreadable graph leaves the count unknown
+        return None
+    return sum(1 for node in graph.nodes if _makes_records(node.kind, node.name))
+
+
+def _count_ended(client: redis.Redis, keys: Keys, rows: list[dict[str, Any]]) -> None:
+    """Set ``tasks_ended`` of ``rows``: the steps with an ended instance (an iterated step
+    counts once), read in two round trips; None for records too large to count."""
+    pipe = client.pipeline(transaction=False)
+    for row in rows:
+        pipe.hlen(keys.workflow(row["id"]))
+    sizes = pipe.execute()
+    counted = [row for row, size in zip(rows, sizes, strict=True) if size <= COUNT_FIELDS]
+    for row, size in zip(rows, sizes, strict=True):
+        if size > COUNT_FIELDS:
+            row["tasks_ended"] = None
+    pipe = client.pipeline(transaction=False)
+    for row in counted:
+        pipe.hkeys(keys.workflow(row["id"]))
+    prefix = rec.END_PREFIX.encode()
+    for row, names in zip(counted, pipe.execute(), strict=True):
+        steps = set()
+        for name in names:
+            if name.startswith(prefix):
+                try:
+                    steps.add(parse_key(name[len(prefix) :].decode())[0])
+                except (UnicodeDecodeError, ValueError, IndexError):
+                    continue  # a corrupt field: inspect shows it
+        row["tasks_ended"] = len(steps)

@@ -46,8 +46,11 @@ class Keys:
     def lifecycle_group(self) -> str:
         return LIFECYCLE_GROUP
 
-    def tasks(self, kind: str) -> str:
-        """Stream of start-task events for one task kind."""
+    def tasks(self, kind: str, priority: int = 0) -> str:
+        """Stream of start-task events for one task kind; a priority other than 0 has
+        its own, ``<kind stream>:p<N>`` (docs/operations.md, Priorities)."""
+        if priority:
+            return f"{self.prefix}:tasks:{kind}:p{priority}"
         return f"{self.prefix}:tasks:{kind}"
 
     @staticmethod
@@ -59,6 +62,12 @@ class Keys:
     def kinds(self) -> str:
         """Set of the task kinds that have a stream (for the receipts worker and tools)."""
         return f"{self.prefix}:kinds"
+
+    @property
+    def priorities(self) -> str:
+        """Set of ``<kind>:<priority>`` (e.g. ``default:5``), one per priority stream other
+        than 0 that a submission routed tasks to (lifecycle.priorities reads it)."""
+        return f"{self.prefix}:priorities"
 
     def workflow(self, workflow_id: str) -> str:
         """Hash of one workflow: record fields, machine state, one field per node instance.
@@ -161,6 +170,23 @@ class Keys:
     def graph(self, content_hash: str) -> str:
         """A compiled graph's canonical JSON, stored once per content hash, shared."""
         return f"{self.prefix}:graph:{content_hash}"
+
+    # -- Schedules (lifecycle.schedules, fired by lifecycle.engine.schedules) -------------
+
+    @property
+    def schedules(self) -> str:
+        """Sorted set of every schedule's name, scored by its next fire time (ms, Redis
+        clock); +inf while it is paused."""
+        return f"{self.prefix}:schedules"
+
+    def schedule(self, name: str) -> str:
+        """Hash of one schedule: its definition and what it last did (records.SCHEDULE_*)."""
+        return f"{self.prefix}:schedule:{name}"
+
+    def schedule_runs(self, name: str) -> str:
+        """Sorted set of the workflow ids a schedule started, scored by fire time (ms).
+        Each fire drops its oldest entries whose workflow retention or delete removed."""
+        return f"{self.prefix}:schedule-runs:{name}"
 
     # -- Built-in wait: tasks (workers/wait.py, docs/workers.md) ------------------------
     # Durable state of waits in progress; a WaitWorker restart loses none of it.

@@ -32,9 +32,16 @@ __all__ = [
     "QUEUED_PREFIX",
     "QUEUED_STATE",
     "SHOWN_STATES",
+    "PRIORITY",
     "RUNNING",
     "RUNNING_PREFIX",
     "SALT",
+    "SCHEDULE_FIRED",
+    "SCHEDULE_LAST",
+    "SCHEDULE_NEXT",
+    "SCHEDULE_PAUSED",
+    "SCHEDULE_SKIPPED",
+    "SCHEDULE_SPEC",
     "START_PREFIX",
     "STATE",
     "STATES",
@@ -56,6 +63,7 @@ NAME = "name"  # the flow's name, when it has one
 CREATED = "created"  # ms
 ENDED = "ended"  # ms, once it ended
 INPUT = "input"  # the workflow's input, JSON
+PRIORITY = "priority"  # lifecycle.priorities, when not 0 (absent: 0)
 # Present while the workflow is paused: JSON list of the task instance keys whose
 # start-tasks are held, in the order they would have started. Resume sends them.
 PAUSED = "p"
@@ -116,3 +124,12 @@ def start_field(key: str) -> str:
 
 def end_field(key: str) -> str:
     return END_PREFIX + key
+
+
+# Fields of a schedule's hash ({flow}:schedule:<name>, lifecycle.keys.Keys.schedule).
+SCHEDULE_SPEC = "spec"  # JSON: the definition `schedule add` stored (lifecycle.schedules.Schedule)
+SCHEDULE_NEXT = "next"  # ms: the next fire time (also its score in {flow}:schedules)
+SCHEDULE_PAUSED = "paused"  # present (ms it was paused) while the schedule is paused
+SCHEDULE_LAST = "last"  # the id of the last workflow it started
+SCHEDULE_FIRED = "fired"  # how many workflows it started
+SCHEDULE_SKIPPED = "skipped"  # fire times it started nothing for (overlap skip, missed)

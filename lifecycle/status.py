@@ -43,6 +43,7 @@ from lifecycle.audit.archive import id_order
 from lifecycle.dead_letters import LIFECYCLE_SOURCE, dead_letter_count
 from lifecycle.events import is_start_task
 from lifecycle.keys import LIFECYCLE_GROUP, RECEIPTS_GROUP, TASK_GROUP, Keys
+from lifecycle.priorities import task_streams
 from rqse.durability import server_warnings
 
 __all__ = [
@@ -58,6 +59,7 @@ __all__ = [
     "count_workflows",
     "format_ms",
     "read_status",
+    "read_streams",
 ]
 
 STALE_S = 60.0  # a consumer idle longer than this is taken for gone
@@ -115,7 +117,7 @@ class GroupInfo:
 
 @dataclass
 class StreamInfo:
-    source: str  # "lifecycle" or the task kind
+    source: str  # "lifecycle", the task kind, or <kind>:p<N> for a priority's stream
     stream: str
     length: int
     dead_letters: int
@@ -187,10 +189,7 @@ def read_status(
     :func:`count_workflows`'s (one command per workflow counted, pipelined) and, per
     kind with undelivered start-tasks, one XRANGE of at most :data:`QUEUED_CHECK`
     entries plus one pipelined HMGET per distinct workflow among them."""
-    members: Any = client.smembers(keys.kinds)
-    kinds = sorted(k.decode("utf-8", "replace") for k in members)
-    lifecycle = _stream(client, LIFECYCLE_SOURCE, keys.lifecycle, LIFECYCLE_GROUP)
-    streams = [_stream(client, kind, keys.tasks(kind), TASK_GROUP) for kind in kinds]
+    lifecycle, *streams = read_streams(client, keys)
     for info in streams:
         _check_queued(client, keys, info)
     stale_ms, gap_ms = int(stale_s * 1000), int(read_gap_s * 1000)
@@ -208,6 +207,18 @@ def read_status(
         stale_s=stale_s,
         notes=_notes(streams),
     )
+
+
+def read_streams(client: redis.Redis, keys: Keys) -> list[StreamInfo]:
+    """The lifecycle stream and each task kind's, with their groups and dead letters:
+    the part of :func:`read_status` that costs a few commands per stream and no more
+    (no queued-task check, no workflow count)."""
+    lifecycle = _stream(client, LIFECYCLE_SOURCE, keys.lifecycle, LIFECYCLE_GROUP)
+    tasks = (
+        _stream(client, found.source, found.stream, TASK_GROUP)
+        for found in task_streams(client, keys)
+    )
+    return [lifecycle, *tasks]
 
 
 def _check_queued(client: redis.Redis, keys: Keys, info: StreamInfo) -> None:

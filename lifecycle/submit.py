@@ -15,6 +15,7 @@ from flowlang.policy import split_params
 from lifecycle import events as ev
 from lifecycle.errors import LifecycleError
 from lifecycle.keys import Keys, task_kind
+from lifecycle.priorities import check_priority, priority_member
 from rqse import lua
 
 _SCRIPTS = lua.scripts_dir(__file__)
@@ -22,7 +23,10 @@ _SCRIPTS = lua.scripts_dir(__file__)
 __all__ = [
     "BadConcurrency",
     "check_concurrency",
+    "encode_event",
+    "encode_start",
     "graph_task_kinds",
+    "register_streams",
     "start_workflows",
     "new_workflow_id",
     "start_workflow",
@@ -58,22 +62,40 @@ def graph_task_kinds(graph: Graph) -> set[str]:
     }
 
 
-def _encode(event: dict[str, Any]) -> dict[str, bytes]:
+def register_streams(pipe: Any, keys: Keys, graph: Graph, priority: int) -> None:
+    """Name the streams the graph's tasks go to, for workers and tools to find: its kinds
+    and, for a priority other than 0, their streams of that priority."""
+    kinds = sorted(graph_task_kinds(graph))
+    if kinds:
+        pipe.sadd(keys.kinds, *kinds)
+        if priority:
+            pipe.sadd(keys.priorities, *(priority_member(kind, priority) for kind in kinds))
+
+
+def encode_event(event: dict[str, Any]) -> dict[str, bytes]:
     return {name: orjson.dumps(value) for name, value in event.items()}
 
 
-def _encode_start(
+def encode_start(
     workflow_id: str,
     digest: str,
     input: Any,
     limits: Limits,
+    priority: int = 0,
     concurrency_key: str | None = None,
     max_running: int | None = None,
 ) -> dict[str, bytes]:
     """The start-workflow's fields, its input checked against the limits (the input's
     encoding is the check, and what is sent)."""
-    event = ev.start_workflow(workflow_id, digest, None, None, concurrency_key, max_running)
-    fields = _encode(event)
+    event = ev.start_workflow(
+        workflow_id,
+        digest,
+        None,
+        priority=priority,
+        concurrency_key=concurrency_key,
+        max_running=max_running,
+    )
+    fields = encode_event(event)
     fields["input"] = encode_value(input, limits, f"the input of workflow {workflow_id}")
     return fields
 
@@ -94,13 +116,15 @@ def start_workflow(
     keys: Keys | None = None,
     limits: Limits = DEFAULT_LIMITS,
     *,
+    priority: int = 0,
     concurrency_key: str | None = None,
     max_running: int | None = None,
 ) -> str:
     """Store ``graph`` (once per content hash) and ask the lifecycle to start it.
 
     Starting the same ``workflow_id`` twice starts it once. An input past ``limits``
-    raises :class:`flowlang.limits.LimitExceeded` and nothing is stored. With a
+    raises :class:`flowlang.limits.LimitExceeded` and nothing is stored; a ``priority``
+    out of range (lifecycle.priorities) :class:`BadPriority`. With a
     ``concurrency_key``, at most ``max_running`` workflows of that key run at once: this
     one waits ``queued`` until a place is free (in the order they were sent).
     """
@@ -113,6 +137,7 @@ def start_workflow(
         [workflow_id],
         keys,
         limits=limits,
+        priority=priority,
         concurrency_key=concurrency_key,
         max_running=max_running,
     )[0]
@@ -127,6 +152,7 @@ def start_workflows(
     chunk: int = 1000,
     limits: Limits = DEFAULT_LIMITS,
     *,
+    priority: int = 0,
     concurrency_key: str | None = None,
     max_running: int | None = None,
 ) -> list[str]:
@@ -134,22 +160,22 @@ def start_workflows(
 
     Every input is checked against ``limits`` before anything is stored: one that
     breaks them raises :class:`flowlang.limits.LimitExceeded` and nothing is sent.
-    ``concurrency_key``/``max_running``: as :func:`start_workflow`, for each."""
+    ``priority`` (lifecycle.priorities) is every one's; ``concurrency_key``/``max_running``:
+    as :func:`start_workflow`, for each."""
     keys = keys or Keys()
+    check_priority(priority)
     validate_policies(graph)
     check_concurrency(concurrency_key, max_running)
     digest = graph.content_hash()
     ids = workflow_ids or [new_workflow_id(graph) for _ in inputs]
     starts = [
-        _encode_start(workflow_id, digest, value, limits, concurrency_key, max_running)
+        encode_start(workflow_id, digest, value, limits, priority, concurrency_key, max_running)
         for workflow_id, value in zip(ids, inputs, strict=True)
     ]
     pipe = client.pipeline(transaction=False)
     # The graph and the kinds go first, in the same round trip as the first events.
     pipe.set(keys.graph(digest), graph.to_json(), nx=True)
-    kinds = graph_task_kinds(graph)
-    if kinds:
-        pipe.sadd(keys.kinds, *sorted(kinds))
+    register_streams(pipe, keys, graph, priority)
     for first in range(0, len(starts), chunk):
         for fields in starts[first : first + chunk]:
             pipe.xadd(keys.lifecycle, fields)  # type: ignore[arg-type]
@@ -165,6 +191,7 @@ def start_workflow_once(
     keys: Keys | None = None,
     limits: Limits = DEFAULT_LIMITS,
     *,
+    priority: int = 0,
     concurrency_key: str | None = None,
     max_running: int | None = None,
 ) -> bool:
@@ -173,14 +200,17 @@ def start_workflow_once(
     are one step (``start_once.lua``): two callers racing for one id start it once.
     ``concurrency_key``/``max_running``: as :func:`start_workflow`."""
     keys = keys or Keys()
+    check_priority(priority)
     validate_policies(graph)
     check_concurrency(concurrency_key, max_running)
     digest = graph.content_hash()
-    fields = _encode_start(workflow_id, digest, input, limits, concurrency_key, max_running)
-    client.set(keys.graph(digest), graph.to_json(), nx=True)
-    kinds = graph_task_kinds(graph)
-    if kinds:
-        client.sadd(keys.kinds, *sorted(kinds))
+    fields = encode_start(
+        workflow_id, digest, input, limits, priority, concurrency_key, max_running
+    )
+    pipe = client.pipeline(transaction=False)
+    pipe.set(keys.graph(digest), graph.to_json(), nx=True)
+    register_streams(pipe, keys, graph, priority)
+    pipe.execute()
     script = lua.load_script(client, "start_once", _SCRIPTS)
     now = int(time.time() * 1000)
     flat = [part for pair in fields.items() for part in pair]
@@ -191,4 +221,4 @@ def terminate_workflow(
     client: redis.Redis, workflow_id: str, reason: str = "terminated", keys: Keys | None = None
 ) -> None:
     keys = keys or Keys()
-    client.xadd(keys.lifecycle, _encode(ev.terminate_workflow(workflow_id, reason)))  # type: ignore[arg-type]
+    client.xadd(keys.lifecycle, encode_event(ev.terminate_workflow(workflow_id, reason)))  # type: ignore[arg-type]

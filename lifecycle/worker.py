@@ -1,5 +1,5 @@
-"""The lifecycle worker: reads the lifecycle stream, advances workflows, fires timers,
-removes the workflows whose retention is over.
+"""The lifecycle worker: reads the lifecycle stream, advances workflows, fires timers
+and schedules, removes the workflows whose retention is over.
 
 Several may run against one Redis: they share the ``lifecycle`` consumer
 group, so each event is delivered to one of them, and the advance's WATCH (or its
@@ -12,6 +12,7 @@ acknowledgement of its events, each takes effect exactly once.
 from __future__ import annotations
 
 import logging
+from time import perf_counter
 from typing import Any
 
 import orjson
@@ -25,6 +26,7 @@ from lifecycle.engine.retention import (
     parse_duration,
     retention_pump,
 )
+from lifecycle.engine.schedules import SchedulePump
 from lifecycle.engine.timers import timer_pump
 from lifecycle.keys import Keys
 from rqse import EventListener
@@ -37,11 +39,16 @@ log = logging.getLogger(__name__)
 class LifecycleWorker(EventListener):
     """``EventListener`` on the lifecycle stream that handles whole batches at once."""
 
+    #: Observes the advancer's seconds per batch when set (``--metrics-port``: a
+    #: prometheus_client Histogram); None costs nothing.
+    advance_seconds: Any = None
+
     def __init__(
         self,
         keys: Keys | None = None,
         *,
         timers: bool = True,
+        schedules: bool = True,
         dead_tasks: bool = True,
         untokened_answers: bool = False,
         limits: Limits = DEFAULT_LIMITS,
@@ -68,6 +75,8 @@ class LifecycleWorker(EventListener):
             keep_details_ms=int(keep_details * 1000),
         )
         self.timers = timer_pump(self.connection, self.keys) if timers else None
+        # Schedules fire from every worker; fire_schedule.lua makes each fire time once.
+        self.schedules = SchedulePump(self.connection, self.keys) if schedules else None
         # Always on: workflows a worker scheduled are compacted and removed on time.
         self.retention = retention_pump(self.connection, self.keys)
         # Dead-lettered start-tasks answered as failures (lifecycle.engine.dead_tasks).
@@ -93,6 +102,8 @@ class LifecycleWorker(EventListener):
         self.connection.set(self.keys.limits, orjson.dumps(limits))
         if self.timers is not None:
             self.timers.start()
+        if self.schedules is not None:
+            self.schedules.start()
         self.retention.start()
         if self.dead_tasks is not None:
             self.dead_tasks.start()
@@ -100,13 +111,21 @@ class LifecycleWorker(EventListener):
     def onStop(self) -> None:  # noqa: N802
         if self.timers is not None:
             self.timers.stop()
+        if self.schedules is not None:
+            self.schedules.stop()
         self.retention.stop()
         if self.dead_tasks is not None:
             self.dead_tasks.stop()
 
     def process_batch(self, batch: list[tuple[str, dict[str, Any]]]) -> list[str]:
         """Advance; return the ids the advance acknowledged with its commits."""
-        result = self.advancer.apply(batch)
+        histogram = self.advance_seconds
+        if histogram is None:
+            result = self.advancer.apply(batch)
+        else:
+            started = perf_counter()
+            result = self.advancer.apply(batch)
+            histogram.observe(perf_counter() - started)
         for event_id, reason in result.rejected:
             log.warning("lifecycle: rejected %s", reason)
             self.reject(event_id, reason)

@@ -81,6 +81,27 @@ class ListenerStats:
         """Entries finished: acknowledged or dead-lettered."""
         return self.processed + self.declined + self.ignored + self.dead_lettered
 
+    def outcomes(self) -> tuple[int, int, int, int, int, int]:
+        """received, processed, declined, ignored, failed, dead_lettered."""
+        return (
+            self.received,
+            self.processed,
+            self.declined,
+            self.ignored,
+            self.failed,
+            self.dead_lettered,
+        )
+
+    def add_since(self, before: tuple[int, ...], now: ListenerStats) -> None:
+        """Add what ``now`` counted since its :meth:`outcomes` were ``before``."""
+        received, processed, declined, ignored, failed, dead = now.outcomes()
+        self.received += received - before[0]
+        self.processed += processed - before[1]
+        self.declined += declined - before[2]
+        self.ignored += ignored - before[3]
+        self.failed += failed - before[4]
+        self.dead_lettered += dead - before[5]
+
 
 class BatchHandler:
     """Mixin of :class:`rqse.listener.EventListener`: the attributes below are its."""
@@ -104,6 +125,9 @@ class BatchHandler:
     # The batch whose writes wait in the outbox for the next read: (stream, entries,
     # delivery counts), or None.
     _deferred: tuple[str, Sequence[Entry], dict[bytes, int] | None] | None = None
+    #: Counters per stream, kept only when set to a dict (rqse.metrics does): added up
+    #: once per batch from ``stats``, so the hot path pays nothing per entry for them.
+    stream_stats: dict[str, ListenerStats] | None = None
 
     def process(self, event_id: str, event: dict[str, Any]) -> bool:
         raise NotImplementedError
@@ -157,6 +181,8 @@ class BatchHandler:
         anything else it does."""
         set_aside = self.prepare_batch(stream, entries) or None
         stats = self.stats
+        per_stream = self.stream_stats
+        before = stats.outcomes() if per_stream is not None else None
         stats.received += len(entries)
         acks = self._outbox.acks_for(stream)
         self._lease.hold(stream, entries)
@@ -246,6 +272,11 @@ class BatchHandler:
         finally:
             self._in_batch = False
             self._current_stream = None
+            if per_stream is not None and before is not None:
+                counted = per_stream.get(stream)
+                if counted is None:
+                    counted = per_stream[stream] = ListenerStats()
+                counted.add_since(before, stats)
         if defer and weather is None:
             self._deferred = (stream, entries, counts)  # the lease holds them meanwhile
             return

@@ -109,6 +109,12 @@ class EventListener(Recovery, EventClient):
                          is logged and the call tried again next time. Streams are never
                          dropped.
     ``discover_every``   seconds between two ``discover`` calls
+    ``order``            sort key of the streams (a callable taking a stream name): one
+                         read names them in this order and its entries are handled
+                         stream by stream in it, so a stream that sorts first is served
+                         first within every batch (each stream still brings up to
+                         ``batch_size`` per read: none waits more than one batch);
+                         streams joined later take their place. Default: as given.
     ``own_garbage``      dead-letter entries that cannot be decoded (the default); a
                          reader that shares a stream another group owns passes False:
                          it acknowledges them unseen, and the owner's dead letter is the
@@ -140,6 +146,7 @@ class EventListener(Recovery, EventClient):
         discover: Callable[[], Iterable[str]] | None = None,
         discover_every: float = 5.0,
         own_garbage: bool = True,
+        order: Callable[[str], Any] | None = None,
         **legacy: Any,
     ) -> None:
         streams = (key,) if isinstance(key, str) else tuple(key)
@@ -165,6 +172,11 @@ class EventListener(Recovery, EventClient):
             raise ConfigurationError(f"discover_every must be positive, got {discover_every!r}")
         if discover is not None and not callable(discover):
             raise ConfigurationError(f"discover must be callable, got {discover!r}")
+        if order is not None and not callable(order):
+            raise ConfigurationError(f"order must be callable, got {order!r}")
+        self._order = order
+        if order is not None:
+            streams = tuple(sorted(dict.fromkeys(streams), key=order))
         self._streams = streams
         self._group = group
         self._consumer = consumer or default_consumer_name()
@@ -393,6 +405,8 @@ class EventListener(Recovery, EventClient):
             self._names[stream.encode()] = stream
         if new:
             self._streams = (*self._streams, *new)
+            if self._order is not None:
+                self._streams = tuple(sorted(self._streams, key=self._order))
         return new
 
     def _discover_streams(self) -> None:

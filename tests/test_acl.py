@@ -218,7 +218,9 @@ def test_every_component_runs_workflows_end_to_end_under_its_documented_acl_user
 
     # A submitter that can read nothing starts a workflow; a reader sees it finish.
     submitter = redis.Redis.from_url(deployment.url("flowstream-submit"))
-    start_workflow(submitter, compile_text(flows["files"]), workflow_id="wf1")
+    # Of priority 3: each of its tasks goes to its kind's priority stream, which every
+    # worker, the receipts worker and the lifecycle's dead-task reader must reach.
+    start_workflow(submitter, compile_text(flows["files"]), workflow_id="wf1", priority=3)
     wait_for(
         lambda: "finished" in deployment.lifecycle("reader", "list").stdout,
         "wf1 to finish\n" + deployment.logs(),

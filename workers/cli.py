@@ -6,15 +6,19 @@ import argparse
 import logging
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import redis
 
 from lifecycle.keys import Keys
 from rqse.connection import redis_arguments, resolve_url
 from rqse.errors import RqseError
+from rqse.metrics import metrics_arguments
 from rqse.process import settle_process
 from workers.errors import WorkerError
+
+if TYPE_CHECKING:
+    from lifecycle.metrics import ProcessMetrics
 
 __all__ = ["main"]
 
@@ -53,6 +57,7 @@ def _parser() -> argparse.ArgumentParser:
     common.add_argument("--consumer", help="stable consumer name")
     common.add_argument("--claim-idle", type=float, default=30.0, help="seconds before claiming")
     common.add_argument("-v", "--verbose", action="store_true", help="log debug messages")
+    metrics_arguments(common)
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     kinds = argparse.ArgumentParser(add_help=False)
@@ -102,7 +107,16 @@ def main(argv: list[str] | None = None) -> int:
         where = f"Redis at {settings.masked_url} ({settings.origin})"
         pool = settings.pool()
         redis.Redis(connection_pool=pool).ping()
-        return _command(args, keys, pool)
+        metrics = None
+        if args.metrics_port is not None:
+            from lifecycle.metrics import ProcessMetrics
+
+            metrics = ProcessMetrics(pool)  # first: it counts the pool's round trips
+        try:
+            return _command(args, keys, pool, metrics)
+        finally:
+            if metrics is not None:
+                metrics.stop()
     except (RqseError, WorkerError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)
         return EXIT_ERROR
@@ -114,7 +128,23 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_ERROR
 
 
-def _command(args: argparse.Namespace, keys: Keys, pool: redis.ConnectionPool) -> int:
+def _serve(args: argparse.Namespace, metrics: ProcessMetrics | None, listeners: list[Any]) -> None:
+    """Count ``listeners`` and serve the metrics (when ``--metrics-port``), before any
+    of them listens: a port that cannot be bound is an error before work starts."""
+    if metrics is None:
+        return
+    from workers.metrics import watch_workers
+
+    watch_workers(metrics, listeners)
+    metrics.serve(args.metrics_port, args.metrics_host)
+
+
+def _command(
+    args: argparse.Namespace,
+    keys: Keys,
+    pool: redis.ConnectionPool,
+    metrics: ProcessMetrics | None = None,
+) -> int:
     options: dict[str, Any] = {"consumer": args.consumer, "claim_idle": args.claim_idle}
     if args.command in ("noop", "simulate"):
         from workers.noop import NoopWorker, SimulatedWorker
@@ -132,6 +162,7 @@ def _command(args: argparse.Namespace, keys: Keys, pool: redis.ConnectionPool) -
                 pool=pool,
                 **options,
             )
+        _serve(args, metrics, [worker])
         settle_process()
         worker.listen()
         return EXIT_OK
@@ -139,6 +170,7 @@ def _command(args: argparse.Namespace, keys: Keys, pool: redis.ConnectionPool) -
         from workers.wait import WaitWorker
 
         wait = WaitWorker(keys, pool=pool, events=not args.no_events, **options)
+        _serve(args, metrics, wait.listeners)
         settle_process()
         wait.listen()
         return EXIT_OK
@@ -167,6 +199,7 @@ def _command(args: argparse.Namespace, keys: Keys, pool: redis.ConnectionPool) -
         )
         for n in range(args.concurrency)
     ]
+    _serve(args, metrics, listeners)
     settle_process()
     return Runner(listeners, drain_timeout=getattr(args, "drain_timeout", 30.0)).run()
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import random
 from collections.abc import Iterable, Sequence
+from time import monotonic
 from typing import Any
 
 import orjson
@@ -18,6 +19,7 @@ import orjson
 from flowlang.graph import Graph, NodeKind
 from lifecycle.events import START_TASK, end_task, end_task_template
 from lifecycle.keys import DEFAULT_KIND, TASK_GROUP, Keys
+from lifecycle.priorities import stream_order, task_streams
 from lifecycle.records import GRAPH
 from rqse import EventListener
 from rqse.deadletter import REJECTED
@@ -50,7 +52,8 @@ class NoopWorker(EventListener):
     ``kinds`` None serves every kind but the built-in ones, those that appear while
     it runs included: it follows ``{flow}:kinds`` (one SMEMBERS every
     ``discover_every`` seconds, from its own loop; a new kind's waiting tasks are
-    served too).
+    served too). Their priority streams (lifecycle.priorities) are followed the same
+    way, and read highest priority first.
 
     An engine start-task is answered without decoding it: the end-task's
     ``workflow``, ``key``, ``attempt``, ``token`` and ``output`` are the start-task's own JSON
@@ -68,6 +71,10 @@ class NoopWorker(EventListener):
             options.setdefault("discover_every", 2.0)
         else:
             streams = [self.keys.tasks(kind) for kind in kinds]
+            served = list(kinds)
+            options.setdefault("discover", lambda: self._streams_of(served))
+            options.setdefault("discover_every", 2.0)
+        options.setdefault("order", stream_order(self.keys))
         options.setdefault("batch_size", 200)
         super().__init__(streams, TASK_GROUP, [START_TASK], **options)
         self._end_task = end_task_template(self.keys.lifecycle, self.consumer)
@@ -80,8 +87,13 @@ class NoopWorker(EventListener):
         self._passes_through = cls.output is NoopWorker.output and cls.process is NoopWorker.process
 
     def _every_kind(self) -> list[str]:
-        """The task streams of every known kind but the built-in ones."""
-        return [self.keys.tasks(kind) for kind in served_kinds(self.connection, self.keys)]
+        """The task streams of every known kind but the built-in ones, priority streams
+        included."""
+        return self._streams_of(served_kinds(self.connection, self.keys))
+
+    def _streams_of(self, kinds: Iterable[str]) -> list[str]:
+        """The streams of ``kinds``: each one's own and its priority streams."""
+        return [found.stream for found in task_streams(self.connection, self.keys, kinds)]
 
     def prepare_batch(
         self, stream: str, entries: Sequence[tuple[bytes, dict[bytes, bytes]]]
@@ -146,6 +158,9 @@ class NoopWorker(EventListener):
 class SimulatedWorker(NoopWorker):
     """Waits up to ``delay_max`` seconds per task and fails ``failures`` percent of them."""
 
+    #: As TaskListener.task_seconds: observes each simulated task's seconds when set.
+    task_seconds: Any = None
+
     def __init__(
         self,
         kinds: Iterable[str] | None = None,
@@ -163,6 +178,16 @@ class SimulatedWorker(NoopWorker):
         self._graphs: dict[bytes, Graph] = {}  # by content hash: a graph never changes
 
     def process(self, event_id: str, event: dict[str, Any]) -> bool:
+        if self.task_seconds is None:
+            return self._simulate(event)
+        started = monotonic()
+        try:
+            return self._simulate(event)
+        finally:
+            kind = (self.current_stream or "").rpartition(":tasks:")[2]
+            self.task_seconds.labels(kind).observe(monotonic() - started)
+
+    def _simulate(self, event: dict[str, Any]) -> bool:
         if self.delay_max > 0 and self.sleep(self.random.uniform(0, self.delay_max)):
             raise InterruptedError("stopping")  # left pending: another worker takes it
         if self.random.uniform(0, 100) < self.failures:

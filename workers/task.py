@@ -39,6 +39,7 @@ from flowlang.limits import DEFAULT_LIMITS, LimitExceeded, Limits, encode_value
 from lifecycle.events import START_TASK, end_task, is_start_task
 from lifecycle.keys import TASK_GROUP, Keys
 from lifecycle.kind_limits import DEFAULT_CHECK_INTERVAL, DEFAULT_LEASE, KindSlots, Slot
+from lifecycle.priorities import kind_streams, stream_order
 from rqse import EventListener
 from rqse.events import encode_event
 from rqse.fastpipe import execute
@@ -51,6 +52,8 @@ log = logging.getLogger(__name__)
 _loads = orjson.loads
 
 _ENDED = frozenset({"finished", "failed", "terminated", "missing", "replaced"})
+# Seconds between two looks for a kind's new priority streams (one round trip each).
+PRIORITY_DISCOVERY = 2.0
 # An error text is the task's, sent as is, but a task's exception can carry
 # anything (a whole response body): past this it is cut, so no answer is huge.
 ERROR_CHARS = 4096
@@ -290,9 +293,11 @@ class TaskListener(EventListener):
     are the listener's (``consumer``, ``pool``/``url``, ``claim_idle``, ...);
     ``batch_size`` defaults to 1 here, so a slow task never holds others back —
     raise it for fast tasks, and use several instances (``--concurrency``) for
-    parallel ones. While ``run`` works, rqse's lease keeps the start-task from
-    being claimed by another worker, however long it takes; if the process dies
-    the lease lapses and a peer takes the task over after ``claim_idle``.
+    parallel ones. The kind's priority streams (lifecycle.priorities) are read with it,
+    up to ``batch_size`` from each per read, the highest priority run first. While
+    ``run`` works, rqse's lease keeps the start-task from being claimed by another
+    worker, however long it takes; if the process dies the lease lapses and a peer
+    takes the task over after ``claim_idle``.
 
     A kind with a concurrency limit (``python -m lifecycle limit set KIND N``,
     :mod:`lifecycle.kind_limits`) runs a task only once it holds one of the N
@@ -304,6 +309,9 @@ class TaskListener(EventListener):
     cancel_check_interval: ClassVar[float] = 1.0
     #: What an output may be: larger or deeper fails the task (set on a subclass or instance).
     limits: Limits = DEFAULT_LIMITS
+    #: Observes each run()'s seconds when set (``--metrics-port``: a prometheus_client
+    #: Histogram with a ``kind`` label, workers.metrics); None costs nothing.
+    task_seconds: Any = None
     #: Seconds a slot of a limited kind outlives its holder's last renewal.
     slot_lease: float = DEFAULT_LEASE
     #: Longest a task waiting for a slot blocks before it looks whether it was cancelled.
@@ -318,6 +326,10 @@ class TaskListener(EventListener):
         self.kind = kind  # type: ignore[misc]  # the instance's own, from the argument
         self.keys = keys or Keys()
         options.setdefault("batch_size", 1)
+        # Every priority stream of the kind too, in one read, highest first.
+        options.setdefault("order", stream_order(self.keys))
+        options.setdefault("discover", self._kind_streams)
+        options.setdefault("discover_every", PRIORITY_DISCOVERY)
         super().__init__(self.keys.tasks(kind), TASK_GROUP, [START_TASK], **options)
         self._attempt_state = load_script(self.connection, "attempt_state")
         self._stopped = StoppedWorkflows(self.connection, self.keys, self.consumer)
@@ -332,6 +344,10 @@ class TaskListener(EventListener):
         self.read_along = (self._stopped.along, self._slots.along)
         self._limit_reply = 1  # where the kind's limit is among read_replies
         self.flush_with_next_read = True  # one round trip per batch
+
+    def _kind_streams(self) -> list[str]:
+        """The kind's streams: priority 0's and those ``{flow}:priorities`` names."""
+        return kind_streams(self.connection, self.keys, str(self.kind))
 
     def prepare_batch(
         self, stream: str, entries: Sequence[tuple[bytes, dict[bytes, bytes]]]
@@ -395,7 +411,7 @@ class TaskListener(EventListener):
 
     def _answer(self, task: Task, event: dict[str, Any]) -> bool:
         try:
-            output = self.run(task)
+            output = self.run(task) if self.task_seconds is None else self._timed(task)
         except HandBack:
             log.info("task %s: handed back by %s", task.id, self.consumer)
             if not self.stopping:
@@ -425,6 +441,14 @@ class TaskListener(EventListener):
         fields["output"] = encoded
         self.emit_fields(fields, self.keys.lifecycle)
         return True
+
+    def _timed(self, task: Task) -> Any:
+        """``run(task)``, its seconds observed by ``task_seconds`` (failures too)."""
+        started = monotonic()
+        try:
+            return self.run(task)
+        finally:
+            self.task_seconds.labels(self.kind).observe(monotonic() - started)
 
     def fail(self, event: Mapping[str, Any], error: str) -> None:
         """Answer the start-task ``event`` with a FAILURE carrying ``error``."""

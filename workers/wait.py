@@ -27,6 +27,7 @@ import redis
 from flowlang.limits import LimitExceeded
 from lifecycle.events import START_TASK, end_task
 from lifecycle.keys import TASK_GROUP, WAIT_KIND, Keys
+from lifecycle.priorities import kind_streams, stream_order
 from rqse import EventListener
 from rqse.errors import EventEncodingError
 from rqse.events import encode_event
@@ -34,7 +35,7 @@ from rqse.listener import default_consumer_name
 from rqse.pump import Pump
 from workers.errors import BadTask, WaitParameterError, WorkerError
 from workers.scripts import load_script
-from workers.task import Task, encode_output, error_text
+from workers.task import PRIORITY_DISCOVERY, Task, encode_output, error_text
 from workers.wait_events import EventWatcher, catch_up, entry_order
 from workers.waitspec import Delay, EventWait, Latch, wait_spec
 
@@ -77,10 +78,17 @@ class WaitTaskListener(EventListener):
         self.keys = keys or Keys()
         options.setdefault("batch_size", 200)
         options.setdefault("claim_idle", 10.0)
+        options.setdefault("order", stream_order(self.keys))
+        options.setdefault("discover", self._kind_streams)
+        options.setdefault("discover_every", PRIORITY_DISCOVERY)
         super().__init__(self.keys.tasks(WAIT_KIND), TASK_GROUP, [START_TASK], **options)
         self._register = load_script(self.connection, "wait_register")
         self._complete = load_script(self.connection, "wait_complete")
         self.outcomes = {0: 0, 1: 0, 2: 0, 3: 0}  # taken already / ended / waiting / failed
+
+    def _kind_streams(self) -> list[str]:
+        """The wait kind's streams: priority 0's and those ``{flow}:priorities`` names."""
+        return kind_streams(self.connection, self.keys, WAIT_KIND)
 
     def process_batch(self, batch: list[tuple[str, dict[str, Any]]]) -> list[str]:
         pipe = self.connection.pipeline(transaction=False)
@@ -126,7 +134,8 @@ class WaitTaskListener(EventListener):
         template that does not render, an integer that JSON cannot carry) becomes
         its FAILURE here, so one bad task never takes its batch down with it."""
         k = self.keys
-        base = [k.tasks(WAIT_KIND), k.lifecycle, k.waits]
+        # The stream the start-task came from: a priority's own, or the kind's.
+        base = [self.current_stream or k.tasks(WAIT_KIND), k.lifecycle, k.waits]
         try:
             spec = wait_spec(task)
             record = wait_record(event, self.consumer)
@@ -219,6 +228,11 @@ class WaitWorker:
     @property
     def consumer(self) -> str:
         return self.tasks.consumer
+
+    @property
+    def listeners(self) -> list[EventListener]:
+        """Its listeners (for metrics): the task listener and the event watcher."""
+        return [self.tasks] if self.watcher is None else [self.tasks, self.watcher]
 
     def listen(self) -> None:
         """Run until stopped; the task listener in this thread, the others in daemon threads."""

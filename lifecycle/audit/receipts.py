@@ -1,7 +1,8 @@
 """The receipts worker: archive every entry of every engine stream, exactly once.
 
 It reads ``{flow}:lifecycle``, every ``{flow}:tasks:<kind>`` (kinds from
-``{flow}:kinds``, rescanned while running) and their ``:dead`` streams in id
+``{flow}:kinds``, rescanned while running) and ``{flow}:tasks:<kind>:p<N>`` (from
+``{flow}:priorities``) and their ``:dead`` streams in id
 order with XREAD, from the last id the archive holds per stream, writes each
 entry to a :class:`lifecycle.archive.Sink`, flushes (fsync) and only then moves
 its consumer group's last-delivered-id there (XGROUP SETID). Exactly once
@@ -61,6 +62,7 @@ from lifecycle.audit.archive import (
 )
 from lifecycle.events import START_WORKFLOW
 from lifecycle.keys import LIFECYCLE_GROUP, RECEIPTS_GROUP, TASK_GROUP, Keys
+from lifecycle.priorities import priority_streams
 from rqse.backoff import Backoff
 from rqse.events import has_long_digits
 from rqse.fastpipe import execute
@@ -289,9 +291,15 @@ class ReceiptsWorker:
         except redis.ResponseError as error:  # not a set: the task streams wait for one
             self._say_once(keys.kinds, f"{keys.kinds}: task kinds not readable ({error})")
             kinds = set()
+        try:
+            members = self.client.smembers(keys.priorities)
+        except redis.ResponseError as error:  # not a set: kinds' own streams are archived
+            self._say_once(keys.priorities, f"{keys.priorities}: not readable ({error})")
+            members = set()
         bases = [keys.lifecycle] + sorted(
             keys.tasks(kind.decode() if isinstance(kind, bytes) else str(kind)) for kind in kinds
         )
+        bases += sorted(priority_streams(keys, members))
         wanted = [s for base in bases for s in (base, dead_letter_key(base))]
         new = []
         for stream in wanted:

@@ -30,6 +30,7 @@ from lifecycle import records as rec
 from lifecycle.audit.replay import NOT_IN_REDIS, WorkflowReplay
 from lifecycle.audit.report import AuditReport, audit_archive
 from lifecycle.keys import Keys
+from lifecycle.priorities import priority_member
 
 __all__ = ["RecoverReport", "recover"]
 
@@ -116,6 +117,12 @@ def _restore(
                 pipe.hincrby(keys.outcomes, item.state.status, 1)
                 _ended_again(client, pipe, keys, item)
             for stream, event in running:
+                priority = event.get("priority")
+                if isinstance(priority, int) and priority:
+                    # Workers find a priority's stream through {flow}:priorities, which
+                    # went with the Redis that was lost.
+                    kind = str(stream)[len(keys.tasks("")) :].partition(":")[0]
+                    pipe.sadd(keys.priorities, priority_member(kind, priority))
                 fields = {name: orjson.dumps(value) for name, value in event.items()}
                 fields[ev.RECOVERED] = b"true"  # replay: the same start-task, sent again
                 pipe.xadd(stream, fields)  # type: ignore[arg-type]

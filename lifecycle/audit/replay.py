@@ -170,6 +170,8 @@ def replay_workflow(item: WorkflowReplay, graphs: ArchiveGraphs, keys: Keys) -> 
         pending.state, pending.digest = item.state, item.graph
         salt = item.fields.get(rec.SALT)
         pending.salt = salt.decode() if isinstance(salt, bytes) else salt
+        priority = item.fields.get(rec.PRIORITY)
+        pending.priority = int(priority) if priority is not None else 0
         paused = item.fields.get(rec.PAUSED)
         pending.held = orjson.loads(paused) if paused is not None else None
         concurrency = item.fields.get(rec.CONCURRENCY)

@@ -11,7 +11,7 @@ import argparse
 import logging
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 import redis
@@ -21,6 +21,10 @@ from lifecycle.cli.support import EXIT_FAILED, EXIT_OK, CliError, Context, dumps
 from lifecycle.cli.worker import LIMIT_NAMES, limits_arguments, limits_from
 from lifecycle.keys import Keys
 from rqse.errors import RqseError
+from rqse.metrics import metrics_arguments
+
+if TYPE_CHECKING:
+    from lifecycle.metrics import ProcessMetrics
 
 __all__ = ["EXIT_DIFFERENT", "add_commands"]
 
@@ -45,6 +49,7 @@ def add_commands(commands: Any, common: argparse.ArgumentParser) -> None:
         "--trim-interval", type=float, default=1.0, help="seconds between trims (1)"
     )
     receipts.add_argument("--no-trim", action="store_true", help="never trim the streams")
+    metrics_arguments(receipts)
     receipts.set_defaults(func=_receipts, narrates=True)
 
     replay = commands.add_parser(
@@ -117,6 +122,20 @@ def _recover(args: argparse.Namespace, context: Context) -> int:
 
 
 def _receipts(args: argparse.Namespace, context: Context) -> int:
+    client = context.client
+    if args.metrics_port is None:
+        return _archive(args, context, None)
+    from lifecycle.metrics import ProcessMetrics
+
+    metrics = ProcessMetrics(client.connection_pool)  # first: it counts round trips
+    metrics.serve(args.metrics_port, args.metrics_host)  # a port in use: before any file
+    try:
+        return _archive(args, context, metrics)
+    finally:
+        metrics.stop()
+
+
+def _archive(args: argparse.Namespace, context: Context, metrics: ProcessMetrics | None) -> int:
     from lifecycle.audit.receipts import ReceiptsWorker
     from lifecycle.audit.segments import SegmentSink
     from rqse.process import settle_process
@@ -133,6 +152,10 @@ def _receipts(args: argparse.Namespace, context: Context) -> int:
         batch_size=args.batch_size,
         trim_every=None if args.no_trim else args.trim_interval,
     )
+    if metrics is not None:
+        from lifecycle.metrics import ReceiptsCollector
+
+        metrics.register(ReceiptsCollector(worker))
     worker.install_signal_handlers()
     settle_process()
     log.info("receipts worker %s archiving %s* into %s", args.consumer, keys.prefix, args.archive)

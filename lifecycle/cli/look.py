@@ -19,14 +19,13 @@ from rich.markup import escape
 from rich.table import Table
 
 from lifecycle.cli.support import EXIT_OK, CliError, Context, dumps_text, print_json
-from lifecycle.history import format_timeline, live_history, lost_streams, where_the_rest_is
+from lifecycle.history import format_timeline, inspected, live_history
 from lifecycle.inspect import (
     LIST_STATES,
     archive_record,
-    describe_workflow,
     list_workflows,
-    read_workflow,
 )
+from lifecycle.schedules import Schedules
 
 __all__ = ["add_commands", "show_workflow"]
 
@@ -49,6 +48,7 @@ def add_commands(commands: Any, common: argparse.ArgumentParser) -> None:
     )
     listing.add_argument("--state", help=f"only workflows in this state ({', '.join(LIST_STATES)})")
     listing.add_argument("--flow", help="only workflows of this flow name")
+    listing.add_argument("--schedule", metavar="NAME", help="only workflows this schedule started")
     listing.add_argument(
         "--limit", type=int, default=50, help="at most this many (default 50; 0: all)"
     )
@@ -77,11 +77,8 @@ def add_commands(commands: Any, common: argparse.ArgumentParser) -> None:
 
 
 def _inspect(args: argparse.Namespace, context: Context) -> int:
-    client, keys = context.client, context.keys
-    data = describe_workflow(client, keys, args.id)
-    lost = lost_streams(client, keys, read_workflow(client, keys, args.id))
-    data["timeline_lost"] = lost
-    data["timeline_rest"] = where_the_rest_is(client, keys, args.id) if lost else None
+    data = inspected(context.client, context.keys, args.id)
+    lost = data["timeline_lost"]
     if args.json:
         print_json(data)
     else:
@@ -119,7 +116,10 @@ def show_workflow(data: dict[str, Any], console: Console) -> None:
         f"[bold]{escape(data['id'])}[/]  flow {escape(data['flow'] or '-')}  "
         f"state [bold]{escape(data['state'])}[/]"
     )
-    console.print(f"created {data['created'] or '-'}  ended {data['ended'] or '-'}", soft_wrap=True)
+    priority = f"  priority {data['priority']}" if data.get("priority") else ""
+    console.print(
+        f"created {data['created'] or '-'}  ended {data['ended'] or '-'}{priority}", soft_wrap=True
+    )
     if data["error"]:
         console.print(f"[red]error:[/] {escape(one_line(data['error']))}", soft_wrap=True)
     if data.get("paused") is not None:
@@ -234,7 +234,13 @@ def _list(args: argparse.Namespace, context: Context) -> int:
         raise CliError(f"unknown state {args.state!r} (expected one of {', '.join(LIST_STATES)})")
     if args.limit < 0:
         raise CliError(f"--limit {args.limit}: expected 0 (all) or more")
-    rows = list_workflows(context.client, context.keys, args.state, args.flow, args.limit)
+    index = None
+    if args.schedule is not None:  # an unknown schedule is an error, not an empty list
+        Schedules(context.client, context.keys).get(args.schedule)
+        index = context.keys.schedule_runs(args.schedule)
+    rows = list_workflows(
+        context.client, context.keys, args.state, args.flow, args.limit, index=index
+    )
     if args.json:
         print_json(rows)
         return EXIT_OK

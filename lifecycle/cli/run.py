@@ -29,6 +29,7 @@ from lifecycle.cli.support import (
 )
 from lifecycle.errors import NotAllowed
 from lifecycle.keys import Keys
+from lifecycle.priorities import MAX_PRIORITY, MIN_PRIORITY, BadPriority, check_priority
 from lifecycle.submit import (
     BadConcurrency,
     check_concurrency,
@@ -96,6 +97,13 @@ def add_commands(commands: Any, common: argparse.ArgumentParser) -> None:
         "(its id; with --wait, its result), 'fail' exits 1; without it: exit 2",
     )
     run.add_argument(
+        "--priority",
+        default="0",
+        metavar="N",
+        help=f"an integer from {MIN_PRIORITY} to {MAX_PRIORITY}, default 0: a kind's workers "
+        "start the tasks of higher-priority workflows first (docs/operations.md, Priorities)",
+    )
+    run.add_argument(
         "--warn-after",
         type=float,
         default=DEFAULT_WARN_AFTER,
@@ -155,7 +163,20 @@ def _taken(args: argparse.Namespace, state: str) -> bool:
     return True
 
 
+def _priority(text: str) -> int:
+    """The ``--priority`` value; CliError (one line, exit 2) when it is no integer in range."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise CliError(f"--priority: {text!r} is not an integer") from None
+    try:
+        return check_priority(value, "--priority")
+    except BadPriority as error:
+        raise CliError(str(error)) from None
+
+
 def _run(args: argparse.Namespace, context: Context) -> int:
+    priority = _priority(args.priority)
     graph = compile_file(args.file)
     value = read_input(args.input)
     client, keys = context.client, context.keys
@@ -173,11 +194,11 @@ def _run(args: argparse.Namespace, context: Context) -> int:
     if exists:
         workflow_id = args.id
     elif args.id is not None:  # the id is claimed and started in one step
-        if not start_workflow_once(client, graph, value, args.id, keys, **gate):
+        if not start_workflow_once(client, graph, value, args.id, keys, priority=priority, **gate):
             exists = _taken(args, "starting: its start is not applied yet")
         workflow_id = args.id
     else:
-        workflow_id = start_workflow(client, graph, value, None, keys, **gate)
+        workflow_id = start_workflow(client, graph, value, None, keys, priority=priority, **gate)
     if since is None:  # a submitter need not read the lifecycle stream (docs/security.md)
         print(workflow_id)
         return EXIT_OK

@@ -8,10 +8,12 @@ unreachable, ...). The data is :func:`lifecycle.status.read_status`'s.
 from __future__ import annotations
 
 import argparse
+import socket
 from typing import Any
 
 from lifecycle.cli.support import EXIT_FAILED, EXIT_OK, CliError, Context, print_json
 from lifecycle.inspect import iso
+from lifecycle.liveness import find_alive, receipts_behind
 from lifecycle.status import (
     COUNT_LIMIT,
     READ_GAP_S,
@@ -28,6 +30,9 @@ EXAMPLES = """\
 examples:
   python -m lifecycle status              # exit 1 when something needs attention
   python -m lifecycle status --json | jq .warnings
+  python -m lifecycle status --alive      # probe: a worker on this host reads (exit 0) or not (1)
+  python -m lifecycle status --alive --kind shop   # a task worker's probe names its kind
+  python -m lifecycle status --receipts   # probe: the receipts worker keeps up
 """
 
 
@@ -55,6 +60,31 @@ def add_commands(commands: Any, common: argparse.ArgumentParser) -> None:
         metavar="N",
         help=f"count the states of the newest N workflows (default {COUNT_LIMIT})",
     )
+    # Probes answer for one process, not the deployment, and skip the workflow counts.
+    probe = status.add_mutually_exclusive_group()
+    probe.add_argument(
+        "--alive",
+        nargs="?",
+        const=socket.gethostname(),
+        metavar="CONSUMER",
+        help="only check that a consumer named CONSUMER or CONSUMER-... (default: this "
+        "host's name, which starts every default consumer name) read within --stale: "
+        "exit 0, else 1 (a container's liveness probe)",
+    )
+    status.add_argument(
+        "--kind",
+        action="append",
+        default=[],
+        metavar="KIND",
+        help="with --alive: also look at this task kind's stream (repeatable), for a "
+        "worker of a kind no submitted flow has used yet",
+    )
+    probe.add_argument(
+        "--receipts",
+        action="store_true",
+        help="only check that no entry waited for the receipts worker longer than --stale: "
+        "exit 0, else 1 (the receipts worker's probe)",
+    )
     status.set_defaults(func=_status)
 
 
@@ -63,6 +93,12 @@ def _status(args: argparse.Namespace, context: Context) -> int:
         raise CliError(f"--stale {args.stale:g}: expected seconds above 0")
     if args.count_limit < 0:
         raise CliError(f"--count-limit {args.count_limit}: expected 0 or more")
+    if args.kind and args.alive is None:
+        raise CliError("--kind goes with --alive (the kinds whose streams it looks at)")
+    if args.alive is not None:
+        return _alive(args, context)
+    if args.receipts:
+        return _receipts(args, context)
     found = read_status(
         context.client, context.keys, stale_s=args.stale, count_limit=args.count_limit
     )
@@ -71,6 +107,39 @@ def _status(args: argparse.Namespace, context: Context) -> int:
     else:
         _print(found)
     return EXIT_FAILED if found.warnings else EXIT_OK
+
+
+def _alive(args: argparse.Namespace, context: Context) -> int:
+    if not args.alive:
+        raise CliError("--alive '': expected a consumer name")
+    alive, last = find_alive(context.client, context.keys, args.alive, args.stale, args.kind)
+    if alive is not None:
+        print(
+            f"alive: consumer {alive.consumer} of group {alive.group} on {alive.stream} "
+            f"read {format_ms(alive.idle_ms)} ago"
+        )
+        return EXIT_OK
+    if last is None:
+        print(
+            f"not alive: no consumer named {args.alive} or {args.alive}-... on the engine's "
+            "streams (a worker of a kind no submitted flow has used yet: add --kind KIND)"
+        )
+    else:
+        print(
+            f"not alive: consumer {last.consumer} of group {last.group} on {last.stream} "
+            f"last read {format_ms(last.idle_ms)} ago (--stale {args.stale:g} s)"
+        )
+    return EXIT_FAILED
+
+
+def _receipts(args: argparse.Namespace, context: Context) -> int:
+    behind = receipts_behind(context.client, context.keys, args.stale)
+    if not behind:
+        print(f"receipts: nothing waited longer than {args.stale:g} s")
+        return EXIT_OK
+    for line in behind:
+        print(f"receipts behind: {line}")
+    return EXIT_FAILED
 
 
 def _print(found: Status) -> None:

@@ -20,6 +20,7 @@ from lifecycle.cli.support import EXIT_OK, CliError, Context, Registrar
 from lifecycle.engine.retention import DEFAULT_KEEP_DETAILS, DEFAULT_RETENTION, parse_duration
 from lifecycle.errors import LifecycleError
 from lifecycle.keys import Keys
+from rqse.metrics import metrics_arguments
 
 __all__ = ["Companion", "Running", "worker_command"]
 
@@ -84,6 +85,13 @@ def worker_command(companions: Sequence[Companion] = ()) -> Registrar:
             f"once, 30s, 1h ... (default {DEFAULT_KEEP_DETAILS})",
         )
         limits_arguments(worker)
+        metrics_arguments(worker)
+        worker.add_argument(
+            "--no-metrics-status",
+            action="store_true",
+            help="leave stream lag, dead letters and workflows by state out of this "
+            "worker's metrics (served by another lifecycle worker, or the API)",
+        )
         for companion in companions:
             companion.add_arguments(worker)
 
@@ -146,6 +154,14 @@ def _worker(args: argparse.Namespace, context: Context, companions: Sequence[Com
     retain = duration_from("--retain", args.retain)
     keep_details = duration_from("--keep-details", args.keep_details)
     client, keys = context.client, context.keys
+    metrics = None
+    if args.metrics_port is not None:
+        from lifecycle.metrics import ProcessMetrics, StatusCollector
+
+        # Before the worker is built: round trips are counted by the pool's connections.
+        metrics = ProcessMetrics(client.connection_pool)
+        if not args.no_metrics_status:
+            metrics.register(StatusCollector(client, keys))
     worker = LifecycleWorker(
         keys,
         timers=not args.no_timers,
@@ -158,6 +174,12 @@ def _worker(args: argparse.Namespace, context: Context, companions: Sequence[Com
         claim_idle=args.claim_idle,
         batch_size=args.batch_size,
     )
+    if metrics is not None:
+        metrics.watch(worker)
+        if worker.dead_tasks is not None:
+            metrics.watch(worker.dead_tasks.listener)
+        worker.advance_seconds = metrics.advance_seconds()
+        metrics.serve(args.metrics_port, args.metrics_host)
     log.info("lifecycle worker %s listening on %s", worker.consumer, keys.lifecycle)
     running: list[Running] = []
     try:
@@ -165,9 +187,14 @@ def _worker(args: argparse.Namespace, context: Context, companions: Sequence[Com
             started = companion.start(args, client.connection_pool, keys)
             if started is not None:
                 running.append(started)
+                if metrics is not None:
+                    for listener in getattr(started, "listeners", ()):
+                        metrics.watch(listener)
         settle_process()
         worker.listen()
     finally:
+        if metrics is not None:
+            metrics.stop()
         # Companions keep their state in Redis: stopping them loses nothing registered.
         for started in running:
             started.stop()

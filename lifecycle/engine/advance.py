@@ -46,8 +46,7 @@ _MAX_LOADS = 4  # loads of a chunked state's entries for one transition, before 
 _KNOWN_CHUNKED = 65536  # workflows remembered as chunked (their entries are loaded at once)
 _SHARED = frozenset({FANIN, WAITING})  # entries many events of one workflow touch
 _SHARED_ENTRIES = 64  # of those, remembered per workflow
-_LOADED = (rec.VERSION, rec.STATE, rec.GRAPH, rec.SALT, rec.PAUSED, rec.CONCURRENCY)
-_FIXED = len(_LOADED)  # the HMGET's fields before the inputs and entries asked for
+_LOADED = (rec.VERSION, rec.STATE, rec.GRAPH, rec.SALT, rec.PAUSED, rec.PRIORITY, rec.CONCURRENCY)
 # Events that send start-tasks again (or held ones), with the inputs recorded: the whole
 # record is read.
 _WHOLE_RECORD = frozenset({ev.RESUME_WORKFLOW, ev.RESTART_WORKFLOW, ev.ADMIT_WORKFLOW})
@@ -424,26 +423,26 @@ def _read_record(
 ) -> None:
     """Fill ``item`` from the HMGET of its record: ``_LOADED``, then the inputs asked for,
     then the entries of a chunked state."""
-    version, state, digest, salt, paused = values[0], values[1], values[2], values[3], values[4]
-    concurrency = values[5]
+    version, state, digest, salt, paused, priority, concurrency = values[: len(_LOADED)]
     item.version = version.decode() if version else ""
     core = orjson.loads(state) if state else None
     if core is None:
         item.state = None
     elif is_chunked(core):
-        loaded = values[_FIXED + len(inputs) :]
+        loaded = values[len(_LOADED) + len(inputs) :]
         item.state = partial_state(core, zip(entries, loaded, strict=True), max_items)
     else:
         item.state = State.from_dict(core)
     item.digest = digest.decode() if digest else None
     item.salt = salt.decode() if salt is not None else None
     item.held = orjson.loads(paused) if paused is not None else None
+    item.priority = int(priority) if priority is not None else 0
     item.concurrency = orjson.loads(concurrency) if concurrency is not None else None
     item.corrupt = None
     loads = orjson.loads
     item.inputs = {
         key: loads(raw)[2]
-        for key, raw in zip(inputs, values[_FIXED : _FIXED + len(inputs)], strict=True)
+        for key, raw in zip(inputs, values[len(_LOADED) : len(_LOADED) + len(inputs)], strict=True)
         if raw is not None
     }
 

@@ -67,7 +67,7 @@ class Pending:
 
     __slots__ = (
         "workflow", "events", "version", "state", "digest", "inputs", "salt", "corrupt", "refused",
-        "held", "resends", "entries", "input_keys", "concurrency",
+        "held", "resends", "entries", "input_keys", "priority", "concurrency",
     )  # fmt: skip
 
     def __init__(
@@ -82,6 +82,7 @@ class Pending:
         # the secret of its attempt tokens (lifecycle.events.task_token); None for workflows
         # stored before tokens, whose end-tasks are not checked
         self.salt: str | None = None
+        self.priority = 0  # lifecycle.priorities: the stream of each kind its tasks go to
         self.corrupt: str | None = None  # why its stored record could not be read
         self.refused: str | None = None  # why Redis refused its commit (the script raised)
         # while paused: the keys of the task instances whose start-tasks are held, in order
@@ -115,6 +116,8 @@ class Pending:
         self.digest = _text(digest) if digest else None
         self.salt = _text(salt) if salt is not None else None
         self.held = orjson.loads(paused) if paused is not None else None
+        priority = get(rec.PRIORITY)
+        self.priority = int(priority) if priority is not None else 0
         self.corrupt = None
         self.inputs = recorded_inputs(fields)
 

@@ -30,6 +30,7 @@ import redis
 
 from lifecycle.events import START_TASK, end_task
 from lifecycle.keys import DEFAULT_KIND, Keys
+from lifecycle.priorities import task_streams
 from rqse import EventListener
 from rqse.deadletter import DEAD_LETTER, OVERSIZE
 from rqse.errors import RqseError
@@ -71,10 +72,10 @@ class DeadTasks(EventListener):
         )
 
     def _dead_streams(self) -> list[str]:
-        """The dead-letter streams of every known kind that exist by now."""
-        members: Any = self.connection.smembers(self.keys.kinds)
-        kinds = sorted(k.decode() if isinstance(k, bytes) else str(k) for k in members)
-        streams = [dead_letter_key(self.keys.tasks(kind)) for kind in kinds]
+        """The dead-letter streams of every known task stream (priority streams included)
+        that exist by now."""
+        found = task_streams(self.connection, self.keys)
+        streams = [dead_letter_key(t.stream) for t in found]
         followed = set(self.streams)
         unknown = [s for s in streams if s not in followed]
         if not unknown:

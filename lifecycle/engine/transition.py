@@ -92,7 +92,8 @@ class Transition:
         self.keep_details_ms = keep_details_ms
         self._walk_depth = limits.depth < _ENCODER_DEPTH
         self._shared = shared_keys(self.keys)
-        self._tasks: dict[str, list[_TaskFacts | None]] = {}  # graph hash -> per node
+        # (graph hash, priority) -> per node
+        self._tasks: dict[tuple[str, int], list[_TaskFacts | None]] = {}
 
     def compute(self, item: Pending, result: BatchResult | Said, now: int) -> Commit | None:
         """Apply ``item.events`` to ``item.state``; return what to commit, or None when
@@ -211,6 +212,9 @@ class Transition:
                     commit.set(rec.CREATED, now)
                     commit.set(rec.GRAPH, event.graph)
                     commit.set(rec.SALT, event.salt)
+                    item.priority = event.priority
+                    if event.priority:
+                        commit.set(rec.PRIORITY, event.priority)
                     commit.set(rec.INPUT, encode_value(event.input, self.limits, "the input"))
                     if machine.graph.name:
                         commit.set(rec.NAME, machine.graph.name)
@@ -511,11 +515,12 @@ class Transition:
                 commit.append(self.keys.lifecycle, ev.failed_workflow(workflow, action.reason))
 
     def _task(self, item: Pending, machine: Machine, node: int) -> _TaskFacts:
-        """What every start-task of ``node`` shares, cached per graph: its stream, its
-        encoded name/index/parameters, and its retry/timeout policy."""
-        facts = self._tasks.get(item.digest or "")
+        """What every start-task of ``node`` shares, cached per graph and priority: its
+        stream, its encoded name/index/parameters, and its retry/timeout policy."""
+        cached = (item.digest or "", item.priority)
+        facts = self._tasks.get(cached)
         if facts is None:
-            facts = self._tasks[item.digest or ""] = [None] * len(machine.nodes)
+            facts = self._tasks[cached] = [None] * len(machine.nodes)
         found = facts[node]
         if found is None:
             spec = machine.nodes[node]
@@ -527,12 +532,11 @@ class Transition:
                 log.warning("workflow %s node %s: %s; no retry policy", item.workflow, node, error)
                 params, policy = spec.params, Policy()
             node_kind = str(spec.kind)
-            stream = self.keys.tasks(task_kind(name, node_kind))
+            stream = self.keys.tasks(task_kind(name, node_kind), item.priority)
             parameters = params if params is not None else {}
             role = node_kind if node_kind in ev.ROLES else None
-            found = facts[node] = _TaskFacts(
-                stream, ev.start_task_template(stream, name, node, parameters, role), policy
-            )
+            template = ev.start_task_template(stream, name, node, parameters, role, item.priority)
+            found = facts[node] = _TaskFacts(stream, template, policy)
         return found
 
     def _answers(self, item: Pending, event: Any, attempt: int) -> bool:

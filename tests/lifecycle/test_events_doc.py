@@ -25,13 +25,14 @@ def _rows() -> dict[str, str]:
 
 
 def _start_task_fields() -> set[str]:
-    template = ev.start_task_template("s", "A", 1, {}, "source")
+    template = ev.start_task_template("s", "A", 1, {}, "source", priority=1)
     words = [w for w in template.arguments if isinstance(w, bytes)]
     return {w.decode() for w in words if re.fullmatch(rb"[a-z]+", w)} | {ev.RECOVERED}
 
 
 BUILT = {
-    ev.START_WORKFLOW: set(ev.start_workflow("w", "g", {}, None, "k", 1)),
+    ev.START_WORKFLOW: set(ev.start_workflow("w", "g", {}, priority=1))
+    | set(ev.start_workflow("w", "g", {}, concurrency_key="k", max_running=1)),
     ev.ADMIT_WORKFLOW: {"kind", "workflow"},  # written by gate.lua only
     ev.END_TASK: set(ev.end_task({"workflow": "w", "key": "1", "attempt": 1, "token": "t"}, {}))
     | set(ev.end_task({"workflow": "w", "key": "1"}, error="e", worker="x")),

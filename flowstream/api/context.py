@@ -1,0 +1,138 @@
+"""What every route needs: the engine's client, the configuration, and who is asking."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Annotated, Any
+
+import orjson
+import redis
+from fastapi import Depends, Request
+from starlette.concurrency import run_in_threadpool
+
+from flowlang.limits import DEFAULT_LIMITS, Limits, depth_within
+from flowstream.api.auth import OPERATE, Tokens, role_of
+from flowstream.api.problems import Problem
+from lifecycle.client import Client
+from lifecycle.engine.store import GraphCache
+from lifecycle.keys import Keys
+
+__all__ = [
+    "Api",
+    "ApiConfig",
+    "Operator",
+    "Reader",
+    "Server",
+    "in_thread",
+    "json_body",
+    "operator",
+    "reader",
+    "server",
+]
+
+CONSOLE_DIR = Path(__file__).resolve().parent.parent / "console"
+BODY_SLACK = 64 * 1024  # bytes of a JSON body besides its flow text and input
+
+
+@dataclass(frozen=True)
+class ApiConfig:
+    """How one API process runs. ``tokens`` None: no authentication (``--no-auth``)."""
+
+    redis: redis.Redis
+    keys: Keys = field(default_factory=Keys)
+    tokens: Tokens | None = None
+    cors_origins: tuple[str, ...] = ()
+    console_dir: Path | None = CONSOLE_DIR
+    limits: Limits = DEFAULT_LIMITS
+    max_streams: int = 64  # event streams open at once; more are refused with 503
+    poll_s: float = 0.5  # how often an event stream reads Redis for a change
+    archive: str | None = None  # receipts archive directory history reads (None: none)
+
+
+class Api:
+    """The per-process state the routes share (``app.state.api``)."""
+
+    def __init__(self, config: ApiConfig) -> None:
+        self.config = config
+        self.keys = config.keys
+        self.redis = config.redis
+        self.client = Client(config.redis, config.keys)
+        self.graphs = GraphCache(config.redis, config.keys, config.limits)
+        self._streams = 0
+        self._lock = threading.Lock()
+
+    @property
+    def streams_full(self) -> bool:
+        """Whether :attr:`ApiConfig.max_streams` event streams are open."""
+        return self._streams >= self.config.max_streams
+
+    def stream_opened(self) -> None:
+        with self._lock:
+            self._streams += 1
+
+    def stream_closed(self) -> None:
+        with self._lock:
+            self._streams -= 1
+
+
+def server(request: Request) -> Api:
+    """Dependency of the routes open to anyone (the login)."""
+    api: Api = request.app.state.api
+    return api
+
+
+def reader(request: Request) -> Api:
+    """Dependency of every route that reads: any valid token."""
+    api: Api = request.app.state.api
+    role_of(request, api.config.tokens)
+    return api
+
+
+def operator(request: Request) -> Api:
+    """Dependency of every route that changes state: an operate token (403 for read)."""
+    api: Api = request.app.state.api
+    if role_of(request, api.config.tokens) != OPERATE:
+        raise Problem(403, "this token may only read: actions need an operate token")
+    return api
+
+
+async def json_body(request: Request, api: Api) -> Any:
+    """The request's JSON body, read up to the limits (413 past them, 400 for bad JSON,
+    415 for another media type) without holding more than the limit in memory."""
+    media = request.headers.get("content-type", "application/json").split(";")[0].strip()
+    if media != "application/json":
+        raise Problem(415, f"Content-Type {media!r}: expected application/json")
+    limit = api.config.limits.flow_bytes + api.config.limits.value_bytes + BODY_SLACK
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise Problem(413, f"the body is {int(declared):,} bytes, more than the limit of {limit:,}")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise Problem(413, f"the body is more than the limit of {limit:,} bytes")
+        chunks.append(chunk)
+    raw = b"".join(chunks)
+    if not raw:
+        return None
+    try:
+        value = orjson.loads(raw)
+    except orjson.JSONDecodeError as error:
+        if "depth limit" in str(error):
+            raise Problem(400, "the body nests too deep") from None
+        raise Problem(400, f"the body is not JSON: {error}") from None
+    if not depth_within(value, api.config.limits.depth + 1):  # +1: the body's own object
+        raise Problem(400, f"the body nests deeper than {api.config.limits.depth} levels")
+    return value
+
+
+async def in_thread(function: Any, *args: Any, **kwargs: Any) -> Any:
+    """Run a blocking call (Redis) off the event loop."""
+    return await run_in_threadpool(function, *args, **kwargs)
+
+
+Reader = Annotated[Api, Depends(reader)]
+Operator = Annotated[Api, Depends(operator)]
+Server = Annotated[Api, Depends(server)]

@@ -1,0 +1,164 @@
+"""Routes for the deployment as a whole: bulk actions by filter, dead letters, status,
+and the console's session (its login)."""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from typing import Any
+
+from fastapi import APIRouter, Query, Request, Response
+
+from flowstream.api.auth import COOKIE, Tokens, role_of
+from flowstream.api.bodies import BulkBody, RequeueBody, SessionBody, body_of, check
+from flowstream.api.context import Api, Operator, Reader, Server, in_thread, json_body
+from flowstream.api.problems import Problem
+from lifecycle import events as ev
+from lifecycle.client import Selection
+from lifecycle.dead_letters import find_dead_letter, list_dead_letters, requeue, sources
+from lifecycle.schedules import Schedules
+from lifecycle.status import read_status
+
+__all__ = ["router"]
+
+log = logging.getLogger(__name__)
+router = APIRouter(prefix="/api", tags=["operations"])
+REFUSALS_SHOWN = 100  # refused workflows listed in a bulk answer (all are counted)
+_KINDS = {
+    "terminate": ev.TERMINATE_WORKFLOW,
+    "pause": ev.PAUSE_WORKFLOW,
+    "resume": ev.RESUME_WORKFLOW,
+    "restart": ev.RESTART_WORKFLOW,
+    "delete": ev.DELETE_WORKFLOW,
+}
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def older_than_ms(value: str | float | None, now_ms: int) -> int | None:
+    """The creation time (ms) before which ``older_than`` selects: seconds as a number,
+    or text ``90s``, ``30m``, ``12h``, ``7d``."""
+    if value is None or value == "":
+        return None
+    if isinstance(value, str):
+        found = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*", value)
+        if found is None:
+            raise Problem(
+                400, f"filter.older_than {value[:40]!r}: expected seconds, or 30m, 12h, 7d"
+            )
+        seconds = float(found[1]) * _UNITS[found[2] or "s"]
+    else:
+        seconds = float(value)
+    if not seconds >= 0 or seconds > 100 * 365 * 86400:
+        raise Problem(400, f"filter.older_than {value!r}: expected 0 to 100 years of seconds")
+    return now_ms - int(seconds * 1000)
+
+
+@router.post("/actions", status_code=202, openapi_extra=body_of(BulkBody))
+async def bulk_action(request: Request, api: Operator) -> dict[str, Any]:
+    """Apply an action to every workflow the filter selects (sent pipelined, not waited
+    for): how many matched, were sent, were already so, and which were refused."""
+    body = check(BulkBody, await json_body(request, api))
+    given = body.filter
+    if not (given.state or given.flow or given.schedule) and given.older_than in (None, ""):
+        raise Problem(
+            400, "filter: give state, flow, schedule or older_than (an action on every run?)"
+        )
+    states = (
+        given.state if isinstance(given.state, str) or given.state is None else tuple(given.state)
+    )
+    before = older_than_ms(given.older_than, int(time.time() * 1000))
+    selection = Selection(states or None, given.flow or None, before, given.schedule or None)
+    kind = _KINDS[body.action]
+
+    def act() -> dict[str, Any]:
+        if selection.schedule is not None:  # an unknown schedule is a 404, not no match
+            Schedules(api.redis, api.keys).get(selection.schedule)
+        matched = list(api.client.select(selection))
+        # A terminate records its reason as the workflow's error, as the CLI's does.
+        reason = body.reason or ("terminated" if body.action == "terminate" else "")
+        sent, refused = api.client.control_many(kind, matched, reason)
+        return {
+            "action": body.action,
+            "matched": len(matched),
+            "applied": len(sent),
+            "already": len(matched) - len(sent) - len(refused),
+            "refused": len(refused),
+            "refusals": [{"id": i, "why": why} for i, why in refused[:REFUSALS_SHOWN]],
+        }
+
+    return await in_thread(act)
+
+
+@router.get("/dead-letters", tags=["dead letters"])
+def get_dead_letters(
+    api: Reader,
+    kind: str | None = Query(None, description="a task kind, or 'lifecycle'"),
+    limit: int = Query(100, ge=1, le=10_000),
+) -> dict[str, Any]:
+    """What workers gave up on, oldest first per source, with the reason."""
+    letters = list_dead_letters(api.redis, api.keys, kind or None, limit)
+    return {"items": [letter.summary() for letter in letters]}
+
+
+@router.post("/dead-letters/requeue", tags=["dead letters"], openapi_extra=body_of(RequeueBody))
+async def requeue_dead_letter(request: Request, api: Operator) -> dict[str, Any]:
+    """Send a dead letter's entry again on its stream (``stream``: its source, a task kind
+    or ``lifecycle``, or the stream's key) and remove it: ``new_id`` null when it was no
+    longer there."""
+    body = check(RequeueBody, await json_body(request, api))
+
+    def act() -> dict[str, Any]:
+        kind = None
+        if body.stream:
+            known = dict((stream, source) for source, stream in sources(api.redis, api.keys))
+            kind = known.get(body.stream, body.stream)
+        done = requeue(api.redis, find_dead_letter(api.redis, api.keys, body.id, kind))
+        return {"id": done.id, "source": done.source, "stream": done.stream, "new_id": done.new_id}
+
+    return await in_thread(act)
+
+
+@router.get("/status", tags=["operations"])
+def get_status(api: Reader) -> dict[str, Any]:
+    """Streams, workers, workflows by state and warnings: ``lifecycle status --json``."""
+    return read_status(api.redis, api.keys).to_dict()
+
+
+@router.post("/session", status_code=204, tags=["session"], openapi_extra=body_of(SessionBody))
+async def log_in(request: Request, api: Server) -> Response:
+    """The console's login: a valid token becomes the ``flowstream_session`` cookie
+    (HttpOnly, SameSite=Strict); 401 for an unknown one."""
+    body = check(SessionBody, await json_body(request, api))
+    tokens: Tokens | None = api.config.tokens
+    response = Response(status_code=204)
+    if tokens is None:
+        return response  # no authentication: nothing to remember
+    if tokens.role(body.token) is None:
+        # Who tried, never what: the token is not logged.
+        log.warning("login refused from %s: unknown token", getattr(request.client, "host", "?"))
+        raise Problem(401, "the token is not one this server knows")
+    response.set_cookie(
+        COOKIE,
+        body.token,
+        httponly=True,
+        samesite="strict",
+        path="/",
+        secure=request.url.scheme == "https",
+    )
+    return response
+
+
+@router.get("/session", tags=["session"])
+def get_session(request: Request) -> dict[str, Any]:
+    """Who the caller is: ``role`` (read or operate) and whether the server checks tokens."""
+    api: Api = request.app.state.api
+    return {"role": role_of(request, api.config.tokens), "auth": api.config.tokens is not None}
+
+
+@router.delete("/session", status_code=204, tags=["session"])
+def log_out() -> Response:
+    """Forget the session cookie."""
+    response = Response(status_code=204)
+    response.delete_cookie(COOKIE, path="/", httponly=True, samesite="strict")
+    return response

@@ -1,0 +1,156 @@
+"""Server-sent events: one workflow as it changes, and the list as workflows change.
+
+Each stream reads Redis a few times a second at most (:attr:`ApiConfig.poll_s`;
+the list at most once a second) and reads the whole workflow only when its
+record's version (``v``, moved by every commit) changed; the list re-reads its
+first page only when the lifecycle stream has a new entry. At most
+:attr:`ApiConfig.max_streams` streams are open at once (503 beyond); a comment
+line every 15 s keeps idle connections open through proxies.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import orjson
+from fastapi import APIRouter, Query, Request
+from fastapi.responses import StreamingResponse
+
+from flowstream.api.context import Api, Reader, in_thread
+from flowstream.api.problems import Problem
+from flowstream.api.views import workflow_view
+from lifecycle import records as rec
+from lifecycle.errors import UnknownWorkflow
+from lifecycle.history import inspected
+from lifecycle.inspect import LIST_STATES, list_page
+from lifecycle.schedules import Schedules
+
+__all__ = ["router"]
+
+router = APIRouter(prefix="/api", tags=["events"])
+KEEP_ALIVE_S = 15.0
+LIST_POLL_S = 1.0  # the list is re-read at most this often
+_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+def event(name: str, data: Any, event_id: str | None = None) -> bytes:
+    """One server-sent event: its name, its data as one line of JSON, and an id."""
+    head = f"event: {name}\n" + (f"id: {event_id}\n" if event_id else "")
+    return head.encode() + b"data: " + orjson.dumps(data) + b"\n\n"
+
+
+def _open(api: Api) -> None:
+    if api.streams_full:
+        raise Problem(503, f"{api.config.max_streams} event streams are open: try again later")
+
+
+async def _streamed(api: Api, source: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    """``source`` counted among the open streams while it runs."""
+    api.stream_opened()
+    try:
+        async for chunk in source:
+            yield chunk
+    finally:
+        api.stream_closed()
+
+
+@router.get("/workflows/stream", response_class=StreamingResponse)
+async def stream_list(
+    api: Reader,
+    request: Request,
+    state: str | None = Query(None, description=f"one of {', '.join(LIST_STATES)}"),
+    flow: str | None = Query(None),
+    schedule: str | None = Query(None, description="the schedule that started them"),
+    limit: int = Query(50, ge=1, le=1000),
+) -> StreamingResponse:
+    """``text/event-stream``: an event ``workflows`` (the list's first page, as ``GET
+    /api/workflows`` gives it) at once and after each change."""
+    state = state or None
+    if state is not None and state not in LIST_STATES:
+        raise Problem(400, f"state {state!r}: expected one of {', '.join(LIST_STATES)}")
+    index = None
+    if schedule:  # an unknown schedule is a 404, not an empty list
+        await in_thread(Schedules(api.redis, api.keys).get, schedule)
+        index = api.keys.schedule_runs(schedule)
+    _open(api)
+
+    def mark() -> Any:
+        return api.redis.xrevrange(api.keys.lifecycle, count=1), api.redis.zcard(api.keys.workflows)
+
+    async def changes() -> AsyncIterator[bytes]:
+        last: Any = None
+        beat = time.monotonic()
+        while not await request.is_disconnected():
+            now = await in_thread(mark)
+            if now != last:
+                items, following = await in_thread(
+                    list_page,
+                    api.redis,
+                    api.keys,
+                    state,
+                    flow or None,
+                    limit,
+                    None,
+                    api.graphs,
+                    index,
+                )
+                yield event("workflows", {"items": items, "next": following})
+                last, beat = now, time.monotonic()
+            elif time.monotonic() - beat > KEEP_ALIVE_S:
+                yield b": keep-alive\n\n"
+                beat = time.monotonic()
+            await asyncio.sleep(max(api.config.poll_s, LIST_POLL_S))
+
+    return StreamingResponse(
+        _streamed(api, changes()), media_type="text/event-stream", headers=_HEADERS
+    )
+
+
+@router.get("/workflows/{workflow_id}/stream", response_class=StreamingResponse)
+async def stream_workflow(workflow_id: str, request: Request, api: Reader) -> StreamingResponse:
+    """``text/event-stream``: an event ``workflow`` (as ``GET /api/workflows/{id}``) at
+    once and after each change, the last once it has ended; ``gone`` if it is deleted
+    meanwhile. 404 for an unknown id."""
+    key = api.keys.workflow(workflow_id)
+    # The version is read before the record: a commit in between is seen at the next poll.
+    version = await in_thread(api.redis.hget, key, rec.VERSION)
+    first = workflow_view(await in_thread(inspected, api.redis, api.keys, workflow_id, api.graphs))
+    _open(api)
+
+    async def changes() -> AsyncIterator[bytes]:
+        data: dict[str, Any] | None = first
+        seen: Any = version  # the record's version as last read
+        beat = time.monotonic()
+        while True:
+            if data is not None:
+                yield event("workflow", data, seen.decode() if isinstance(seen, bytes) else None)
+                beat = time.monotonic()
+                if data["state"] in rec.ENDED_STATES:
+                    return
+            elif time.monotonic() - beat > KEEP_ALIVE_S:
+                yield b": keep-alive\n\n"
+                beat = time.monotonic()
+            await asyncio.sleep(api.config.poll_s)
+            if await request.is_disconnected():
+                return
+            now = await in_thread(api.redis.hget, key, rec.VERSION)
+            data = None
+            if now is None:
+                yield event("gone", {"id": workflow_id})
+                return
+            if now != seen:
+                try:
+                    data = workflow_view(
+                        await in_thread(inspected, api.redis, api.keys, workflow_id, api.graphs)
+                    )
+                except UnknownWorkflow:
+                    yield event("gone", {"id": workflow_id})
+                    return
+                seen = now
+
+    return StreamingResponse(
+        _streamed(api, changes()), media_type="text/event-stream", headers=_HEADERS
+    )
