@@ -186,3 +186,22 @@ def test_limit_list_shows_each_kind_with_its_slots_and_bad_values_are_one_line(
     with pytest.raises(BadKindLimit):
         set_kind_limit(redis_client, KEYS, "ml:x", 1)
     assert [limit.limit for limit in list_kind_limits(redis_client, KEYS)] == [2]
+
+
+def test_a_task_running_past_its_slot_lease_keeps_the_slot_by_renewing_it(
+    redis_client: redis.Redis, threads: Threads
+) -> None:
+    set_kind_limit(redis_client, KEYS, "lim", 1)
+    runs: list[tuple[str, float, float]] = []
+
+    class ShortLease(Recorder):
+        slot_lease = 0.6  # renewed every 0.2 s; each task runs 1.2 s
+
+    threads.lifecycle()
+    for _ in range(2):
+        threads.start(ShortLease(runs, pool=threads.pool, handle_signals=False, block_ms=100))
+    workflows = [submit(redis_client, "lim:work", {"s": 1.2}) for _ in range(2)]
+    for workflow in workflows:
+        assert wait_for_end(redis_client, workflow, timeout=15)["status"] == "finished"
+    assert len(runs) == 2
+    assert most_at_once(runs) == 1
