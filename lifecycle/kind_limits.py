@@ -214,6 +214,8 @@ class KindSlots:
         self._script = lua.load_script(client, SCRIPT, _SCRIPTS)
         #: For the listener's ``read_along``: the kind's limit (None: no limit).
         self.along = ("HGET", keys.kind_limits, kind)
+        #: False once Redis refused to tell the limit (ACL): nothing is asked any more.
+        self.checking = True
         ms = max(1, int(lease * 1000))
         # EVAL rather than EVALSHA: it goes inside the answer's MULTI, where a NOSCRIPT
         # (a restarted Redis) could not be retried.
@@ -232,9 +234,26 @@ class KindSlots:
 
     def limited(self, along: Any) -> bool:
         """Whether the kind has a limit: from the reply to :attr:`along` sent with the
-        read, or asked now when there was none (claimed entries)."""
-        if along is None or isinstance(along, BaseException):
-            along = self._client.hget(self.keys.kind_limits, self.kind)
+        read, or asked now when there was none (claimed entries). A user not allowed to
+        read the limits is said once, then runs without them (:attr:`checking` False:
+        the listener stops sending :attr:`along`)."""
+        if not self.checking:
+            return False
+        try:
+            if isinstance(along, BaseException):
+                raise along
+            if along is None:
+                along = self._client.hget(self.keys.kind_limits, self.kind)
+        except redis.exceptions.NoPermissionError as error:
+            self.checking = False
+            log.warning(
+                "consumer %s: cannot read %s (%s); kind %s runs without its limit",
+                self.consumer,
+                self.keys.kind_limits,
+                error,
+                self.kind,
+            )
+            return False
         return along is not None
 
     def call(self, op: str, member: str, order: int = 0) -> Any:

@@ -377,6 +377,8 @@ class TaskListener(EventListener):
         task = self.task(event_id, event)
         replies, at = self.read_replies, self._limit_reply
         if not self._slots.limited(replies[at] if replies and len(replies) > at else None):
+            if not self._slots.checking and len(self.read_along) > at:
+                self.read_along = self.read_along[:at]  # refused: not sent any more
             return self._answer(task, event)
         slot = self._slots.acquire(task.id, event_id, lambda: self._give_up(task))
         if slot is None:  # the limit went meanwhile
