@@ -205,3 +205,37 @@ def test_a_task_running_past_its_slot_lease_keeps_the_slot_by_renewing_it(
         assert wait_for_end(redis_client, workflow, timeout=15)["status"] == "finished"
     assert len(runs) == 2
     assert most_at_once(runs) == 1
+
+
+def test_a_worker_whose_user_may_not_read_the_limits_says_so_once_and_runs_without(
+    redis_client: redis.Redis, redis_url: str, threads: Threads, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Every key the worker uses but the limits (ACL key patterns cannot exclude one).
+    patterns = ["~{flow}:tasks:*", "~{flow}:lifecycle", "~{flow}:stopped", "~{flow}:wf:*"]
+    patterns += ["~{flow}:priorities", "~{flow}:slot*"]
+    redis_client.execute_command("ACL", "SETUSER", "blind", "on", ">pw", "+@all", *patterns)
+    pool = redis.ConnectionPool.from_url(redis_url, username="blind", password="pw")
+    try:
+        set_kind_limit(redis_client, KEYS, "lim", 1)
+        runs: list[tuple[str, float, float]] = []
+        gate = threading.Event()
+        threads.lifecycle()
+        for _ in range(2):
+            threads.start(Recorder(runs, gate, pool=pool, handle_signals=False, block_ms=100))
+        workflows = [submit(redis_client, "lim:work") for _ in range(2)]
+        wait_until(
+            lambda: redis_client.xpending(KEYS.tasks("lim"), "workers")["pending"] == 2,
+            what="both tasks taken",
+        )
+        time.sleep(0.3)
+        assert redis_client.zcard(KEYS.slot_queue("lim")) == 0  # nobody waits
+        gate.set()
+        for workflow in workflows:
+            assert wait_for_end(redis_client, workflow)["status"] == "finished"
+        assert most_at_once(runs) == 2
+        refusals = [r for r in caplog.records if "runs without its limit" in r.getMessage()]
+        assert len(refusals) == 2  # once per worker
+    finally:
+        threads.stop_all()
+        pool.disconnect()
+        redis_client.execute_command("ACL", "DELUSER", "blind")
