@@ -239,3 +239,24 @@ def test_two_lifecycle_workers_admit_every_workflow_exactly_once(
     assert sorted(admitted) == ids
     assert redis_client.scard(KEYS.key_running("k")) == 0
     assert redis_client.zcard(KEYS.key_queue("k")) == 0
+
+
+def test_recover_puts_lost_keyed_workflows_back_in_their_places(
+    harness: Harness, tmp_path: Path
+) -> None:
+    from lifecycle.audit.recover import recover
+
+    ids = [submit(harness, f"w{n}", most=1) for n in range(2)]
+    harness.advance()
+    harness.advance()  # w0 admitted and running, w1 queued
+    archive_all(harness.client, tmp_path / "archive")
+    for workflow in ids:  # Redis lost them, and the key's sets
+        harness.client.delete(KEYS.workflow(workflow))
+    harness.client.delete(KEYS.key_running("k"), KEYS.key_queue("k"))
+    report = recover(harness.client, tmp_path / "archive", KEYS)
+    assert sorted(report.restored) == ids
+    assert states(harness.client, *ids) == ["running", "queued"]
+    assert harness.client.smembers(KEYS.key_running("k")) == {b"w0"}
+    assert harness.client.zrange(KEYS.key_queue("k"), 0, -1) == [b"w1"]
+    harness.pump(ok)
+    assert states(harness.client, *ids) == ["finished", "finished"]
