@@ -51,7 +51,7 @@ class WorkflowStatus:
 
 # The states each control applies to (besides the one it leads to, which is "already so").
 ACTS_ON: dict[str, tuple[str, ...]] = {
-    ev.TERMINATE_WORKFLOW: (rec.RUNNING, rec.PAUSED_STATE),
+    ev.TERMINATE_WORKFLOW: (rec.RUNNING, rec.PAUSED_STATE, rec.QUEUED_STATE),
     ev.PAUSE_WORKFLOW: (rec.RUNNING,),
     ev.RESUME_WORKFLOW: (rec.PAUSED_STATE,),
     ev.RESTART_WORKFLOW: (rec.FAILED, rec.TERMINATED),
@@ -133,11 +133,23 @@ class Client:
         limits: Limits = DEFAULT_LIMITS,
         *,
         priority: int = 0,
+        concurrency_key: str | None = None,
+        max_running: int | None = None,
     ) -> str:
         """Store ``graph`` and send its start-workflow; return the workflow id.
-        ``priority``: see lifecycle.priorities (:class:`BadPriority` out of range)."""
+        ``priority``: see lifecycle.priorities (:class:`BadPriority` out of range). With a
+        ``concurrency_key``, at most ``max_running`` workflows of that key run at once;
+        the others wait ``queued``, started in the order they were sent."""
         return start_workflow(
-            self.redis, graph, input, workflow_id, self.keys, limits, priority=priority
+            self.redis,
+            graph,
+            input,
+            workflow_id,
+            self.keys,
+            limits,
+            priority=priority,
+            concurrency_key=concurrency_key,
+            max_running=max_running,
         )
 
     def submit_once(
@@ -148,11 +160,21 @@ class Client:
         limits: Limits = DEFAULT_LIMITS,
         *,
         priority: int = 0,
+        concurrency_key: str | None = None,
+        max_running: int | None = None,
     ) -> bool:
         """Start ``graph`` as ``workflow_id`` unless a workflow has that id (checked and
         started in one step); False when it is taken and nothing was sent."""
         return start_workflow_once(
-            self.redis, graph, input, workflow_id, self.keys, limits, priority=priority
+            self.redis,
+            graph,
+            input,
+            workflow_id,
+            self.keys,
+            limits,
+            priority=priority,
+            concurrency_key=concurrency_key,
+            max_running=max_running,
         )
 
     def exists(self, workflow_id: str) -> bool:
@@ -289,11 +311,11 @@ class Client:
 
     def _statuses(self, ids: list[str]) -> list[WorkflowStatus | None]:
         pipe = self.redis.pipeline(transaction=False)
-        fields = (rec.STATE, rec.PAUSED, rec.VERSION, rec.ENDED, rec.NAME)
+        fields = (rec.STATE, rec.PAUSED, rec.VERSION, rec.ENDED, rec.NAME, rec.CONCURRENCY)
         for workflow_id in ids:
             pipe.hmget(self.keys.workflow(workflow_id), fields)
         statuses: list[WorkflowStatus | None] = []
-        for workflow_id, (state, paused, version, ended, name) in zip(
+        for workflow_id, (state, paused, version, ended, name, concurrency) in zip(
             ids, pipe.execute(), strict=True
         ):
             if state is None and version is None:
@@ -307,7 +329,7 @@ class Client:
             except (orjson.JSONDecodeError, AttributeError):
                 status, restartable = rec.FAILED, False  # the lifecycle fails it on any event
                 error = "its state cannot be read"
-            status = rec.shown_state(status, paused is not None)
+            status = rec.shown_state(status, paused is not None, rec.is_queued(concurrency))
             statuses.append(
                 WorkflowStatus(
                     workflow_id,

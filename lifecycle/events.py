@@ -17,10 +17,11 @@ import orjson
 
 from lifecycle.errors import BadEvent
 from lifecycle.priorities import MAX_PRIORITY, MIN_PRIORITY
-from lifecycle.records import FAILED, FINISHED, PAUSED_STATE, RUNNING, TERMINATED
+from lifecycle.records import FAILED, FINISHED, PAUSED_STATE, QUEUED_STATE, RUNNING, TERMINATED
 from rqse import fastpipe
 
 __all__ = [
+    "ADMIT_WORKFLOW",
     "CONTROLS",
     "DELETE_WORKFLOW",
     "KINDS",
@@ -49,6 +50,7 @@ __all__ = [
     "end_workflow",
     "failed_workflow",
     "new_salt",
+    "concurrency_problem",
     "parse_end_task",
     "parse_input",
     "parse_start_workflow",
@@ -74,6 +76,9 @@ PAUSE_WORKFLOW = "pause-workflow"  # start no task until resumed; ends are still
 RESUME_WORKFLOW = "resume-workflow"  # send the start-tasks held while paused, in order
 RESTART_WORKFLOW = "restart-workflow"  # a failed or terminated workflow runs on
 DELETE_WORKFLOW = "delete-workflow"  # remove an ended workflow's record
+# Written by the concurrency gate (engine/scripts/gate.lua) in the commit that frees a
+# place under a concurrency key: the queued workflow it names starts its tasks.
+ADMIT_WORKFLOW = "admit-workflow"
 RETRY_TASK = "retry-task"  # a durable timer fired: start the next attempt now
 TIMEOUT_TASK = "timeout-task"  # a durable timer fired: the attempt ran out of time
 # Written by the lifecycle worker.
@@ -84,7 +89,9 @@ FAILED_WORKFLOW = "failed-workflow"
 CONTROLS = (
     TERMINATE_WORKFLOW, PAUSE_WORKFLOW, RESUME_WORKFLOW, RESTART_WORKFLOW, DELETE_WORKFLOW
 )  # fmt: skip
-LIFECYCLE_INPUTS = frozenset({START_WORKFLOW, END_TASK, RETRY_TASK, TIMEOUT_TASK, *CONTROLS})
+LIFECYCLE_INPUTS = frozenset(
+    {START_WORKFLOW, END_TASK, RETRY_TASK, TIMEOUT_TASK, ADMIT_WORKFLOW, *CONTROLS}
+)
 KINDS = (*sorted(LIFECYCLE_INPUTS), START_TASK, END_WORKFLOW, FAILED_WORKFLOW)
 
 SUCCESS, FAILURE = "SUCCESS", "FAILURE"
@@ -138,13 +145,23 @@ class StartWorkflow:
     input: Any
     salt: str = ""  # empty for start-workflows written without one
     priority: int = 0  # lifecycle.priorities: which of its kinds' streams its tasks go to
+    # (key, max running) when it runs under a concurrency key, else None
+    concurrency: tuple[str, int] | None = None
 
 
 def start_workflow(
-    workflow: str, graph: str, input: Any, salt: str | None = None, priority: int = 0
+    workflow: str,
+    graph: str,
+    input: Any,
+    salt: str | None = None,
+    priority: int = 0,
+    concurrency_key: str | None = None,
+    max_running: int | None = None,
 ) -> dict[str, Any]:
     """Ask the lifecycle to start ``workflow`` from the stored graph ``graph``.
-    ``priority`` is written only when not 0 (events from before priorities are 0)."""
+    ``priority`` is written only when not 0 (events from before priorities are 0). With
+    a ``concurrency_key``, it starts only once fewer than ``max_running`` workflows of
+    that key run (it waits queued until then)."""
     event = {
         "kind": START_WORKFLOW,
         "workflow": workflow,
@@ -154,7 +171,24 @@ def start_workflow(
     }
     if priority:
         event["priority"] = priority
+    if concurrency_key is not None:
+        event["concurrency_key"] = concurrency_key
+        event["max_running"] = max_running
     return event
+
+
+def concurrency_problem(key: Any, max_running: Any) -> str | None:
+    """What is wrong with a concurrency key and its max-running, None when nothing: both
+    or neither, a non-empty string and a whole number >= 1."""
+    if key is None and max_running is None:
+        return None
+    if not isinstance(key, str) or not key:
+        return f"concurrency key {key!r}: expected a non-empty string with max running"
+    if isinstance(max_running, bool) or not isinstance(max_running, int) or max_running < 1:
+        return (
+            f"max running {max_running!r} of concurrency key {key!r}: expected a whole number >= 1"
+        )
+    return None
 
 
 def parse_start_workflow(event_id: str, event: dict[str, Any]) -> StartWorkflow:
@@ -165,12 +199,20 @@ def parse_start_workflow(event_id: str, event: dict[str, Any]) -> StartWorkflow:
             f"event {event_id} ({START_WORKFLOW}): field 'priority' is {priority}, "
             f"expected {MIN_PRIORITY}..{MAX_PRIORITY}"
         )
+    concurrency = None
+    if "concurrency_key" in event or "max_running" in event:
+        key, most = event.get("concurrency_key"), event.get("max_running")
+        problem = concurrency_problem(key, most)
+        if problem is not None:
+            raise BadEvent(f"event {event_id} ({START_WORKFLOW}): {problem}")
+        concurrency = (key, most)
     return StartWorkflow(
         _field(event_id, event, "workflow", str),
         _field(event_id, event, "graph", str),
         event.get("input"),
         salt,
         priority,
+        concurrency,  # type: ignore[arg-type]  # checked by concurrency_problem
     )
 
 
@@ -327,6 +369,8 @@ def refusal(kind: str, state: str, restartable: bool = True) -> str | None:
     if kind == PAUSE_WORKFLOW:
         if state == PAUSED_STATE:
             return ALREADY
+        if state == QUEUED_STATE:
+            return "the workflow is queued (waiting for its concurrency key); nothing runs yet"
         return f"the workflow has {state}; only a running one can be paused" if ended else None
     if kind == RESUME_WORKFLOW:
         if state == RUNNING:
@@ -366,6 +410,7 @@ _PARSERS: dict[str, Callable[[str, dict[str, Any]], LifecycleInput]] = {
     RETRY_TASK: parse_task_timer,
     TIMEOUT_TASK: parse_task_timer,
     **{kind: parse_control for kind in CONTROLS},
+    ADMIT_WORKFLOW: parse_control,
 }
 
 

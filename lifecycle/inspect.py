@@ -118,14 +118,17 @@ class StoredWorkflow:
     starts: dict[str, list[Any]] = field(default_factory=dict)  # key -> [attempt, t0, input]
     ends: dict[str, list[Any]] = field(default_factory=dict)  # key -> [t1, ok, output, error, w]
     paused: list[Any] | None = None  # held task keys while paused, else None
+    concurrency: Any = None  # {"key", "max"[, "queued"]} under a concurrency key, else None
     compacted: int | None = None  # ms: when its task records went (it finished long ago)
     priority: int = 0  # lifecycle.priorities
     problems: list[Problem] = field(default_factory=list)
 
     @property
     def shown_state(self) -> str:
-        """The state as shown: ``paused`` for a running workflow that is paused."""
-        return rec.shown_state(self.status, self.paused is not None)
+        """The state as shown: ``paused`` for a running workflow that is paused,
+        ``queued`` for one waiting for its concurrency key."""
+        queued = isinstance(self.concurrency, dict) and self.concurrency.get("queued") is True
+        return rec.shown_state(self.status, self.paused is not None, queued)
 
 
 class _Bad(Exception):
@@ -282,6 +285,7 @@ def parse_workflow(workflow_id: str, raw: dict[bytes, bytes]) -> StoredWorkflow:
     found.priority = read(rec.PRIORITY, _int) or 0
     found.input = read(rec.INPUT, _json)
     found.paused = read(rec.PAUSED, _paused)
+    found.concurrency = read(rec.CONCURRENCY, _json)
     if found.paused is None and rec.PAUSED.encode() in raw:
         found.paused = []  # paused all the same; the field's problem is listed
     if rec.STATE.encode() not in raw:
@@ -382,7 +386,7 @@ def describe_workflow(
         )
     if graph is not None and record.compacted is None:
         nodes += _unstarted(graph, record)
-    return {
+    described = {
         "id": record.id,
         "flow": record.name,
         "graph": record.graph,
@@ -398,6 +402,9 @@ def describe_workflow(
         "compacted": iso(record.compacted),
         "corrupt": [str(p) for p in record.problems],
     }
+    if record.concurrency is not None:  # {"key", "max"[, "queued"]}
+        described["concurrency"] = record.concurrency
+    return described
 
 
 def _unstarted(graph: Graph, record: StoredWorkflow) -> list[dict[str, Any]]:
@@ -496,7 +503,10 @@ def list_page(
     ``tasks_ended`` (of those, the ones with an ended instance; None when the
     record is too large to count cheaply).
     """
-    fields = (rec.NAME, rec.STATE, rec.CREATED, rec.ENDED, rec.PAUSED, rec.GRAPH, rec.COMPACTED)
+    fields = (
+        rec.NAME, rec.STATE, rec.CREATED, rec.ENDED, rec.PAUSED, rec.GRAPH, rec.COMPACTED,
+        rec.CONCURRENCY,
+    )  # fmt: skip
     rows: list[dict[str, Any]] = []
     after = _cursor(cursor)
     last: tuple[float, str] | None = None

@@ -127,6 +127,46 @@ class Keys:
         """Sorted set of durable timers, scored by due time (ms)."""
         return f"{self.prefix}:timers"
 
+    # -- Workflows under a concurrency key (run --concurrency-key K --max-running N) -----
+
+    def key_running(self, concurrency_key: str) -> str:
+        """Set of the workflows of a concurrency key admitted and not yet ended (at most
+        its max-running); written only by ``engine/scripts/gate.lua``."""
+        return f"{self.prefix}:running:{concurrency_key}"
+
+    def key_queue(self, concurrency_key: str) -> str:
+        """Sorted set of the workflows of a concurrency key waiting to start, by their
+        start-workflow's stream entry id (``ms * 1000 + seq``): admitted in that order."""
+        return f"{self.prefix}:run-queue:{concurrency_key}"
+
+    # -- Concurrency limits per task kind (lifecycle/kind_limits.py) ---------------------
+
+    @property
+    def kind_limits(self) -> str:
+        """Hash: task kind -> how many of its tasks may run at once, across all workers
+        (``python -m lifecycle limit``). Not :attr:`limits`, which is the data limits."""
+        return f"{self.prefix}:kind-limits"
+
+    def slots(self, kind: str) -> str:
+        """Sorted set of the slots held on ``kind``'s limit: ``<task id> <consumer>`` ->
+        lease expiry (ms, Redis clock); a holder renews it while its task runs."""
+        return f"{self.prefix}:slots:{kind}"
+
+    def slot_queue(self, kind: str) -> str:
+        """Sorted set of the tasks waiting for a slot of ``kind``, by their order (from
+        the start-task's stream entry id): who gets in next."""
+        return f"{self.prefix}:slot-queue:{kind}"
+
+    def slot_waiting(self, kind: str) -> str:
+        """Sorted set of the same waiters -> lease expiry (ms): a waiter that died leaves
+        the line once it lapses."""
+        return f"{self.prefix}:slot-waiting:{kind}"
+
+    def slot_wake(self, kind: str) -> str:
+        """Prefix of the per-waiter wake-up lists (``<prefix><member>``): a waiter blocks
+        on its own (BLPOP) until a slot may be its; each expires after a lease."""
+        return f"{self.prefix}:slot-wake:{kind}:"
+
     def graph(self, content_hash: str) -> str:
         """A compiled graph's canonical JSON, stored once per content hash, shared."""
         return f"{self.prefix}:graph:{content_hash}"

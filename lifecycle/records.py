@@ -6,12 +6,15 @@ to the Lua scripts as arguments (they spell none of them).
 
 from __future__ import annotations
 
+import orjson
+
 from flowlang.machine import FAILED, FINISHED, RUNNING, TERMINATED
 
 __all__ = [
     "ARRIVAL_PREFIX",
     "COMPACTED",
     "COMPACTED_PREFIXES",
+    "CONCURRENCY",
     "CREATED",
     "ENDED",
     "END_PREFIX",
@@ -27,6 +30,7 @@ __all__ = [
     "PAUSED",
     "PAUSED_STATE",
     "QUEUED_PREFIX",
+    "QUEUED_STATE",
     "SHOWN_STATES",
     "PRIORITY",
     "RUNNING",
@@ -45,6 +49,7 @@ __all__ = [
     "VERSION",
     "WAITING_PREFIX",
     "end_field",
+    "is_queued",
     "shown_state",
     "start_field",
 ]
@@ -62,6 +67,11 @@ PRIORITY = "priority"  # lifecycle.priorities, when not 0 (absent: 0)
 # Present while the workflow is paused: JSON list of the task instance keys whose
 # start-tasks are held, in the order they would have started. Resume sends them.
 PAUSED = "p"
+# A workflow under a concurrency key (run --concurrency-key K --max-running N): JSON
+# {"key": K, "max": N}, with "queued": true while it waits its turn (its first
+# start-tasks then held in PAUSED, sent when the key admits it). Kept for its whole
+# life: its end releases its place under K.
+CONCURRENCY = "k"
 START_PREFIX = "n:"  # n:<key>: [attempt, started ms, input] of the instance's latest attempt
 END_PREFIX = "o:"  # o:<key>: [ended ms, ok, output, error, worker] of its latest end
 # Present once a finished workflow's task records (START_PREFIX, END_PREFIX) have been
@@ -81,15 +91,31 @@ QUEUED_PREFIX = "q:"  # q:<key>/<n>: the n-th chunk of an iteration's items wait
 # Workflow states (State.status); a workflow that ended is in one of ENDED_STATES.
 STATES = (RUNNING, FINISHED, FAILED, TERMINATED)
 ENDED_STATES = (FINISHED, FAILED, TERMINATED)
-# What readers show: a running workflow whose record has PAUSED is paused.
+# What readers show: a running workflow whose record has PAUSED is paused; one still
+# waiting for its concurrency key (CONCURRENCY says "queued") is queued.
 PAUSED_STATE = "paused"
-SHOWN_STATES = (RUNNING, PAUSED_STATE, FINISHED, FAILED, TERMINATED)
+QUEUED_STATE = "queued"
+SHOWN_STATES = (RUNNING, PAUSED_STATE, QUEUED_STATE, FINISHED, FAILED, TERMINATED)
 
 
-def shown_state(status: str, paused: bool) -> str:
-    """The state readers show: ``paused`` for a running workflow whose record holds
-    :data:`PAUSED`, else its status."""
-    return PAUSED_STATE if paused and status == RUNNING else status
+def shown_state(status: str, paused: bool, queued: bool = False) -> str:
+    """The state readers show: ``queued`` for a running workflow still waiting for its
+    concurrency key, ``paused`` for one whose record holds :data:`PAUSED`, else its
+    status."""
+    if status != RUNNING:
+        return status
+    return QUEUED_STATE if queued else PAUSED_STATE if paused else status
+
+
+def is_queued(concurrency: bytes | str | None) -> bool:
+    """Whether a :data:`CONCURRENCY` field's value says the workflow waits its turn."""
+    if concurrency is None:
+        return False
+    try:
+        value = orjson.loads(concurrency)
+    except orjson.JSONDecodeError:
+        return False
+    return isinstance(value, dict) and value.get("queued") is True
 
 
 def start_field(key: str) -> str:

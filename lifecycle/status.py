@@ -142,7 +142,7 @@ class StreamInfo:
 
 @dataclass
 class WorkflowCounts:
-    states: dict[str, int]  # running, paused, finished, failed, terminated, corrupt
+    states: dict[str, int]  # running, paused, queued, finished, failed, terminated, corrupt
     counted: int  # workflows counted (ids read whose hash is still there)
     scanned: int  # ids read, the newest first
     listed: int  # ids in {flow}:workflows (ZCARD)
@@ -302,19 +302,23 @@ def count_workflows(client: redis.Redis, keys: Keys, limit: int = COUNT_LIMIT) -
         scanned += len(ids)
         pipe = client.pipeline(transaction=False)
         for workflow_id in ids:
-            pipe.hmget(keys.workflow(workflow_id), rec.CREATED, rec.ENDED, rec.PAUSED)
+            pipe.hmget(
+                keys.workflow(workflow_id), rec.CREATED, rec.ENDED, rec.PAUSED, rec.CONCURRENCY
+            )
         pipe.hmget(keys.stopped, ids)  # a stop record: it ended failed or terminated
         *fields, records = pipe.execute()
         stopped = [record is not None for record in records]
         check = []
-        for workflow_id, (created, ended, paused), is_stopped in zip(
+        for workflow_id, (created, ended, paused, concurrency), is_stopped in zip(
             ids, fields, stopped, strict=True
         ):
             if created is None and ended is None and paused is None:
                 continue  # its hash is gone (retention, delete): not a workflow any more
             counted += 1
             if ended is None:
-                states[rec.PAUSED_STATE if paused is not None else rec.RUNNING] += 1
+                states[
+                    rec.shown_state(rec.RUNNING, paused is not None, rec.is_queued(concurrency))
+                ] += 1
             elif is_stopped:
                 check.append(workflow_id)
             else:

@@ -13,6 +13,7 @@ from flowlang.graph import Graph, NodeKind
 from flowlang.limits import DEFAULT_LIMITS, Limits, encode_value
 from flowlang.policy import split_params
 from lifecycle import events as ev
+from lifecycle.errors import LifecycleError
 from lifecycle.keys import Keys, task_kind
 from lifecycle.priorities import check_priority, priority_member
 from rqse import lua
@@ -20,6 +21,8 @@ from rqse import lua
 _SCRIPTS = lua.scripts_dir(__file__)
 
 __all__ = [
+    "BadConcurrency",
+    "check_concurrency",
     "encode_event",
     "encode_start",
     "graph_task_kinds",
@@ -31,6 +34,11 @@ __all__ = [
     "terminate_workflow",
     "validate_policies",
 ]
+
+
+class BadConcurrency(LifecycleError):
+    """Raised when a concurrency key or its max-running is not valid (one without the
+    other, an empty key, a max below 1)."""
 
 
 def new_workflow_id(graph: Graph) -> str:
@@ -69,13 +77,35 @@ def encode_event(event: dict[str, Any]) -> dict[str, bytes]:
 
 
 def encode_start(
-    workflow_id: str, digest: str, input: Any, limits: Limits, priority: int = 0
+    workflow_id: str,
+    digest: str,
+    input: Any,
+    limits: Limits,
+    priority: int = 0,
+    concurrency_key: str | None = None,
+    max_running: int | None = None,
 ) -> dict[str, bytes]:
     """The start-workflow's fields, its input checked against the limits (the input's
     encoding is the check, and what is sent)."""
-    fields = encode_event(ev.start_workflow(workflow_id, digest, None, priority=priority))
+    event = ev.start_workflow(
+        workflow_id,
+        digest,
+        None,
+        priority=priority,
+        concurrency_key=concurrency_key,
+        max_running=max_running,
+    )
+    fields = encode_event(event)
     fields["input"] = encode_value(input, limits, f"the input of workflow {workflow_id}")
     return fields
+
+
+def check_concurrency(concurrency_key: str | None, max_running: int | None) -> None:
+    """Raise :class:`BadConcurrency` unless both or neither are given, a non-empty key and
+    a whole number >= 1."""
+    problem = ev.concurrency_problem(concurrency_key, max_running)
+    if problem is not None:
+        raise BadConcurrency(problem)
 
 
 def start_workflow(
@@ -87,17 +117,29 @@ def start_workflow(
     limits: Limits = DEFAULT_LIMITS,
     *,
     priority: int = 0,
+    concurrency_key: str | None = None,
+    max_running: int | None = None,
 ) -> str:
     """Store ``graph`` (once per content hash) and ask the lifecycle to start it.
 
     Starting the same ``workflow_id`` twice starts it once. An input past ``limits``
     raises :class:`flowlang.limits.LimitExceeded` and nothing is stored; a ``priority``
-    out of range (lifecycle.priorities) :class:`BadPriority`.
+    out of range (lifecycle.priorities) :class:`BadPriority`. With a
+    ``concurrency_key``, at most ``max_running`` workflows of that key run at once: this
+    one waits ``queued`` until a place is free (in the order they were sent).
     """
     keys = keys or Keys()
     workflow_id = workflow_id or new_workflow_id(graph)
     return start_workflows(
-        client, graph, [input], [workflow_id], keys, limits=limits, priority=priority
+        client,
+        graph,
+        [input],
+        [workflow_id],
+        keys,
+        limits=limits,
+        priority=priority,
+        concurrency_key=concurrency_key,
+        max_running=max_running,
     )[0]
 
 
@@ -111,19 +153,23 @@ def start_workflows(
     limits: Limits = DEFAULT_LIMITS,
     *,
     priority: int = 0,
+    concurrency_key: str | None = None,
+    max_running: int | None = None,
 ) -> list[str]:
     """Start one workflow per input, pipelined ``chunk`` at a time; return their ids.
 
     Every input is checked against ``limits`` before anything is stored: one that
     breaks them raises :class:`flowlang.limits.LimitExceeded` and nothing is sent.
-    ``priority`` (lifecycle.priorities) is every one's."""
+    ``priority`` (lifecycle.priorities) is every one's; ``concurrency_key``/``max_running``:
+    as :func:`start_workflow`, for each."""
     keys = keys or Keys()
     check_priority(priority)
     validate_policies(graph)
+    check_concurrency(concurrency_key, max_running)
     digest = graph.content_hash()
     ids = workflow_ids or [new_workflow_id(graph) for _ in inputs]
     starts = [
-        encode_start(workflow_id, digest, value, limits, priority)
+        encode_start(workflow_id, digest, value, limits, priority, concurrency_key, max_running)
         for workflow_id, value in zip(ids, inputs, strict=True)
     ]
     pipe = client.pipeline(transaction=False)
@@ -146,15 +192,21 @@ def start_workflow_once(
     limits: Limits = DEFAULT_LIMITS,
     *,
     priority: int = 0,
+    concurrency_key: str | None = None,
+    max_running: int | None = None,
 ) -> bool:
     """Start ``workflow_id`` only if no workflow has that id (in Redis, or started and not
     yet applied); False when it is taken and nothing was sent. The check and the start
-    are one step (``start_once.lua``): two callers racing for one id start it once."""
+    are one step (``start_once.lua``): two callers racing for one id start it once.
+    ``concurrency_key``/``max_running``: as :func:`start_workflow`."""
     keys = keys or Keys()
     check_priority(priority)
     validate_policies(graph)
+    check_concurrency(concurrency_key, max_running)
     digest = graph.content_hash()
-    fields = encode_start(workflow_id, digest, input, limits, priority)
+    fields = encode_start(
+        workflow_id, digest, input, limits, priority, concurrency_key, max_running
+    )
     pipe = client.pipeline(transaction=False)
     pipe.set(keys.graph(digest), graph.to_json(), nx=True)
     register_streams(pipe, keys, graph, priority)

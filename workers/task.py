@@ -38,6 +38,7 @@ import redis
 from flowlang.limits import DEFAULT_LIMITS, LimitExceeded, Limits, encode_value
 from lifecycle.events import START_TASK, end_task, is_start_task
 from lifecycle.keys import TASK_GROUP, Keys
+from lifecycle.kind_limits import DEFAULT_CHECK_INTERVAL, DEFAULT_LEASE, KindSlots, Slot
 from lifecycle.priorities import kind_streams, stream_order
 from rqse import EventListener
 from rqse.events import encode_event
@@ -297,6 +298,11 @@ class TaskListener(EventListener):
     ``run`` works, rqse's lease keeps the start-task from being claimed by another
     worker, however long it takes; if the process dies the lease lapses and a peer
     takes the task over after ``claim_idle``.
+
+    A kind with a concurrency limit (``python -m lifecycle limit set KIND N``,
+    :mod:`lifecycle.kind_limits`) runs a task only once it holds one of the N
+    slots: it waits in line first, and ``slot_lease`` is how long a slot outlives
+    a worker that died holding it.
     """
 
     kind: ClassVar[str | None] = None
@@ -306,6 +312,10 @@ class TaskListener(EventListener):
     #: Observes each run()'s seconds when set (``--metrics-port``: a prometheus_client
     #: Histogram with a ``kind`` label, workers.metrics); None costs nothing.
     task_seconds: Any = None
+    #: Seconds a slot of a limited kind outlives its holder's last renewal.
+    slot_lease: float = DEFAULT_LEASE
+    #: Longest a task waiting for a slot blocks before it looks whether it was cancelled.
+    slot_check_interval: float = DEFAULT_CHECK_INTERVAL
 
     def __init__(self, kind: str | None = None, keys: Keys | None = None, **options: Any):
         kind = kind or type(self).kind
@@ -323,7 +333,16 @@ class TaskListener(EventListener):
         super().__init__(self.keys.tasks(kind), TASK_GROUP, [START_TASK], **options)
         self._attempt_state = load_script(self.connection, "attempt_state")
         self._stopped = StoppedWorkflows(self.connection, self.keys, self.consumer)
-        self.read_along = (self._stopped.along,)
+        self._slots = KindSlots(
+            self.connection,
+            self.keys,
+            kind,
+            self.consumer,
+            lease=self.slot_lease,
+            check_interval=self.slot_check_interval,
+        )
+        self.read_along = (self._stopped.along, self._slots.along)
+        self._limit_reply = 1  # where the kind's limit is among read_replies
         self.flush_with_next_read = True  # one round trip per batch
 
     def _kind_streams(self) -> list[str]:
@@ -356,6 +375,43 @@ class TaskListener(EventListener):
 
     def process(self, event_id: str, event: dict[str, Any]) -> bool:
         task = self.task(event_id, event)
+        replies, at = self.read_replies, self._limit_reply
+        if not self._slots.limited(replies[at] if replies and len(replies) > at else None):
+            if not self._slots.checking and len(self.read_along) > at:
+                self.read_along = self.read_along[:at]  # refused: not sent any more
+            return self._answer(task, event)
+        slot = self._slots.acquire(task.id, event_id, lambda: self._give_up(task))
+        if slot is None:  # the limit went meanwhile
+            return self._answer(task, event)
+        if isinstance(slot, str):
+            if slot == "stopping":  # back on the stream, its place in line for another
+                self.emit(event, self.current_stream)
+                return False
+            log.info("task %s not started: %s while it waited for a slot", task.id, slot)
+            return True
+        return self._answer_holding(task, event, slot)
+
+    def _give_up(self, task: Task) -> str | None:
+        """Why a task waiting for a slot should not wait on, if it should not."""
+        if self.stopping:
+            return "stopping"
+        if task.cancelled():
+            return f"its workflow {task.workflow} ended or the attempt was replaced"
+        return None
+
+    def _answer_holding(self, task: Task, event: dict[str, Any], slot: Slot) -> bool:
+        """:meth:`_answer` while holding ``slot``, released in the answer's transaction."""
+        sent = False
+        try:
+            handled = self._answer(task, event)
+            self.emit_filled(slot.release_command(), slot.member.encode())
+            sent = True
+            return handled
+        finally:
+            if not sent:  # raised: the entry stays pending, its slot goes now
+                slot.release()
+
+    def _answer(self, task: Task, event: dict[str, Any]) -> bool:
         try:
             output = self.run(task) if self.task_seconds is None else self._timed(task)
         except HandBack:

@@ -29,6 +29,7 @@ from lifecycle import events as ev
 from lifecycle import records as rec
 from lifecycle.audit.replay import NOT_IN_REDIS, WorkflowReplay
 from lifecycle.audit.report import AuditReport, audit_archive
+from lifecycle.engine.commit import Commit
 from lifecycle.keys import Keys
 from lifecycle.priorities import priority_member
 
@@ -116,6 +117,8 @@ def _restore(
             if item.live == NOT_IN_REDIS and item.state.status != rec.RUNNING:
                 pipe.hincrby(keys.outcomes, item.state.status, 1)
                 _ended_again(client, pipe, keys, item)
+            if item.state.status == rec.RUNNING:
+                _place_again(pipe, keys, item)
             for stream, event in running:
                 priority = event.get("priority")
                 if isinstance(priority, int) and priority:
@@ -141,6 +144,25 @@ def _ended_again(client: redis.Redis, pipe: Any, keys: Keys, item: WorkflowRepla
         pipe.zadd(keys.expiring, {item.workflow: int(ended) + int(retain)})
     if item.state.status != rec.FINISHED:
         pipe.hset(keys.stopped, item.workflow, orjson.dumps(item.state.stopped))
+
+
+def _place_again(pipe: Any, keys: Keys, item: WorkflowReplay) -> None:
+    """A running workflow under a concurrency key takes its place again (the sets went
+    with the Redis that was lost): admitted, or in line at its creation time, admitted
+    now if there is room (gate.lua)."""
+    raw = item.fields.get(rec.CONCURRENCY)
+    concurrency = orjson.loads(raw) if raw is not None else None
+    if not isinstance(concurrency, dict):
+        return
+    key, most = str(concurrency.get("key")), int(concurrency.get("max") or 1)
+    if concurrency.get("queued") is not True:
+        pipe.sadd(keys.key_running(key), item.workflow)
+        return
+    place = Commit(keys, item.workflow)
+    place.enter(key, most, int(item.fields.get(rec.CREATED) or 0) * 1000)
+    gate = place.gate_command()  # no version written: no version checked
+    assert gate is not None
+    pipe.execute_command(*gate)
 
 
 def _running_start_tasks(item: WorkflowReplay) -> list[tuple[str, dict[str, Any]]]:

@@ -174,10 +174,12 @@ def replay_workflow(item: WorkflowReplay, graphs: ArchiveGraphs, keys: Keys) -> 
         pending.priority = int(priority) if priority is not None else 0
         paused = item.fields.get(rec.PAUSED)
         pending.held = orjson.loads(paused) if paused is not None else None
+        concurrency = item.fields.get(rec.CONCURRENCY)
+        pending.concurrency = orjson.loads(concurrency) if concurrency is not None else None
         key = getattr(parsed, "key", None)
         if key is not None and rec.start_field(key) in item.fields:
             pending.inputs = {key: orjson.loads(item.fields[rec.start_field(key)])[2]}
-        elif kind in (ev.RESUME_WORKFLOW, ev.RESTART_WORKFLOW):
+        elif kind in (ev.RESUME_WORKFLOW, ev.RESTART_WORKFLOW, ev.ADMIT_WORKFLOW):
             pending.inputs = recorded_inputs(item.fields)
         result = BatchResult()
         commit = transition.compute(pending, result, id_order(entry_id)[0])

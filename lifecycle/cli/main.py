@@ -14,6 +14,7 @@ import logging
 from collections.abc import Sequence
 
 from lifecycle.cli import audit, control, dead_letters, look, run, schedule, status, worker
+from lifecycle.cli import limits as kind_limits
 from lifecycle.cli.support import EXIT_CODES_HELP, Registrar, common_options, dispatch
 
 __all__ = ["ENGINE_COMMANDS", "LIFECYCLE_COMMANDS", "Registrar", "build_parser", "main"]
@@ -27,6 +28,7 @@ ENGINE_COMMANDS: tuple[Registrar, ...] = (
     status.add_commands,
     dead_letters.add_commands,
     schedule.add_commands,
+    kind_limits.add_commands,
 )
 LIFECYCLE_COMMANDS: tuple[Registrar, ...] = (worker.worker_command(), *ENGINE_COMMANDS)
 

@@ -30,7 +30,12 @@ from lifecycle.cli.support import (
 from lifecycle.errors import NotAllowed
 from lifecycle.keys import Keys
 from lifecycle.priorities import MAX_PRIORITY, MIN_PRIORITY, BadPriority, check_priority
-from lifecycle.submit import start_workflow, start_workflow_once
+from lifecycle.submit import (
+    BadConcurrency,
+    check_concurrency,
+    start_workflow,
+    start_workflow_once,
+)
 from rqse.keys import dead_letter_key
 
 __all__ = [
@@ -107,6 +112,13 @@ def add_commands(commands: Any, common: argparse.ArgumentParser) -> None:
         f"worker, no worker for a kind) after this long without progress, default "
         f"{DEFAULT_WARN_AFTER:g}; 0: never",
     )
+    run.add_argument(
+        "--concurrency-key",
+        metavar="KEY",
+        help="with --max-running: at most N workflows of KEY run at once; this one waits "
+        "queued until a place is free (in the order they were sent)",
+    )
+    run.add_argument("--max-running", type=int, metavar="N", help="see --concurrency-key")
     run.set_defaults(func=_run)
 
 
@@ -117,16 +129,16 @@ def workflow_state(client: redis.Redis, keys: Keys, workflow_id: str) -> str | N
     # HGET alone: the documented ACL of `run` (docs/security.md) grants no HMGET.
     key = keys.workflow(workflow_id)
     pipe = client.pipeline(transaction=False)
-    for field in (rec.STATE, rec.PAUSED, rec.VERSION):
+    for field in (rec.STATE, rec.PAUSED, rec.VERSION, rec.CONCURRENCY):
         pipe.hget(key, field)
-    raw, paused, version = pipe.execute()
+    raw, paused, version, concurrency = pipe.execute()
     if raw is None and version is None:
         return None
     state = _loads(raw)
     if not isinstance(state, dict) or not isinstance(state.get("status", rec.RUNNING), str):
         return "corrupt"
     status = str(state.get("status", rec.RUNNING))
-    return rec.shown_state(status, paused is not None)
+    return rec.shown_state(status, paused is not None, rec.is_queued(concurrency))
 
 
 def _exists(args: argparse.Namespace, context: Context) -> bool:
@@ -172,16 +184,21 @@ def _run(args: argparse.Namespace, context: Context) -> int:
     # the first one's redelivery and say nothing.
     if args.id is not None and not args.id.strip():
         raise CliError("--id must name the workflow: it is empty")
+    gate = {"concurrency_key": args.concurrency_key, "max_running": args.max_running}
+    try:
+        check_concurrency(**gate)
+    except BadConcurrency as error:
+        raise CliError(f"--concurrency-key/--max-running: {error}") from error
     exists = _exists(args, context)
     since = Since.now(client, keys) if args.wait else None
     if exists:
         workflow_id = args.id
     elif args.id is not None:  # the id is claimed and started in one step
-        if not start_workflow_once(client, graph, value, args.id, keys, priority=priority):
+        if not start_workflow_once(client, graph, value, args.id, keys, priority=priority, **gate):
             exists = _taken(args, "starting: its start is not applied yet")
         workflow_id = args.id
     else:
-        workflow_id = start_workflow(client, graph, value, None, keys, priority=priority)
+        workflow_id = start_workflow(client, graph, value, None, keys, priority=priority, **gate)
     if since is None:  # a submitter need not read the lifecycle stream (docs/security.md)
         print(workflow_id)
         return EXIT_OK

@@ -46,9 +46,10 @@ _MAX_LOADS = 4  # loads of a chunked state's entries for one transition, before 
 _KNOWN_CHUNKED = 65536  # workflows remembered as chunked (their entries are loaded at once)
 _SHARED = frozenset({FANIN, WAITING})  # entries many events of one workflow touch
 _SHARED_ENTRIES = 64  # of those, remembered per workflow
-_LOADED = (rec.VERSION, rec.STATE, rec.GRAPH, rec.SALT, rec.PAUSED, rec.PRIORITY)
-# Controls that send start-tasks again, with the inputs recorded: the whole record is read.
-_WHOLE_RECORD = frozenset({ev.RESUME_WORKFLOW, ev.RESTART_WORKFLOW})
+_LOADED = (rec.VERSION, rec.STATE, rec.GRAPH, rec.SALT, rec.PAUSED, rec.PRIORITY, rec.CONCURRENCY)
+# Events that send start-tasks again (or held ones), with the inputs recorded: the whole
+# record is read.
+_WHOLE_RECORD = frozenset({ev.RESUME_WORKFLOW, ev.RESTART_WORKFLOW, ev.ADMIT_WORKFLOW})
 _LOAD = fastpipe.Template("HMGET", fastpipe.SLOT, *_LOADED)
 
 
@@ -366,18 +367,48 @@ class Advancer:
         if not commits:
             return []
         group = self.keys.lifecycle_group
-        commands = []
+        commands: list[Any] = []
+        gated = []  # where a commit's script call goes with its gate, in a MULTI of its own
         for item, commit in commits:
             keys, args = commit.script_call(group, item.version)
-            commands.append(("EVALSHA", self.script.sha, len(keys), *keys, *args))
-        replies = fastpipe.execute(self.client, commands)
+            call = ("EVALSHA", self.script.sha, len(keys), *keys, *args)
+            gate = commit.gate_command()
+            if gate is None:
+                commands.append(call)
+                continue
+            gated.append(len(commands))
+            # The gate checks the version the script wrote: a lost race admits nothing.
+            commands += [("MULTI",), call, gate, ("EXEC",)]
+        replies = self._execute_script_calls(commands, gated)
         if any(_is_noscript(reply) for reply in replies):  # after a restart or SCRIPT FLUSH
             self.client.script_load(lua.script_source("advance", _SCRIPTS))
-            replies = fastpipe.execute(self.client, commands)
+            replies = self._execute_script_calls(commands, gated)
         # Redis trouble (out of memory, read-only, ...) stops the batch, to be retried;
         # an error the script raised for one workflow's data is that workflow's alone.
         _raise_errors([reply for reply in replies if not _workflow_error(reply)])
         return [reply if _workflow_error(reply) else bool(reply) for reply in replies]
+
+    def _execute_script_calls(self, commands: list[Any], gated: list[int]) -> list[Any]:
+        """The reply of each commit's script call (those at ``gated`` start a MULTI of
+        four commands whose EXEC holds it)."""
+        replies = fastpipe.execute(self.client, commands)
+        if not gated:
+            return replies
+        out, at, starts = [], 0, set(gated)
+        while at < len(replies):
+            if at in starts:
+                executed = replies[at + 3]
+                if isinstance(executed, BaseException) or executed is None:
+                    # Refused whole (EXECABORT): the queuing error says why.
+                    errors = [r for r in replies[at : at + 3] if isinstance(r, BaseException)]
+                    out.append(errors[0] if errors else executed)
+                else:
+                    out.append(executed[0])
+                at += 4
+            else:
+                out.append(replies[at])
+                at += 1
+        return out
 
 
 def _pairs(reply: Any) -> dict[Any, Any]:
@@ -392,7 +423,7 @@ def _read_record(
 ) -> None:
     """Fill ``item`` from the HMGET of its record: ``_LOADED``, then the inputs asked for,
     then the entries of a chunked state."""
-    version, state, digest, salt, paused, priority = values[: len(_LOADED)]
+    version, state, digest, salt, paused, priority, concurrency = values[: len(_LOADED)]
     item.version = version.decode() if version else ""
     core = orjson.loads(state) if state else None
     if core is None:
@@ -406,6 +437,7 @@ def _read_record(
     item.salt = salt.decode() if salt is not None else None
     item.held = orjson.loads(paused) if paused is not None else None
     item.priority = int(priority) if priority is not None else 0
+    item.concurrency = orjson.loads(concurrency) if concurrency is not None else None
     item.corrupt = None
     loads = orjson.loads
     item.inputs = {

@@ -14,9 +14,11 @@ from typing import Any
 import orjson
 
 from flowlang.machine import State
+from lifecycle import events as ev
 from lifecycle import records as rec
 from lifecycle.keys import Keys
 from lifecycle.stored_state import state_from_fields
+from rqse import lua
 from rqse.fastpipe import Template
 
 __all__ = [
@@ -26,6 +28,9 @@ __all__ = [
 
 _dumps = orjson.dumps
 _NO_INPUTS: dict[str, Any] = {}  # shared, never written: Pending.inputs is replaced
+# Sent with EVAL, not EVALSHA: it runs inside MULTI, where a NOSCRIPT could not be retried.
+_SCRIPTS = lua.scripts_dir(__file__)
+_ADMIT_JSON = _dumps(ev.ADMIT_WORKFLOW)
 
 
 @dataclass
@@ -62,7 +67,7 @@ class Pending:
 
     __slots__ = (
         "workflow", "events", "version", "state", "digest", "inputs", "salt", "corrupt", "refused",
-        "held", "resends", "entries", "input_keys", "priority",
+        "held", "resends", "entries", "input_keys", "priority", "concurrency",
     )  # fmt: skip
 
     def __init__(
@@ -87,6 +92,8 @@ class Pending:
         self.resends = False
         self.entries: list[str] = []  # the fields of a chunked state's entries to load
         self.input_keys: list[str] = []  # task instances whose inputs are loaded with it
+        # under a concurrency key: its record's CONCURRENCY field, decoded
+        self.concurrency: dict[str, Any] | None = None
 
     def note_input(self, key: str, value: Any) -> None:
         """The input of a start-task held or sent in this batch: a resume or restart later
@@ -102,6 +109,8 @@ class Pending:
         get = _getter(fields)
         version, state, digest, salt = (get(name) for name in _RECORD)
         paused = get(rec.PAUSED)
+        concurrency = get(rec.CONCURRENCY)
+        self.concurrency = orjson.loads(concurrency) if concurrency is not None else None
         self.version = _text(version) if version else ""
         self.state = state_from_fields(fields) if state else None
         self.digest = _text(digest) if digest else None
@@ -208,6 +217,7 @@ class Commit:
     __slots__ = (
         "keys", "workflow", "shared", "acks", "fields", "events", "timers", "cancels",
         "created", "outcome", "removed", "expire_at", "stopped", "unstop", "reopened", "deleted",
+        "gate", "gate_key",
     )  # fmt: skip
 
     def __init__(self, keys: Keys, workflow: str, shared: SharedKeys | None = None) -> None:
@@ -232,6 +242,46 @@ class Commit:
         self.unstop = False  # it finished after a restart: its stop record goes
         self.reopened = False  # restarted: no longer due for removal
         self.deleted = False  # the workflow's record goes (its acks still happen)
+        # Under a concurrency key: (key, max running), and what the commit does there:
+        # 'enter' (queued at an order) and 'leave' (ended), flat: op, order, ...
+        self.gate_key: tuple[str, int] | None = None
+        self.gate: list[Any] = []
+
+    def enter(self, key: str, max_running: int, order: int) -> None:
+        """The workflow waits in line for its concurrency key from this commit on."""
+        self.gate_key = (key, max_running)
+        self.gate += ("enter", order)
+
+    def leave(self, key: str, max_running: int) -> None:
+        """The workflow ended: its place under its concurrency key goes to the next."""
+        self.gate_key = (key, max_running)
+        self.gate += ("leave", 0)
+
+    def gate_command(self) -> tuple[Any, ...] | None:
+        """The EVAL of ``gate.lua`` that carries out :attr:`gate` after this commit's
+        writes, in the same transaction (it checks the version the commit writes)."""
+        if self.gate_key is None:
+            return None
+        key, most = self.gate_key
+        names = self.fields[::2]
+        at = len(names) - 1 - names[::-1].index(rec.VERSION) if rec.VERSION in names else -1
+        version = self.fields[2 * at + 1] if at >= 0 else ""
+        return (
+            "EVAL",
+            lua.script_source("gate", _SCRIPTS),
+            4,
+            self.keys.workflow(self.workflow),
+            self.keys.key_running(key),
+            self.keys.key_queue(key),
+            self.shared[0],
+            rec.VERSION,
+            str(version),
+            self.workflow,
+            most,
+            _ADMIT_JSON,
+            len(self.gate) // 2,
+            *self.gate,
+        )
 
     def set(self, name: str, value: Any) -> None:
         self.fields += (name, value)
@@ -303,6 +353,9 @@ class Commit:
                 commands.append(template.fill(*fields))
         if self.reopened:
             commands.append(("ZREM", self.shared[4], self.workflow))
+        gate = self.gate_command()
+        if gate is not None:
+            commands.append(gate)
         shared.add(self)
         return commands
 

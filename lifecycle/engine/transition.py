@@ -134,7 +134,7 @@ class Transition:
             commit.set(rec.CREATED, now)
         if item.held is not None:
             commit.removed.append(rec.PAUSED)
-        self._end(commit, now, rec.FAILED, state)
+        self._end(commit, now, rec.FAILED, state, item)
         commit.append(self.keys.lifecycle, ev.failed_workflow(item.workflow, reason))
         commit.set(rec.STATE, _dumps(state.to_dict()))
         commit.set(rec.VERSION, int(item.version or 0) + 1)
@@ -156,11 +156,19 @@ class Transition:
                 )
         return commit
 
-    def _end(self, commit: Commit, now: int, status: str, state: State) -> None:
-        """The workflow ends with ``commit``: counted, due for retention, and, unless it
-        finished, a stop record its workers check: the attempts it stopped (their
-        start-tasks still queued are skipped; a restart's next attempts are not)."""
+    def _end(self, commit: Commit, now: int, status: str, state: State, item: Pending) -> None:
+        """The workflow ends with ``commit``: counted, due for retention, its place under
+        its concurrency key given to the next, and, unless it finished, a stop record its
+        workers check: the attempts it stopped (their start-tasks still queued are
+        skipped; a restart's next attempts are not)."""
         commit.end(now, status)
+        concurrency = item.concurrency
+        if concurrency is not None:
+            key, most = concurrency["key"], concurrency["max"]
+            commit.leave(key, most)
+            if concurrency.get("queued"):  # ended before its turn (terminated, failed)
+                item.concurrency = {"key": key, "max": most}
+                commit.set(rec.CONCURRENCY, _dumps(item.concurrency))
         commit.reopened = False  # restarted, then ended again in this batch: scheduled anew
         if self.retain_ms:
             commit.expire_at = str(now + self.retain_ms)
@@ -210,6 +218,10 @@ class Transition:
                     commit.set(rec.INPUT, encode_value(event.input, self.limits, "the input"))
                     if machine.graph.name:
                         commit.set(rec.NAME, machine.graph.name)
+                    item.concurrency = None  # (a record deleted earlier in the batch)
+                    if event.concurrency is not None:
+                        key, most = event.concurrency
+                        self._queue(item, commit, key, most, _order(event_id))
                     actions: list[Any] = machine.start(state, event.input)
                 elif (
                     kind == ev.DELETE_WORKFLOW
@@ -222,6 +234,9 @@ class Transition:
                         continue
                     actions = applied
                 else:
+                    if state is None and kind == ev.ADMIT_WORKFLOW:
+                        result.duplicates.append(event_id)  # deleted before its turn
+                        continue
                     if state is None or item.digest is None:
                         result.rejected.append(
                             (event_id, f"event {event_id}: no workflow {item.workflow!r}")
@@ -365,7 +380,14 @@ class Transition:
         """An operator's control event; None when it changes nothing: a repeat (pausing a
         paused workflow) is a duplicate, one its state does not allow is rejected."""
         kind, status, paused = event.kind, state.status, item.held is not None
-        shown = rec.PAUSED_STATE if paused else status
+        queued = item.concurrency is not None and item.concurrency.get("queued") is True
+        if kind == ev.ADMIT_WORKFLOW:
+            if not queued or status != rec.RUNNING:  # ended before its turn came
+                result.duplicates.append(event_id)
+                return None
+            assert machine is not None
+            return self._admit(machine, state, item, commit)
+        shown = rec.shown_state(status, paused, queued)
         refusal = ev.refusal(kind, shown, bool(state.stopped))
         if refusal is not None:
             if refusal == ev.ALREADY:
@@ -378,10 +400,10 @@ class Transition:
         if kind == ev.TERMINATE_WORKFLOW:
             assert machine is not None
             machine.terminate(state, event.reason)
-            if paused:  # what was held is part of what a restart starts again
+            if paused:  # (or queued) what was held is part of what a restart starts again
                 commit.removed.append(rec.PAUSED)
                 item.held = None
-            self._end(commit, now, rec.TERMINATED, state)
+            self._end(commit, now, rec.TERMINATED, state, item)
             commit.append(
                 self.keys.lifecycle,
                 ev.failed_workflow(item.workflow, state.error or event.reason, rec.TERMINATED),
@@ -402,6 +424,9 @@ class Transition:
             ]
         if kind == ev.RESTART_WORKFLOW:
             assert machine is not None
+            concurrency = item.concurrency
+            if concurrency is not None:  # in line again, behind those waiting now
+                self._queue(item, commit, concurrency["key"], concurrency["max"], now * 1000)
             actions: list[Any] = machine.restart(state, item.inputs)
             commit.removed.append(rec.ENDED)
             commit.reopened = True  # its stop record stays: the stopped attempts stay stopped
@@ -409,6 +434,28 @@ class Transition:
         commit.delete()  # DELETE_WORKFLOW: what this batch wrote before goes too
         item.state, item.digest, item.held = None, None, None
         return []
+
+    def _queue(self, item: Pending, commit: Commit, key: str, most: int, order: int) -> None:
+        """The workflow waits for its concurrency key: its start-tasks are held (as while
+        paused) until the gate admits it; the gate runs in this commit's transaction."""
+        item.concurrency = {"key": key, "max": most, "queued": True}
+        commit.set(rec.CONCURRENCY, _dumps(item.concurrency))
+        item.held = []
+        commit.enter(key, most, order)
+
+    def _admit(self, machine: Machine, state: State, item: Pending, commit: Commit) -> list[Any]:
+        """Its turn under its concurrency key came: the held start-tasks go, in order."""
+        assert item.concurrency is not None
+        item.concurrency = {"key": item.concurrency["key"], "max": item.concurrency["max"]}
+        commit.set(rec.CONCURRENCY, _dumps(item.concurrency))
+        held, item.held = item.held or [], None
+        commit.removed.append(rec.PAUSED)
+        running = state.running
+        return [
+            machine.task_action(key, running[key], item.inputs.get(key))
+            for key in held
+            if key in running
+        ]
 
     def _carry_out(
         self,
@@ -458,13 +505,13 @@ class Transition:
                 if item.held is not None:  # paused with nothing left to hold: it is done
                     commit.removed.append(rec.PAUSED)
                     item.held = None
-                self._end(commit, now, rec.FINISHED, state)
+                self._end(commit, now, rec.FINISHED, state, item)
                 commit.append(self.keys.lifecycle, ev.end_workflow(workflow, action.output))
             elif isinstance(action, Failed):
                 if item.held is not None:  # nothing held starts any more
                     commit.removed.append(rec.PAUSED)
                     item.held = None
-                self._end(commit, now, rec.FAILED, state)
+                self._end(commit, now, rec.FAILED, state, item)
                 commit.append(self.keys.lifecycle, ev.failed_workflow(workflow, action.reason))
 
     def _task(self, item: Pending, machine: Machine, node: int) -> _TaskFacts:
@@ -503,6 +550,16 @@ class Transition:
         """The retry/timeout policy of the node of instance ``key``."""
         node = int(key) if "." not in key else int(key.split(".", 1)[0])
         return self._task(item, machine, node).policy
+
+
+def _order(event_id: str) -> int:
+    """A start-workflow's place in its concurrency key's line: its stream entry id as
+    ``ms * 1000 + seq`` (seq capped: entries of one ms past the thousandth share one)."""
+    ms, _, seq = event_id.partition("-")
+    try:
+        return int(ms) * 1000 + min(int(seq or 0), 999)
+    except ValueError:
+        return 0
 
 
 _CHUNK_AT = 64  # entries of one table (or one iteration's items) past which it is chunked

@@ -83,7 +83,7 @@ def test_list_rejects_an_unknown_state_with_the_valid_ones(redis_url: str, capsy
     code, out, err = run(capsys, "list", "--state", "done", "--redis-url", redis_url)
     assert (code, out) == (EXIT_ERROR, "")
     assert err == (
-        "error: unknown state 'done' (expected one of running, paused, finished, failed, "
+        "error: unknown state 'done' (expected one of running, paused, queued, finished, failed, "
         "terminated, corrupt)\n"
     )
 

@@ -158,6 +158,8 @@ def test_workflows_are_counted_by_state_and_gone_ones_are_not(
 ) -> None:
     store(redis_client, "run", 1, s=b'{"status": "running"}')
     store(redis_client, "paused", 2, s=b'{"status": "running"}', p=b"[]")
+    queued = b'{"key":"k","max":1,"queued":true}'
+    store(redis_client, "queued", 2, s=b'{"status": "running"}', p=b"[]", k=queued)
     store(redis_client, "done", 3, s=b'{"status": "finished"}', ended=b"3")
     store(redis_client, "bad", 4, s=b'{"status": "failed"}', ended=b"4")
     store(redis_client, "stop", 5, s=b'{"status": "terminated"}', ended=b"5")
@@ -169,12 +171,13 @@ def test_workflows_are_counted_by_state_and_gone_ones_are_not(
     assert counts.states == {
         "running": 1,
         "paused": 1,
+        "queued": 1,
         "finished": 1,
         "failed": 1,
         "terminated": 1,
         "corrupt": 0,
     }
-    assert (counts.counted, counts.scanned, counts.listed, counts.partial) == (5, 6, 6, False)
+    assert (counts.counted, counts.scanned, counts.listed, counts.partial) == (6, 7, 7, False)
     newest = count_workflows(redis_client, KEYS, limit=2)
     assert newest.states["terminated"] == 1 and sum(newest.states.values()) == 1
     assert (newest.scanned, newest.partial) == (2, True)

@@ -1,0 +1,294 @@
+"""Concurrency limits per task kind: at most N tasks of a kind run at once, across all
+workers (``python -m lifecycle limit set KIND N``).
+
+A slot is a lease: a member ``<task id> <consumer>`` of ``{flow}:slots:<kind>`` scored
+by when it expires (Redis's clock). The holder renews it while its task runs and
+releases it in the transaction that sends the task's answer; a holder that dies frees
+its slot when the lease lapses, so a kind limited to 1 is never blocked for longer
+than a lease by a dead worker. Tasks without a slot wait in line
+(``{flow}:slot-queue:<kind>``, by stream entry id), each blocked on its own wake-up
+list: a release, a raised or removed limit wakes the first in line, and a waiter looks
+again at the latest when the earliest holder's lease ends or its own needs renewing
+(no polling in between). Every step is one call of ``scripts/kind_slots.lua``.
+
+Workers read the limit with each batch of start-tasks (one HGET in the read's round
+trip), so a kind without a limit costs nothing more and a change takes effect at the
+next task, without a restart.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+
+from lifecycle.errors import LifecycleError
+from lifecycle.keys import Keys
+from rqse import lua
+from rqse.fastpipe import SLOT, Template
+
+__all__ = [
+    "BadKindLimit",
+    "KindLimit",
+    "KindSlots",
+    "Slot",
+    "list_kind_limits",
+    "remove_kind_limit",
+    "set_kind_limit",
+]
+
+log = logging.getLogger(__name__)
+
+_SCRIPTS = lua.scripts_dir(__file__)
+SCRIPT = "kind_slots"
+DEFAULT_LEASE = 30.0  # seconds a slot outlives its holder's last renewal
+DEFAULT_CHECK_INTERVAL = 5.0  # longest a waiter blocks before it looks at cancellation
+
+
+class BadKindLimit(LifecycleError):
+    """Raised when a kind or a limit given to ``limit set``/``remove`` is not valid."""
+
+
+@dataclass(frozen=True, slots=True)
+class KindLimit:
+    """A kind's limit and how it stands now: slots held, tasks waiting."""
+
+    kind: str
+    limit: int
+    running: int
+    waiting: int
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "limit": self.limit,
+            "running": self.running,
+            "waiting": self.waiting,
+        }
+
+
+def _check_kind(kind: str) -> str:
+    if not kind or any(c.isspace() for c in kind) or ":" in kind:
+        raise BadKindLimit(
+            f"kind {kind!r}: expected a task kind (a task name's prefix before ':', "
+            "no spaces), e.g. 'ml' for tasks named ml:train"
+        )
+    return kind
+
+
+def _call(client: redis.Redis, keys: Keys, kind: str, *args: Any) -> Any:
+    script = lua.load_script(client, SCRIPT, _SCRIPTS)
+    return script(keys=_script_keys(keys, kind), args=_script_args(keys, kind, *args))
+
+
+def _script_keys(keys: Keys, kind: str) -> list[str]:
+    return [keys.kind_limits, keys.slots(kind), keys.slot_queue(kind), keys.slot_waiting(kind)]
+
+
+def _script_args(
+    keys: Keys, kind: str, op: str, member: str = "", order: int = 0, lease: float = 0
+) -> list[Any]:
+    return [op, kind, member, order, max(1, int(lease * 1000)), keys.slot_wake(kind)]
+
+
+def set_kind_limit(
+    client: redis.Redis, keys: Keys, kind: str, limit: int, lease: float = DEFAULT_LEASE
+) -> None:
+    """At most ``limit`` (1 or more) tasks of ``kind`` run at once from now on; waiters
+    a raised limit lets in are woken."""
+    _check_kind(kind)
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+        raise BadKindLimit(f"limit of kind {kind!r}: {limit!r}, expected a whole number >= 1")
+    _call(client, keys, kind, "set", str(limit), 0, lease)
+
+
+def remove_kind_limit(
+    client: redis.Redis, keys: Keys, kind: str, lease: float = DEFAULT_LEASE
+) -> bool:
+    """Lift ``kind``'s limit (every waiter is woken and runs); False when it had none."""
+    _check_kind(kind)
+    had = client.hexists(keys.kind_limits, kind)
+    _call(client, keys, kind, "remove", "", 0, lease)
+    return bool(had)
+
+
+def list_kind_limits(client: redis.Redis, keys: Keys) -> list[KindLimit]:
+    """Every kind with a limit, by name, with its slots held and tasks waiting (leases
+    that lapsed not counted)."""
+    limits = {
+        (k.decode() if isinstance(k, bytes) else str(k)): int(v)
+        for k, v in client.hgetall(keys.kind_limits).items()
+    }
+    kinds = sorted(limits)
+    if not kinds:
+        return []
+    (now_s, now_us) = client.time()
+    now = now_s * 1000 + now_us // 1000
+    pipe = client.pipeline(transaction=False)
+    for kind in kinds:
+        pipe.zcount(keys.slots(kind), f"({now}", "+inf")
+        pipe.zcount(keys.slot_waiting(kind), f"({now}", "+inf")
+    counts = pipe.execute()
+    return [
+        KindLimit(kind, limits[kind], int(counts[2 * i]), int(counts[2 * i + 1]))
+        for i, kind in enumerate(kinds)
+    ]
+
+
+def entry_order(entry_id: str) -> int:
+    """A stream entry id's place in line: ``ms * 1000 + seq`` (seq capped: entries of
+    one millisecond past the thousandth share a place, then go by task id)."""
+    ms, _, seq = entry_id.partition("-")
+    try:
+        return int(ms) * 1000 + min(int(seq or 0), 999)
+    except ValueError:
+        return 0
+
+
+class Slot:
+    """A slot held: renewed from a daemon thread until :meth:`stop`; its release is
+    :meth:`release_command` (to send with the answer) or :meth:`release` (at once)."""
+
+    def __init__(self, slots: KindSlots, member: str) -> None:
+        self._slots = slots
+        self.member = member
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._renew, name=f"slot {member}", daemon=True)
+        self._thread.start()
+
+    def _renew(self) -> None:
+        interval = self._slots.lease / 3
+        while not self._done.wait(interval):
+            try:
+                if not self._slots.call("renew", self.member):
+                    log.warning(
+                        "slot %s of kind %s: lease lapsed before renewal (another task may "
+                        "have its place)",
+                        self.member,
+                        self._slots.kind,
+                    )
+                    return
+            except redis.RedisError as error:
+                log.debug("slot %s: renewal failed: %s", self.member, error)
+
+    def stop(self) -> None:
+        self._done.set()
+
+    def release_command(self) -> Template:
+        """The release, as an EVAL to send in the transaction of the task's answer."""
+        self.stop()
+        return self._slots.release_template
+
+    def release(self) -> None:
+        """Release now, best effort (the lease frees it anyway)."""
+        self.stop()
+        try:
+            self._slots.call("release", self.member)
+        except redis.RedisError as error:
+            log.info("slot %s: release failed, freed when its lease ends: %s", self.member, error)
+
+
+class KindSlots:
+    """A worker's side of its kind's limit: the limit as read with each batch
+    (:attr:`along`), waiting for and holding slots."""
+
+    def __init__(
+        self,
+        client: redis.Redis,
+        keys: Keys,
+        kind: str,
+        consumer: str,
+        lease: float = DEFAULT_LEASE,
+        check_interval: float = DEFAULT_CHECK_INTERVAL,
+    ) -> None:
+        self._client = client
+        self.keys = keys
+        self.kind = kind
+        self.consumer = consumer
+        self.lease = lease
+        self.check_interval = check_interval
+        self._script = lua.load_script(client, SCRIPT, _SCRIPTS)
+        #: For the listener's ``read_along``: the kind's limit (None: no limit).
+        self.along = ("HGET", keys.kind_limits, kind)
+        #: False once Redis refused to tell the limit (ACL): nothing is asked any more.
+        self.checking = True
+        ms = max(1, int(lease * 1000))
+        # EVAL rather than EVALSHA: it goes inside the answer's MULTI, where a NOSCRIPT
+        # (a restarted Redis) could not be retried.
+        self.release_template = Template(
+            "EVAL",
+            lua.script_source(SCRIPT, _SCRIPTS),
+            4,
+            *_script_keys(keys, kind),
+            "release",
+            kind,
+            SLOT,
+            0,
+            ms,
+            keys.slot_wake(kind),
+        )
+
+    def limited(self, along: Any) -> bool:
+        """Whether the kind has a limit: from the reply to :attr:`along` sent with the
+        read, or asked now when there was none (claimed entries). A user not allowed to
+        read the limits is said once, then runs without them (:attr:`checking` False:
+        the listener stops sending :attr:`along`)."""
+        if not self.checking:
+            return False
+        try:
+            if isinstance(along, BaseException):
+                raise along
+            if along is None:
+                along = self._client.hget(self.keys.kind_limits, self.kind)
+        except redis.exceptions.NoPermissionError as error:
+            self.checking = False
+            log.warning(
+                "consumer %s: cannot read %s (%s); kind %s runs without its limit",
+                self.consumer,
+                self.keys.kind_limits,
+                error,
+                self.kind,
+            )
+            return False
+        return along is not None
+
+    def call(self, op: str, member: str, order: int = 0) -> Any:
+        return self._script(
+            keys=_script_keys(self.keys, self.kind),
+            args=_script_args(self.keys, self.kind, op, member, order, self.lease),
+        )
+
+    def member(self, task_id: str) -> str:
+        return f"{task_id} {self.consumer}"
+
+    def acquire(
+        self, task_id: str, entry_id: str, give_up: Callable[[], str | None]
+    ) -> Slot | str | None:
+        """Wait in line for a slot of the kind. Returns the :class:`Slot` held, None when
+        the kind has no limit (any more), or the reason ``give_up()`` gave (checked
+        before each attempt: cancelled, stopping) — the place in line is left then."""
+        member = self.member(task_id)
+        order = entry_order(entry_id)
+        wake = self.keys.slot_wake(self.kind) + member
+        waited = False
+        while True:
+            reason = give_up() if waited else None
+            if reason is not None:
+                self.call("release", member)
+                return reason
+            got, again = self.call("acquire", member, order)
+            if got == 1:
+                if waited:
+                    log.debug("task %s: slot of kind %s taken", task_id, self.kind)
+                return Slot(self, member)
+            if got == 2:
+                return None
+            if not waited:
+                log.debug("task %s: waiting for a slot of kind %s", task_id, self.kind)
+            waited = True
+            timeout = min(int(again) / 1000, self.check_interval)
+            self._client.blpop([wake], timeout=max(timeout, 0.01))
