@@ -98,9 +98,10 @@ def _progress(client: redis.Redis) -> int:
     return added + sum(int(group.get("entries-read") or 0) for group in groups)
 
 
-def _poll(client: redis.Redis) -> dict[str, int]:
+def _poll(client: redis.Redis, priority: int = 0) -> dict[str, int]:
     """The stream lengths, read while the run goes on."""
-    return {"lifecycle": client.xlen(KEYS.lifecycle), "tasks": client.xlen(KEYS.tasks("default"))}
+    tasks = KEYS.tasks("default", priority)
+    return {"lifecycle": client.xlen(KEYS.lifecycle), "tasks": client.xlen(tasks)}
 
 
 def _wait_settled(client: redis.Redis, timeout: float = 60.0) -> None:
@@ -140,6 +141,14 @@ def _per_task(
     return {name: round(value, 3) for name, value in ranked if value >= smallest}
 
 
+def _submission(args: argparse.Namespace) -> dict[str, Any]:
+    """What ``--priority`` and ``--max-running`` ask of the submission."""
+    options: dict[str, Any] = {"priority": args.priority}
+    if args.max_running is not None:
+        options.update(concurrency_key="bench", max_running=args.max_running)
+    return options
+
+
 def throughput(args: argparse.Namespace) -> Figures:
     work: Workload = workload(args.shape, args.items)
     compiled = time.perf_counter()
@@ -165,7 +174,7 @@ def throughput(args: argparse.Namespace) -> Figures:
         redis_before = redis_cpu_seconds(client)
         started, bench_cpu = time.perf_counter(), time.process_time()
         ids = [f"w{i}" for i in range(args.workflows)]
-        start_workflows(client, graph, inputs, ids, KEYS, limits=work.limits)
+        start_workflows(client, graph, inputs, ids, KEYS, limits=work.limits, **_submission(args))
         submitted = time.perf_counter() - started
         peaks = {"lifecycle": 0, "tasks": 0}
         last_change, seen = time.perf_counter(), 0
@@ -189,7 +198,7 @@ def throughput(args: argparse.Namespace) -> Figures:
             if args.max_rss_gb and rss > args.max_rss_gb * 1e9:
                 gave_up = f"{rss_name} process over {args.max_rss_gb:g} GB RSS"
                 break
-            lengths = _poll(client)
+            lengths = _poll(client, args.priority)
             peaks = {name: max(peaks[name], length) for name, length in lengths.items()}
         wall = time.perf_counter() - started
         cpu = rig.cpu_since(cpu_before)
@@ -279,6 +288,18 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="DURATION",
         help="passed to the lifecycle workers (engines that compact finished workflows); "
         "the retained memory is then read once compaction has settled, e.g. 0",
+    )
+    parser.add_argument(
+        "--priority",
+        type=int,
+        default=0,
+        help="every workflow's priority: its tasks go to the kind's priority stream",
+    )
+    parser.add_argument(
+        "--max-running",
+        type=int,
+        metavar="N",
+        help="every workflow under one concurrency key with at most N running: the gate's cost",
     )
     parser.add_argument(
         "--max-rss-gb",

@@ -26,6 +26,7 @@ from hiredis import pack_command
 from bench.engine import _cpu_seconds, redis_cpu_seconds
 from lifecycle.events import START_TASK
 from lifecycle.keys import TASK_GROUP, Keys
+from lifecycle.kind_limits import remove_kind_limit, set_kind_limit
 from rqse.events import encode_event
 from rqse.fastpipe import execute
 from rqse.server import RedisServer
@@ -74,8 +75,14 @@ def _listening(client: redis.Redis, consumers: int) -> bool:
     return bool(groups) and int(groups[0]["consumers"]) >= consumers
 
 
-def _time(url: str, client: redis.Redis, tasks: int, commands: list[list[str]]) -> dict[str, Any]:
+def _time(
+    url: str, client: redis.Redis, tasks: int, commands: list[list[str]], limit: int | None = None
+) -> dict[str, Any]:
     client.delete(KEYS.tasks("default"), KEYS.lifecycle)
+    if limit is None:
+        remove_kind_limit(client, KEYS, "default")
+    else:
+        set_kind_limit(client, KEYS, "default", limit)
     fill = _start_tasks(tasks)
     procs = [
         subprocess.Popen(
@@ -121,6 +128,11 @@ def _time(url: str, client: redis.Redis, tasks: int, commands: list[list[str]]) 
     }
 
 
+# The same, its kind limited (lifecycle limit set default 1000: never reached, so what
+# is measured is the slots' leasing, not waiting).
+LIMITED = "the same, kind limited to 1,000 running"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.noop_workers", description=__doc__)
     parser.add_argument("--tasks", type=int, default=50_000)
@@ -131,6 +143,7 @@ def main(argv: list[str] | None = None) -> int:
         "workers noop, 1 process": [noop],
         "workers noop, 2 processes": [noop, noop],
         "workers run Echo (TaskListener), --concurrency 4": [[*echo, "--concurrency", "4"]],
+        LIMITED: [[*echo, "--concurrency", "4"]],
     }
     with RedisServer() as server:
         client = redis.Redis.from_url(server.url)
@@ -138,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
         print("the workers' Redis commands")
         for name, commands in setups.items():
             tasks = args.tasks if "noop" in name else args.tasks // 5
-            f = _time(server.url, client, tasks, commands)
+            f = _time(server.url, client, tasks, commands, 1000 if name == LIMITED else None)
             print(
                 f"{name:50} {tasks:6d} tasks {f['seconds']:5.2f} s {tasks / f['seconds']:7.0f}/s"
                 f"  cpu {f['cpu_us']:5.1f} µs  redis {f['redis_us']:5.1f} µs"

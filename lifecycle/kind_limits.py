@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -150,33 +151,17 @@ def entry_order(entry_id: str) -> int:
 
 
 class Slot:
-    """A slot held: renewed from a daemon thread until :meth:`stop`; its release is
-    :meth:`release_command` (to send with the answer) or :meth:`release` (at once)."""
+    """A slot held: renewed by its :class:`KindSlots`'s renewer until :meth:`stop`; its
+    release is :meth:`release_command` (to send with the answer) or :meth:`release` (at
+    once)."""
 
     def __init__(self, slots: KindSlots, member: str) -> None:
         self._slots = slots
         self.member = member
-        self._done = threading.Event()
-        self._thread = threading.Thread(target=self._renew, name=f"slot {member}", daemon=True)
-        self._thread.start()
-
-    def _renew(self) -> None:
-        interval = self._slots.lease / 3
-        while not self._done.wait(interval):
-            try:
-                if not self._slots.call("renew", self.member):
-                    log.warning(
-                        "slot %s of kind %s: lease lapsed before renewal (another task may "
-                        "have its place)",
-                        self.member,
-                        self._slots.kind,
-                    )
-                    return
-            except redis.RedisError as error:
-                log.debug("slot %s: renewal failed: %s", self.member, error)
+        slots.renewer.hold(member)
 
     def stop(self) -> None:
-        self._done.set()
+        self._slots.renewer.drop(self.member)
 
     def release_command(self) -> Template:
         """The release, as an EVAL to send in the transaction of the task's answer."""
@@ -190,6 +175,56 @@ class Slot:
             self._slots.call("release", self.member)
         except redis.RedisError as error:
             log.info("slot %s: release failed, freed when its lease ends: %s", self.member, error)
+
+
+class _Renewer:
+    """One daemon thread per :class:`KindSlots` that renews every slot held, each third
+    of a lease: a thread per task would cost its start and stop on every task, and most
+    tasks end long before their first renewal is due."""
+
+    def __init__(self, slots: KindSlots) -> None:
+        self._slots = slots
+        self._held: set[str] = set()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    def hold(self, member: str) -> None:
+        with self._lock:
+            self._held.add(member)
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._run, name=f"slots of {self._slots.kind}", daemon=True
+                )
+                self._thread.start()
+
+    def drop(self, member: str) -> None:
+        with self._lock:
+            self._held.discard(member)
+
+    def _run(self) -> None:
+        interval = self._slots.lease / 3
+        while True:
+            time.sleep(interval)
+            with self._lock:
+                held = list(self._held)
+            for member in held:
+                self._renew(member)
+
+    def _renew(self, member: str) -> None:
+        try:
+            renewed = self._slots.call("renew", member)
+        except redis.RedisError as error:
+            log.debug("slot %s: renewal failed: %s", member, error)
+            return
+        with self._lock:
+            if renewed or member not in self._held:  # (released meanwhile: no news)
+                return
+            self._held.discard(member)
+        log.warning(
+            "slot %s of kind %s: lease lapsed before renewal (another task may have its place)",
+            member,
+            self._slots.kind,
+        )
 
 
 class KindSlots:
@@ -212,6 +247,7 @@ class KindSlots:
         self.lease = lease
         self.check_interval = check_interval
         self._script = lua.load_script(client, SCRIPT, _SCRIPTS)
+        self.renewer = _Renewer(self)
         #: For the listener's ``read_along``: the kind's limit (None: no limit).
         self.along = ("HGET", keys.kind_limits, kind)
         #: False once Redis refused to tell the limit (ACL): nothing is asked any more.

@@ -113,8 +113,10 @@ def run_id(name: str, at_ms: int) -> str:
 class Schedule:
     """A schedule's definition, stored as JSON in its hash (``records.SCHEDULE_SPEC``).
 
-    Exactly one of ``cron`` and ``every_ms``. ``priority`` is passed to each start
-    (see :meth:`Schedules.start_fields`)."""
+    Exactly one of ``cron`` and ``every_ms``. ``priority``, ``concurrency_key`` and
+    ``max_running`` are passed to each start (see :meth:`Schedules.start_fields`): the
+    overlap policy looks at the schedule's last run, a concurrency key at every running
+    workflow under the key (other schedules' and submitters' too)."""
 
     name: str
     graph: str  # content hash of the compiled graph ({flow}:graph:<hash>)
@@ -127,6 +129,8 @@ class Schedule:
     catch_up: str = "one"
     input: Any = None
     priority: int = 0
+    concurrency_key: str | None = None
+    max_running: int | None = None
 
     def __post_init__(self) -> None:
         check_name(self.name)
@@ -140,6 +144,9 @@ class Schedule:
             )
         _zone(self.timezone)
         check_priority(self.priority, f"schedule {self.name}: --priority")
+        problem = ev.concurrency_problem(self.concurrency_key, self.max_running)
+        if problem is not None:
+            raise ScheduleError(f"schedule {self.name}: {problem}")
         if self.every_ms is not None and self.every_ms < 1000:
             raise ScheduleError(f"--every {self.every_ms}ms: expected at least 1s")
         if self.cron is not None:
@@ -344,6 +351,8 @@ class Schedules:
                     "catch_up": spec.catch_up,
                     "catch_up_cap": CATCH_UP_CAP,
                     "priority": spec.priority,
+                    "concurrency_key": spec.concurrency_key,
+                    "max_running": spec.max_running,
                     "paused": paused is not None,
                     "next": None if paused else _iso(int(next_raw or 0)),
                     "last_run": last_id,
@@ -366,7 +375,13 @@ class Schedules:
         schedule's submission is built (its priority's streams were registered by
         :meth:`add`)."""
         fields = encode_start(
-            workflow_id, schedule.graph, schedule.input, DEFAULT_LIMITS, schedule.priority
+            workflow_id,
+            schedule.graph,
+            schedule.input,
+            DEFAULT_LIMITS,
+            schedule.priority,
+            schedule.concurrency_key,
+            schedule.max_running,
         )
         return _flat(fields)
 

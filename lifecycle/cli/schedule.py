@@ -88,6 +88,12 @@ def add_commands(commands: Any, common: argparse.ArgumentParser) -> None:
     add.add_argument(
         "--priority", type=int, default=0, metavar="N", help="each run's priority, default 0"
     )
+    add.add_argument(
+        "--concurrency-key",
+        metavar="KEY",
+        help="with --max-running: at most N workflows of KEY run at once (runs wait in line)",
+    )
+    add.add_argument("--max-running", type=int, metavar="N", help="see --concurrency-key")
     add.set_defaults(func=_add)
 
     listing = actions.add_parser(
@@ -129,6 +135,8 @@ def _add(args: argparse.Namespace, context: Context) -> int:
         catch_up=args.catch_up,
         input=value,
         priority=args.priority,
+        concurrency_key=args.concurrency_key,
+        max_running=args.max_running,
     )
     first = Schedules(context.client, context.keys).add(spec, graph)
     print(f"schedule {spec.name}: {spec.when}, first run {run_id(spec.name, first)}")

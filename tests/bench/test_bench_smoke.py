@@ -45,6 +45,20 @@ def test_a_tiny_benchmark_run_finishes_every_workflow_and_writes_its_figures(
     assert figures["redis_us_per_task"]["xadd"] > 0
 
 
+def test_a_tiny_run_at_a_priority_under_a_concurrency_key_finishes_every_workflow(
+    tmp_path: Path,
+) -> None:
+    out = tmp_path / "figures.json"
+    argv = ["--workflows", "60", "--shape", "chain10", "--priority", "4", "--max-running", "7"]
+    assert main([*argv, "--json", str(out), "--stall", "20"]) == 0
+    figures = orjson.loads(out.read_bytes())
+    assert (figures["finished"], figures["failed"], figures["stuck"]) == (60, 0, 0)
+    assert figures["tasks"] == 60 * 10
+    # Every workflow took a place under the key and gave it back when it ended (gate.lua:
+    # SADD to the key's running set, SREM from it): one of each per workflow.
+    assert figures["redis_calls_per_task"]["srem"] >= 60 / 600
+
+
 def test_a_tiny_soak_with_a_short_retention_ends_with_no_workflow_left(tmp_path: Path) -> None:
     from bench.soak import main as soak
 

@@ -32,4 +32,4 @@ def test_noop_workers_times_every_setup(capsys: pytest.CaptureFixture[str]) -> N
     rows = [
         line for line in capsys.readouterr().out.splitlines() if "tasks/s" in line or "/s " in line
     ]
-    assert len(rows) == 3 and all("commands" in row for row in rows)
+    assert len(rows) == 4 and all("commands" in row for row in rows)

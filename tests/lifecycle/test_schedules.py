@@ -364,6 +364,10 @@ def test_schedule_commands_add_list_pause_resume_run_now_and_remove(
             "0 2 * * *",
             "--priority",
             "5",
+            "--concurrency-key",
+            "reports",
+            "--max-running",
+            "2",
             "--input",
             '{"a": 1}',
         ],
@@ -381,6 +385,7 @@ def test_schedule_commands_add_list_pause_resume_run_now_and_remove(
     )
     assert row["next"].endswith("02:00:00+00:00") and row["last_run"] is None
     assert row["priority"] == 5  # stored for the start, which passes it on
+    assert (row["concurrency_key"], row["max_running"]) == ("reports", 2)
 
     assert run_cli(["schedule", "pause", "nightly"], redis_url, capsys)[1] == (
         "schedule nightly: paused\n"
@@ -397,6 +402,9 @@ def test_schedule_commands_add_list_pause_resume_run_now_and_remove(
     assert orjson.loads(start[b"input"]) == {"a": 1}  # the input given at add
     assert orjson.loads(start[b"priority"]) == 5  # and its priority, whose streams are named
     assert redis_client.smembers(KEYS.priorities) == {b"wait:5"}
+    # and its place under its concurrency key
+    assert orjson.loads(start[b"concurrency_key"]) == "reports"
+    assert orjson.loads(start[b"max_running"]) == 2
     # Its last run has not ended (nothing runs the lifecycle here): overlap skip holds.
     code, out, _ = run_cli(["schedule", "run-now", "nightly"], redis_url, capsys)
     assert code == 1 and f"its last run {workflow_id} still runs" in out
@@ -451,6 +459,7 @@ def test_runs_that_retention_removed_leave_the_schedules_index_at_its_next_fire(
         (["add", "n", "F", "--every", "soon"], "'soon' is not a duration"),
         (["add", "n", "BROKEN", "--every", "1s"], "broken.flow:2:"),
         (["add", "n", "F", "--every", "1s", "--priority", "10"], "--priority: 10 is out of range"),
+        (["add", "n", "F", "--every", "1s", "--max-running", "2"], "concurrency key None"),
         (["pause", "missing"], "no schedule 'missing'"),
         (["run-now", "missing"], "no schedule 'missing'"),
     ],
