@@ -6,20 +6,23 @@ from __future__ import annotations
 import html
 from typing import Any
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import HTMLResponse, Response
 from fastapi.staticfiles import StaticFiles
+from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match, Mount
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from flowstream.api import operations, stream, workflows
-from flowstream.api.auth import CSRF_HEADER
+from flowstream.api.auth import CSRF_HEADER, SAFE_METHODS, Tokens, role_of
 from flowstream.api.context import BODY_SLACK, Api, ApiConfig
 from flowstream.api.metrics import metrics_text
-from flowstream.api.problems import install_handlers, problem_response
+from flowstream.api.problems import Problem, install_handlers, problem_response
 
 __all__ = ["create_app"]
+
+LOGIN_BYTES = 4096  # the login's body: {"token": ...}
 
 DESCRIPTION = """\
 Start, watch and control flowstream workflows. Authenticate with
@@ -59,7 +62,7 @@ def create_app(config: ApiConfig) -> FastAPI:
         )
 
     limit = config.limits.flow_bytes + config.limits.value_bytes + BODY_SLACK
-    app.add_middleware(BodyLimit, limit=limit)
+    app.add_middleware(BodyLimit, limit=limit, tokens=config.tokens)
     app.add_middleware(SecurityHeaders)
     if config.cors_origins:
         app.add_middleware(
@@ -125,28 +128,63 @@ class SecurityHeaders:
 
 
 class BodyLimit:
-    """Refuse (413) a request whose declared body is larger than any the API takes, before
-    a route or the multipart parser reads it."""
+    """Refuse a request body larger than any the API takes (413), counted as it arrives
+    (a chunked body declares no length), and read no body at all from a caller without
+    a valid token: a change under ``/api`` is authenticated before a route or the
+    multipart parser reads a byte of it. The login's body is a token: a few kB at most.
+    """
 
-    def __init__(self, app: ASGIApp, limit: int) -> None:
+    def __init__(self, app: ASGIApp, limit: int, tokens: Tokens | None) -> None:
         self.app = app
         self.limit = limit
+        self.tokens = tokens
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http":
-            for name, value in scope["headers"]:
-                if name == b"content-length":
-                    size = int(value) if value.isdigit() else -1
-                    if size > self.limit or size < 0:
-                        detail = (
-                            f"the body is {size:,} bytes, more than the limit of {self.limit:,}"
-                            if size > 0
-                            else "Content-Length is not a number"
-                        )
-                        status = 413 if size > 0 else 400
-                        await problem_response(status, detail)(scope, receive, send)
-                        return
-        await self.app(scope, receive, send)
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        path, method = scope["path"], scope["method"]
+        limit = LOGIN_BYTES if path == "/api/session" else self.limit
+        refusal = self._refusal(scope, limit)
+        changes = path.startswith("/api/") and method not in SAFE_METHODS
+        if refusal is None and changes and path != "/api/session":
+            try:
+                role_of(Request(scope), self.tokens)
+            except Problem as problem:
+                refusal = problem
+        if refusal is not None:
+            await problem_response(refusal.status, refusal.detail, refusal.headers)(
+                scope, receive, send
+            )
+            return
+        received = 0
+
+        async def counted() -> Message:
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > limit:
+                    # An HTTPException passes FastAPI's body parsing as it is: a 413.
+                    raise StarletteHTTPException(
+                        413, f"the body is more than the limit of {limit:,} bytes"
+                    )
+            return message
+
+        await self.app(scope, counted, send)
+
+    @staticmethod
+    def _refusal(scope: Scope, limit: int) -> Problem | None:
+        for name, value in scope["headers"]:
+            if name == b"content-length":
+                size = int(value) if value.isdigit() else -1
+                if size < 0:
+                    return Problem(400, "Content-Length is not a number")
+                if size > limit:
+                    return Problem(
+                        413, f"the body is {size:,} bytes, more than the limit of {limit:,}"
+                    )
+        return None
 
 
 def reference_page(schema: dict[str, Any]) -> str:

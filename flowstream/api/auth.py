@@ -71,6 +71,11 @@ class Tokens:
                     f"{where}: line {number}: expected ROLE:TOKEN with ROLE read or operate "
                     f"(got role {role!r})"
                 )
+            if not (token.isascii() and token.isprintable()) or " " in token:
+                raise TokenError(
+                    f"{where}: line {number}: the {role} token must be printable ASCII "
+                    "without spaces (it travels in an HTTP header)"
+                )
             if len(token) < MIN_TOKEN:
                 raise TokenError(
                     f"{where}: line {number}: the {role} token has {len(token)} characters, "
@@ -111,6 +116,7 @@ def role_of(request: Request, tokens: Tokens | None) -> str:
     """The caller's role (:data:`OPERATE` without auth); 401 without a valid token, 403
     for a cookie-authenticated change without the CSRF header."""
     if tokens is None:
+        _local_only(request)
         return OPERATE
     header = request.headers.get("authorization")
     if header is not None:
@@ -134,6 +140,25 @@ def role_of(request: Request, tokens: Tokens | None) -> str:
             403, f"a change made with the session cookie needs the header {CSRF_HEADER}: 1"
         )
     return role
+
+
+_LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
+
+
+def _local_only(request: Request) -> None:
+    """Without tokens the server binds loopback only, but a browser on this machine can
+    still be made to call it: by a page of any site (a change needs the header
+    :data:`CSRF_HEADER`, which no page of another origin can send without the CORS
+    preflight this server refuses) or through DNS rebinding (the Host must be a loopback
+    name)."""
+    host = request.headers.get("host", "")
+    name = host[1:].partition("]")[0] if host.startswith("[") else host.rpartition(":")[0] or host
+    if name not in _LOOPBACK_HOSTS:
+        raise Problem(403, f"Host {host!r}: this server without tokens answers loopback names only")
+    if request.method not in SAFE_METHODS and request.headers.get(CSRF_HEADER) != "1":
+        raise Problem(
+            403, f"a change needs the header {CSRF_HEADER}: 1 (against cross-site requests)"
+        )
 
 
 def _unauthorized(detail: str) -> Problem:

@@ -68,9 +68,13 @@ class Api:
         """Whether :attr:`ApiConfig.max_streams` event streams are open."""
         return self._streams >= self.config.max_streams
 
-    def stream_opened(self) -> None:
+    def stream_opened(self) -> bool:
+        """Take a place among the open streams; False when none is left."""
         with self._lock:
+            if self._streams >= self.config.max_streams:
+                return False
             self._streams += 1
+            return True
 
     def stream_closed(self) -> None:
         with self._lock:

@@ -8,6 +8,7 @@ import re
 import time
 from typing import Any
 
+import redis
 from fastapi import APIRouter, Query, Request, Response
 
 from flowstream.api.auth import COOKIE, Tokens, role_of
@@ -130,7 +131,11 @@ def get_health(api: Server) -> dict[str, Any]:
     """Readiness for a load balancer or an orchestrator: this server answers and reaches
     Redis (one PING; 503 when it does not). Needs no token and shows nothing else; what
     the engine is doing is ``/api/status``."""
-    api.redis.ping()
+    try:
+        api.redis.ping()
+    except redis.RedisError as error:
+        log.warning("health: Redis: %s", error)
+        raise Problem(503, "Redis does not answer") from None  # (its address stays here)
     return {"ok": True}
 
 
@@ -153,7 +158,9 @@ async def log_in(request: Request, api: Server) -> Response:
         httponly=True,
         samesite="strict",
         path="/",
-        secure=request.url.scheme == "https",
+        # Behind a TLS-terminating proxy the scheme is its header's: marking the cookie
+        # Secure when a caller claims HTTPS can only keep it off plain HTTP.
+        secure="https" in (request.url.scheme, request.headers.get("x-forwarded-proto")),
     )
     return response
 

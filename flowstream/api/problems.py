@@ -116,6 +116,5 @@ def install_handlers(app: FastAPI) -> None:
     @app.exception_handler(Exception)
     async def _bug(request: Request, error: Exception) -> JSONResponse:
         log.error("%s %s failed", request.method, request.url.path, exc_info=error)
-        return problem_response(
-            500, f"internal error, please report it: {type(error).__name__}: {error}"
-        )
+        # What went wrong is in the server's log; the answer names only its kind.
+        return problem_response(500, f"internal error, please report it: {type(error).__name__}")

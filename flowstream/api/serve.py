@@ -159,6 +159,9 @@ def _check_port(port: int) -> None:
 def _serve(args: argparse.Namespace, context: Context) -> int:
     require_extra()
     _check_port(args.port)
+    if "*" in args.cors_origin:
+        # Credentialed requests from every origin: name the console's origins instead.
+        raise CliError("--cors-origin '*': name each origin (scheme://host:port)")
     if args.archive is not None and not Path(args.archive).is_dir():
         raise CliError(f"--archive {args.archive}: no such directory")
     tokens = load_tokens(args)

@@ -11,11 +11,13 @@ line every 15 s keeps idle connections open through proxies.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import AsyncIterator
 from typing import Any
 
 import orjson
+import redis
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import StreamingResponse
 
@@ -30,6 +32,7 @@ from lifecycle.schedules import Schedules
 
 __all__ = ["router"]
 
+log = logging.getLogger(__name__)
 router = APIRouter(prefix="/api", tags=["events"])
 KEEP_ALIVE_S = 15.0
 LIST_POLL_S = 1.0  # the list is re-read at most this often
@@ -43,16 +46,26 @@ def event(name: str, data: Any, event_id: str | None = None) -> bytes:
 
 
 def _open(api: Api) -> None:
+    """503 when every open stream's place is taken (the place itself is taken when the
+    stream starts: :func:`_streamed`)."""
     if api.streams_full:
         raise Problem(503, f"{api.config.max_streams} event streams are open: try again later")
 
 
 async def _streamed(api: Api, source: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
-    """``source`` counted among the open streams while it runs."""
-    api.stream_opened()
+    """``source``, holding one of the open streams' places while it runs. Taken here,
+    where its release is sure to run, and atomically: a stream that lost the race for
+    the last place past :func:`_open` ends at once with an ``error`` event. Redis failing
+    ends a stream the same way (the client's EventSource reconnects later)."""
+    if not api.stream_opened():
+        yield event("error", {"detail": f"{api.config.max_streams} event streams are open"})
+        return
     try:
         async for chunk in source:
             yield chunk
+    except redis.RedisError as error:
+        log.warning("event stream: Redis: %s", error)
+        yield event("error", {"detail": "Redis is not answering: the stream ends"})
     finally:
         api.stream_closed()
 

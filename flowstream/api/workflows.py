@@ -95,8 +95,10 @@ def start(
         workflow_id = api.client.submit(graph, value, limits=api.config.limits, priority=priority)
     elif not workflow_id.strip():
         raise Problem(400, "body.id: empty; leave it out for a new id")
-    elif workflow_id == "stream":  # GET /api/workflows/stream is the list's event stream
-        raise Problem(400, "body.id 'stream': the name of a route; choose another id")
+    elif workflow_id in ("stream", ".", ".."):
+        # GET /api/workflows/stream is the list's event stream; a browser resolves the
+        # dot segments of a path away, so such a workflow could not be addressed.
+        raise Problem(400, f"body.id {workflow_id!r}: not a name its routes can address")
     elif "/" in workflow_id or not workflow_id.isprintable() or len(workflow_id) > MAX_ID:
         # Its routes could not name it: /api/workflows/{id} is one path segment.
         shown = repr(workflow_id[:40])

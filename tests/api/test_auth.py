@@ -84,6 +84,8 @@ def test_a_token_file_line_without_a_role_or_too_short_is_refused() -> None:
         Tokens.parse("read:0123456789abcdef\nadmin:0123456789abcdef\n", "tokens")
     with pytest.raises(TokenError, match="at least 16"):
         Tokens.parse("operate:short", "tokens")
+    with pytest.raises(TokenError, match="printable ASCII"):  # no HTTP header could carry it
+        Tokens.parse("read:ÄÖÜäöüßéèêëàâ€€€€", "tokens")
     assert Tokens.parse("# ops\noperate:0123456789abcdef", "t").role("0123456789abcdef") == (
         "operate"
     )

@@ -19,7 +19,7 @@ import redis
 
 from flowstream.api.context import ApiConfig
 from lifecycle.keys import Keys
-from tests.api.conftest import TOKENS, free_port, run_server
+from tests.api.conftest import OPERATE_TOKEN, TOKENS, free_port, run_server
 
 Serve = Callable[..., str]  # serve(**ApiConfig fields) -> the server's URL
 
@@ -83,9 +83,47 @@ def test_cors_answers_only_the_configured_origin(serve: Serve) -> None:
 
 def test_without_tokens_every_request_acts_as_an_operator(serve: Serve) -> None:
     url = serve(tokens=None)
-    with httpx.Client(base_url=url) as http:
+    with httpx.Client(base_url=url, headers={"X-Flowstream": "1"}) as http:
         assert http.get("/api/session").json() == {"role": "operate", "auth": False}
         assert http.post("/api/workflows", json={"flow": "A"}).status_code == 201
+
+
+def test_without_tokens_no_page_of_another_site_can_change_or_read_anything(
+    serve: Serve, redis_client: redis.Redis
+) -> None:
+    url = serve(tokens=None)
+    port = url.rpartition(":")[2]
+    with httpx.Client(base_url=url) as http:
+        # What a page of any site can send without a CORS preflight: no custom header.
+        forged = http.post("/api/workflows", content=b'{"flow": "@flow pwned\nsteal"}')
+        assert forged.status_code == 403 and "X-Flowstream" in forged.json()["detail"]
+        bulk = {"action": "delete", "filter": {"older_than": 0}}
+        assert http.post("/api/actions", json=bulk).status_code == 403
+        # DNS rebinding: the browser's Host is the attacker's name for this address.
+        rebound = http.get("/api/workflows", headers={"Host": f"evil.example:{port}"})
+        assert rebound.status_code == 403 and "loopback" in rebound.json()["detail"]
+        assert http.get("/api/workflows", headers={"Host": f"localhost:{port}"}).status_code == 200
+    assert redis_client.xlen(Keys().lifecycle) == 0  # nothing was started
+
+
+def test_no_body_is_read_from_a_caller_without_a_token_nor_past_the_limit(serve: Serve) -> None:
+    url = serve(tokens=TOKENS)
+
+    def chunks(total: int) -> Iterator[bytes]:
+        for _ in range(total // 65536):
+            yield b"x" * 65536
+
+    with httpx.Client(base_url=url, timeout=30) as http:
+        # A chunked body declares no length: without a token it is refused before it is read.
+        answer = http.post("/api/workflows/upload", content=chunks(64 << 20))
+        assert answer.status_code == 401
+        # With a token it is counted as it arrives, and refused past the limit.
+        operate = {"Authorization": f"Bearer {OPERATE_TOKEN}"}
+        big = http.post("/api/workflows", content=chunks(64 << 20), headers=operate)
+        assert big.status_code == 413
+        # The login takes a token, not megabytes.
+        login = http.post("/api/session", content=b"x" * 10_000)
+        assert login.status_code == 413
 
 
 def test_a_bad_query_value_is_a_400_problem(serve: Serve) -> None:

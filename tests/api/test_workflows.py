@@ -74,7 +74,7 @@ def test_a_taken_id_is_409_and_an_id_no_route_could_name_is_400(served: Served) 
         assert http.post("/api/workflows", json={"flow": "A", "id": "w1"}).status_code == 201
         again = http.post("/api/workflows", json={"flow": "A", "id": "w1"})
         assert again.status_code == 409
-        for bad in ("", "a/b", "tab\there", "x" * 201, "stream"):
+        for bad in ("", "a/b", "tab\there", "x" * 201, "stream", ".", ".."):
             assert http.post("/api/workflows", json={"flow": "A", "id": bad}).status_code == 400
 
 
