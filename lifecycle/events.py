@@ -64,6 +64,7 @@ __all__ = [
     "timer_member",
     "end_task_template",
     "RECOVERED",
+    "sent_again",
     "is_start_task",
 ]
 
@@ -470,7 +471,15 @@ def start_task_template(
     return fastpipe.Template("XADD", stream, "*", *fields)
 
 
-RECOVERED = "recovered"  # on a start-task sent again by recover (lifecycle.audit.recover)
+# On a start-task sent again: by recover (lifecycle.audit.recover), or put back on its
+# stream by a worker that stopped before running it. Replay checks it as the original.
+RECOVERED = "recovered"
+
+
+def sent_again(start: dict[str, Any]) -> dict[str, Any]:
+    """``start`` (a decoded start-task) as it goes back on its stream, marked as the same
+    start-task sent again."""
+    return {**start, RECOVERED: True}
 
 
 def end_task_template(stream: str, worker: str) -> fastpipe.Template:

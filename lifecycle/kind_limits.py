@@ -46,6 +46,7 @@ log = logging.getLogger(__name__)
 
 _SCRIPTS = lua.scripts_dir(__file__)
 SCRIPT = "kind_slots"
+MAX_LIMIT = 1_000_000  # tasks of one kind at once; past it Lua's numbers lose integers
 DEFAULT_LEASE = 30.0  # seconds a slot outlives its holder's last renewal
 DEFAULT_CHECK_INTERVAL = 5.0  # longest a waiter blocks before it looks at cancellation
 
@@ -102,8 +103,10 @@ def set_kind_limit(
     """At most ``limit`` (1 or more) tasks of ``kind`` run at once from now on; waiters
     a raised limit lets in are woken."""
     _check_kind(kind)
-    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
-        raise BadKindLimit(f"limit of kind {kind!r}: {limit!r}, expected a whole number >= 1")
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_LIMIT:
+        raise BadKindLimit(
+            f"limit of kind {kind!r}: {limit!r}, expected a whole number from 1 to {MAX_LIMIT:,}"
+        )
     _call(client, keys, kind, "set", str(limit), 0, lease)
 
 

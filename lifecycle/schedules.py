@@ -69,6 +69,8 @@ _SCRIPTS = lua.scripts_dir(__file__)
 OVERLAP = ("skip", "allow", "cancel-previous")
 CATCH_UP = ("none", "one", "all")
 CATCH_UP_CAP = 100  # catch-up all starts at most the latest this many missed fire times
+CATCH_UP_BYTES = 64 << 20  # of inputs in one firing: "all" keeps the latest that fit
+MAX_EVERY_MS = 3650 * 86_400_000  # ten years: fire times stay dates Python can show
 GRACE_MS = 5000  # a fire time found later than this (or than one period) was missed
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 _PAUSED = float("inf")  # a paused schedule's score in Keys.schedules: never due
@@ -147,8 +149,11 @@ class Schedule:
         problem = ev.concurrency_problem(self.concurrency_key, self.max_running)
         if problem is not None:
             raise ScheduleError(f"schedule {self.name}: {problem}")
-        if self.every_ms is not None and self.every_ms < 1000:
-            raise ScheduleError(f"--every {self.every_ms}ms: expected at least 1s")
+        if self.every_ms is not None and not 1000 <= self.every_ms <= MAX_EVERY_MS:
+            raise ScheduleError(
+                f"--every {self.every_ms}ms: expected at least 1s and at most "
+                f"{MAX_EVERY_MS // 86_400_000} days"
+            )
         if self.cron is not None:
             fields = len(self.cron.split())
             if fields not in (5, 6):
@@ -391,26 +396,34 @@ class Schedules:
         return _flat(encode_event(ev.terminate_workflow(workflow_id, reason)))
 
     def fire_due(self, now_ms: int | None = None, batch: int = 100) -> int:
-        """Fire every schedule due at ``now_ms`` (default: Redis's clock); return how many
-        workflows started."""
-        pipe = self.redis.pipeline(transaction=False)
-        pipe.time()
-        pipe.zrangebyscore(self.keys.schedules, "-inf", "+inf", start=0, num=batch, withscores=True)
-        (seconds, micros), rows = pipe.execute()
-        now = int(seconds) * 1000 + int(micros) // 1000 if now_ms is None else now_ms
-        started = 0
-        for member, score in rows:
-            if score > now:
-                break
-            name = member.decode()
-            try:
-                started += self.fire(name, now).started
-            except (ScheduleError, ValueError, TypeError) as error:
-                # A definition that cannot be read would be due at every call: park it.
-                log.error("schedule %s: cannot fire (%s); paused", name, error)
-                self.redis.hsetnx(self.keys.schedule(name), rec.SCHEDULE_PAUSED, now)
-                self.redis.zadd(self.keys.schedules, {name: _PAUSED}, xx=True)
-        return started
+        """Fire every schedule due at ``now_ms`` (default: Redis's clock), ``batch`` at a
+        time; return how many workflows started.
+
+        Every batch is judged by the one clock read first: a fire time is late, not
+        missed, however many schedules fell due with it (``--catch-up`` is for the time
+        no lifecycle worker ran, not for the time this call takes)."""
+        now = self.now() if now_ms is None else now_ms
+        started, tried = 0, set()
+        while True:
+            rows = self.redis.zrangebyscore(self.keys.schedules, "-inf", now, start=0, num=batch)
+            names = [member.decode() for member in rows]  # type: ignore[union-attr]
+            fresh = [name for name in names if name not in tried]
+            for name in fresh:
+                tried.add(name)
+                started += self._fire_one(name, now)
+            if len(names) < batch or not fresh:  # all done, or only those that stay due
+                return started
+
+    def _fire_one(self, name: str, now: int) -> int:
+        try:
+            return self.fire(name, now).started
+        except (ScheduleError, ValueError, TypeError, OverflowError, redis.DataError) as error:
+            # A definition that cannot be fired would be due at every call, ahead of the
+            # others: park it.
+            log.error("schedule %s: cannot fire (%s); paused", name, error)
+            self.redis.hsetnx(self.keys.schedule(name), rec.SCHEDULE_PAUSED, now)
+            self.redis.zadd(self.keys.schedules, {name: _PAUSED}, xx=True)
+            return 0
 
     def fire(self, name: str, now_ms: int) -> Fired:
         """Start what ``name``'s fire times due at ``now_ms`` call for, once however many
@@ -439,7 +452,10 @@ class Schedules:
         else:
             missed_total = len(due)
         if schedule.catch_up == "all":
-            chosen = due
+            # Each run's start carries the input into one script call: its arguments stay
+            # far below what Redis takes in one request (the latest runs are kept).
+            size = len(orjson.dumps(schedule.input))
+            chosen = due[: max(1, CATCH_UP_BYTES // max(size, 1))]
         elif schedule.catch_up == "one":
             chosen = due[:1]
         else:

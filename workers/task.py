@@ -36,7 +36,7 @@ import orjson
 import redis
 
 from flowlang.limits import DEFAULT_LIMITS, LimitExceeded, Limits, encode_value
-from lifecycle.events import START_TASK, end_task, is_start_task
+from lifecycle.events import START_TASK, end_task, is_start_task, sent_again
 from lifecycle.keys import TASK_GROUP, Keys
 from lifecycle.kind_limits import DEFAULT_CHECK_INTERVAL, DEFAULT_LEASE, KindSlots, Slot
 from lifecycle.priorities import kind_streams, stream_order
@@ -385,7 +385,7 @@ class TaskListener(EventListener):
             return self._answer(task, event)
         if isinstance(slot, str):
             if slot == "stopping":  # back on the stream, its place in line for another
-                self.emit(event, self.current_stream)
+                self.emit(sent_again(event), self.current_stream)
                 return False
             log.info("task %s not started: %s while it waited for a slot", task.id, slot)
             return True
@@ -421,7 +421,7 @@ class TaskListener(EventListener):
             # Re-queued rather than left pending: redeliveries of a pending entry count
             # towards max_deliveries, and a task handed back at every shutdown would end
             # in the dead letters.
-            self.emit(event, self.current_stream)
+            self.emit(sent_again(event), self.current_stream)
             return False
         except redis.ConnectionError:
             raise  # Redis went away, not the task: leave it pending, retried later

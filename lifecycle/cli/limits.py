@@ -58,7 +58,7 @@ def _set(args: argparse.Namespace, context: Context) -> int:
         limit = int(args.limit)
     except ValueError:
         raise CliError(
-            f"limit set {args.kind}: N {args.limit!r}, expected a whole number >= 1"
+            f"limit set {args.kind}: N {args.limit!r}, expected a whole number from 1"
         ) from None
     try:
         set_kind_limit(context.client, context.keys, args.kind, limit)

@@ -326,6 +326,29 @@ def test_catch_up_all_starts_at_most_the_latest_hundred(redis_client: redis.Redi
     assert started[-1] == run_id("s", first + 499_000)
 
 
+def test_schedules_falling_due_together_all_start_however_many_batches_they_take(
+    redis_client: redis.Redis,
+) -> None:
+    # More than one batch due at once, under catch-up none: those fired last are judged
+    # by the clock read first, so none is counted missed for the time the others took.
+    for n in range(250):
+        first = add(redis_client, QUICK, f"s{n:03}", catch_up="none", overlap="allow")
+    assert Schedules(redis_client, KEYS).fire_due(first + 4000, batch=100) == 250
+    assert len(starts(redis_client)) == 250
+
+
+def test_catch_up_all_of_a_large_input_keeps_the_latest_runs_that_fit_one_call(
+    redis_client: redis.Redis,
+) -> None:
+    big = "x" * (7 << 20)  # 7 MiB, under the input limit: nine runs fit in 64 MiB
+    first = add(redis_client, QUICK, catch_up="all", every_ms=1000, input=big)
+    assert Schedules(redis_client, KEYS).fire_due(first + 11_000) == 9
+    kept = [run_id("s", first + n * 1000) for n in range(3, 12)]
+    assert sorted(starts(redis_client)) == sorted(kept)
+    record = redis_client.hgetall(KEYS.schedule("s"))
+    assert int(record[rec.SCHEDULE_SKIPPED.encode()]) == 3
+
+
 def test_a_fire_time_found_late_by_less_than_the_grace_starts_under_catch_up_none(
     redis_client: redis.Redis,
 ) -> None:
@@ -457,6 +480,7 @@ def test_runs_that_retention_removed_leave_the_schedules_index_at_its_next_fire(
         (["add", "n", "F", "--cron", "0 25 * * *"], "--cron '0 25 * * *'"),
         (["add", "n", "F", "--cron", "0 2 * * *", "--timezone", "Nowhere/X"], "Nowhere/X"),
         (["add", "n", "F", "--every", "soon"], "'soon' is not a duration"),
+        (["add", "n", "F", "--every", "100000000d"], "at most 3650 days"),
         (["add", "n", "BROKEN", "--every", "1s"], "broken.flow:2:"),
         (["add", "n", "F", "--every", "1s", "--priority", "10"], "--priority: 10 is out of range"),
         (["add", "n", "F", "--every", "1s", "--max-running", "2"], "concurrency key None"),

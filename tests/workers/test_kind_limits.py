@@ -181,8 +181,10 @@ def test_limit_list_shows_each_kind_with_its_slots_and_bad_values_are_one_line(
     assert main(["limit", "set", "ml", "zero", "--redis-url", url]) == 2
     assert main(["limit", "set", "ml", "0", "--redis-url", url]) == 2
     assert main(["limit", "set", "a b", "1", "--redis-url", url]) == 2
+    huge = "99999999999999999999999"  # refused before anything is written
+    assert main(["limit", "set", "ml", huge, "--redis-url", url]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 3 and all(line.startswith("error: limit set") for line in err)
+    assert len(err) == 4 and all(line.startswith("error: limit set") for line in err)
     with pytest.raises(BadKindLimit):
         set_kind_limit(redis_client, KEYS, "ml:x", 1)
     assert [limit.limit for limit in list_kind_limits(redis_client, KEYS)] == [2]

@@ -116,4 +116,8 @@ def test_a_task_handed_back_at_every_shutdown_is_never_dead_lettered(
         worker.listen(idle_timeout=0.3)
     assert redis_client.xlen(KEYS.tasks("job") + ":dead") == 0
     assert redis_client.xpending(KEYS.tasks("job"), "workers")["pending"] == 0
-    assert redis_client.xlen(KEYS.tasks("job")) == 8  # the original and seven hand-backs
+    entries = redis_client.xrange(KEYS.tasks("job"))
+    assert len(entries) == 8  # the original and seven hand-backs
+    # Each hand-back is the same start-task sent again, marked so for replay.
+    assert [b"recovered" in fields for _, fields in entries] == [False] + [True] * 7
+    assert len({fields[b"id"] for _, fields in entries}) == 1
