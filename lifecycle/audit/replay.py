@@ -206,14 +206,20 @@ def replay_workflow(item: WorkflowReplay, graphs: ArchiveGraphs, keys: Keys) -> 
             item.state = pending.state
         else:  # as the record stores it, decoded as the live lifecycle decodes it
             item.state = State.from_dict(orjson.loads(item.fields[rec.STATE]))
-        tail = id_order(entry_id) > last_output
+        # Ids count per stream: an output sent in the same millisecond as its input
+        # can have the smaller sequence. So past the last archived output's millisecond
+        # an input's outputs are unarchived; in that millisecond, those not found are.
+        at_ms, last_ms = id_order(entry_id)[0], last_output[0]
         for out_stream, out in _emitted(commit):
             where = f"event {entry_id} ({kind} of {item.workflow})"
-            if tail:
+            if at_ms > last_ms:
                 item.unarchived.append((out_stream, out))
                 continue
             if out["kind"] == ev.START_TASK:
                 archived = starts.get(out["id"])
+                if archived is None and at_ms == last_ms:
+                    item.unarchived.append((out_stream, out))
+                    continue
                 if archived is None:
                     item.diverge(
                         entry_id,
@@ -240,6 +246,9 @@ def replay_workflow(item: WorkflowReplay, graphs: ArchiveGraphs, keys: Keys) -> 
                     item.diverge(entry_id, stream, f"{where}: {out['id']} sent to {archived[0]}")
             else:
                 archived_end = ends.pop(0) if ends else None
+                if archived_end is None and at_ms == last_ms:
+                    item.unarchived.append((out_stream, out))
+                    continue
                 if archived_end is None:
                     item.diverge(
                         entry_id, stream, f"{where}: replay ends it, the archive never did"

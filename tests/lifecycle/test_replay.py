@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import orjson
 import pytest
 import redis
 
+from flowlang.compiler import compile_text
+from lifecycle import events as ev
+from lifecycle.audit.replay import ArchiveGraphs, WorkflowReplay, replay_workflow
 from lifecycle.audit.report import audit_archive
 from lifecycle.cli import main
 from tests.lifecycle.audit_helpers import (
@@ -200,3 +204,24 @@ def test_a_corrupt_middle_line_is_reported_and_replay_goes_on(
     assert not report.ok
     assert any(f"{segment.name}:{middle + 1}" in f.message for f in report.chain)
     assert report.replayed >= len(ids) - 1  # every workflow but the damaged one's is replayed
+
+
+def test_an_output_archived_in_the_same_millisecond_as_its_input_counts_as_its_output() -> None:
+    # Ids count per stream: the start-task a start-workflow caused can carry the same
+    # millisecond and a smaller sequence (1000-0 on the task stream, 1000-1 on the
+    # lifecycle stream).
+    graph = compile_text("@flow one\nstep\n", "one.flow")
+    digest = graph.content_hash()
+    graphs = ArchiveGraphs()
+    graphs.add(digest, graph.to_json())
+    start = ev.start_workflow("w", digest, {"n": 1}, salt="s")
+
+    def replayed(emitted: list[Any]) -> WorkflowReplay:
+        item = WorkflowReplay("w", inputs=[(KEYS.lifecycle, "1000-1", start)], emitted=emitted)
+        return replay_workflow(item, graphs, KEYS)
+
+    ((stream, task),) = replayed([]).unarchived  # nothing archived: all of it is unarchived
+    same_ms = replayed([(stream, "1000-0", task)])
+    assert same_ms.divergence is None and same_ms.unarchived == []
+    forged = replayed([(stream, "1000-0", {**task, "input": {"n": 2}})])
+    assert forged.divergence is not None and "field 'input'" in str(forged.divergence)
