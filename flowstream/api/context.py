@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any
@@ -51,6 +52,29 @@ class ApiConfig:
     archive: str | None = None  # receipts archive directory history reads (None: none)
 
 
+class SharedReads:
+    """The last few values read for the event streams, by key (a workflow and its
+    version): streams that follow one workflow read and encode each version once."""
+
+    def __init__(self, size: int = 16) -> None:
+        self._values: OrderedDict[Any, Any] = OrderedDict()
+        self._size = size
+        self._lock = threading.Lock()
+
+    def get(self, key: Any) -> Any:
+        with self._lock:
+            value = self._values.get(key)
+            if value is not None:
+                self._values.move_to_end(key)
+            return value
+
+    def put(self, key: Any, value: Any) -> None:
+        with self._lock:
+            self._values[key] = value
+            while len(self._values) > self._size:
+                self._values.popitem(last=False)
+
+
 class Api:
     """The per-process state the routes share (``app.state.api``)."""
 
@@ -62,6 +86,7 @@ class Api:
         self.graphs = GraphCache(config.redis, config.keys, config.limits)
         self._streams = 0
         self._lock = threading.Lock()
+        self.shared = SharedReads()
 
     @property
     def streams_full(self) -> bool:

@@ -45,6 +45,19 @@ def event(name: str, data: Any, event_id: str | None = None) -> bytes:
     return head.encode() + b"data: " + orjson.dumps(data) + b"\n\n"
 
 
+def _workflow_event(api: Api, workflow_id: str, version: bytes | None) -> tuple[str, bytes]:
+    """The workflow's state and its ``workflow`` event at ``version``, read and encoded
+    once for every stream that follows it (a large workflow is megabytes of JSON)."""
+    shared = (workflow_id, version)
+    found = api.shared.get(shared) if version is not None else None
+    if found is None:
+        data = workflow_view(inspected(api.redis, api.keys, workflow_id, api.graphs))
+        found = (data["state"], event("workflow", data, version.decode() if version else None))
+        if version is not None:
+            api.shared.put(shared, found)
+    return found  # type: ignore[no-any-return]
+
+
 def _open(api: Api) -> None:
     """503 when every open stream's place is taken (the place itself is taken when the
     stream starts: :func:`_streamed`)."""
@@ -130,18 +143,19 @@ async def stream_workflow(workflow_id: str, request: Request, api: Reader) -> St
     key = api.keys.workflow(workflow_id)
     # The version is read before the record: a commit in between is seen at the next poll.
     version = await in_thread(api.redis.hget, key, rec.VERSION)
-    first = workflow_view(await in_thread(inspected, api.redis, api.keys, workflow_id, api.graphs))
+    first = await in_thread(_workflow_event, api, workflow_id, version)
     _open(api)
 
     async def changes() -> AsyncIterator[bytes]:
-        data: dict[str, Any] | None = first
+        current: tuple[str, bytes] | None = first
         seen: Any = version  # the record's version as last read
         beat = time.monotonic()
         while True:
-            if data is not None:
-                yield event("workflow", data, seen.decode() if isinstance(seen, bytes) else None)
+            if current is not None:
+                state, chunk = current
+                yield chunk
                 beat = time.monotonic()
-                if data["state"] in rec.ENDED_STATES:
+                if state in rec.ENDED_STATES:
                     return
             elif time.monotonic() - beat > KEEP_ALIVE_S:
                 yield b": keep-alive\n\n"
@@ -150,15 +164,13 @@ async def stream_workflow(workflow_id: str, request: Request, api: Reader) -> St
             if await request.is_disconnected():
                 return
             now = await in_thread(api.redis.hget, key, rec.VERSION)
-            data = None
+            current = None
             if now is None:
                 yield event("gone", {"id": workflow_id})
                 return
             if now != seen:
                 try:
-                    data = workflow_view(
-                        await in_thread(inspected, api.redis, api.keys, workflow_id, api.graphs)
-                    )
+                    current = await in_thread(_workflow_event, api, workflow_id, now)
                 except UnknownWorkflow:
                     yield event("gone", {"id": workflow_id})
                     return
