@@ -36,7 +36,10 @@ class StartBody(BaseModel):
     flow: str = Field(description="the flow text")
     input: Any = Field(None, description="the workflow's input (any JSON)")
     id: str | None = Field(None, description="the workflow id (default: a new one); 409 if taken")
-    priority: int = Field(0, description="the workflow's priority, -9 to 9 (higher first)")
+    # Strict: JSON true is not a priority of 1.
+    priority: int = Field(
+        0, strict=True, description="the workflow's priority, -9 to 9 (higher first)"
+    )
 
 
 class CheckBody(BaseModel):

@@ -201,6 +201,8 @@ def test_a_start_carries_its_priority_and_refuses_one_out_of_range(served: Serve
         assert http.get(f"/api/workflows/{started.json()['id']}").json()["priority"] == 3
         refused = http.post("/api/workflows", json={"flow": "A", "priority": 42})
         assert refused.status_code == 400 and "42" in refused.json()["detail"]
+        boolean = http.post("/api/workflows", json={"flow": "A", "priority": True})
+        assert boolean.status_code == 400 and "priority" in boolean.json()["detail"]
 
 
 def test_a_schedules_runs_are_listed_and_acted_on_by_its_name(
