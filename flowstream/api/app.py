@@ -14,7 +14,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match, Mount
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from flowstream.api import operations, stream, workflows
+from flowstream.api import operations, scheduling, stream, workflows
 from flowstream.api.auth import CSRF_HEADER, SAFE_METHODS, Tokens, role_of
 from flowstream.api.context import BODY_SLACK, Api, ApiConfig
 from flowstream.api.metrics import metrics_text
@@ -47,6 +47,7 @@ def create_app(config: ApiConfig) -> FastAPI:
     app.include_router(stream.router)  # first: /workflows/stream before /workflows/{id}
     app.include_router(workflows.router)
     app.include_router(operations.router)
+    app.include_router(scheduling.router)
 
     @app.get("/metrics", include_in_schema=False)
     def metrics() -> Response:

@@ -21,6 +21,8 @@ __all__ = [
     "ActionBody",
     "BulkBody",
     "CheckBody",
+    "LimitBody",
+    "ScheduleBody",
     "RequeueBody",
     "SessionBody",
     "StartBody",
@@ -40,6 +42,26 @@ class StartBody(BaseModel):
     priority: int = Field(
         0, strict=True, description="the workflow's priority, -9 to 9 (higher first)"
     )
+
+
+class ScheduleBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(description="1 to 64 letters, digits, '.', '_', '-'")
+    flow: str = Field(description="the flow text, compiled and stored now")
+    cron: str | None = Field(None, description="5 fields, or 6 with seconds first")
+    every: str | None = Field(None, description="an interval: 30s, 15m, 1h (give cron or every)")
+    input: Any = Field(None, description="every run's input (any JSON)")
+    overlap: Literal["skip", "allow", "cancel-previous"] = "skip"
+    catch_up: Literal["none", "one", "all"] = "one"
+    timezone: str = Field("UTC", description="an IANA time zone, for cron")
+    priority: int = Field(0, strict=True, description="each run's priority, -9 to 9")
+    concurrency_key: str | None = Field(None, description="with max_running")
+    max_running: int | None = Field(None, strict=True, description="with concurrency_key")
+
+
+class LimitBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    limit: int = Field(strict=True, description="at most this many tasks of the kind at once")
 
 
 class CheckBody(BaseModel):
