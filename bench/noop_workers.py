@@ -44,11 +44,11 @@ class Echo(TaskListener):
         return task.input
 
 
-def _start_tasks(tasks: int) -> list[Any]:
-    """XADDs of ``tasks`` start-tasks, packed."""
-    stream = KEYS.tasks("default")
+def start_task_commands(count: int, priority: int = 0, first: int = 0) -> list[Any]:
+    """XADDs of ``count`` start-tasks of kind ``default`` at ``priority``, packed."""
+    stream = KEYS.tasks("default", priority)
     commands = []
-    for n in range(tasks):
+    for n in range(first, first + count):
         event = {
             "kind": START_TASK,
             "workflow": f"w{n}",
@@ -61,6 +61,8 @@ def _start_tasks(tasks: int) -> list[Any]:
             "input": {"n": n},
             "parameters": {},
         }
+        if priority:
+            event["priority"] = priority
         fields = [part for field in encode_event(event).items() for part in field]
         commands.append(pack_command(("XADD", stream, "*", *fields)))
     return commands
@@ -83,7 +85,7 @@ def _time(
         remove_kind_limit(client, KEYS, "default")
     else:
         set_kind_limit(client, KEYS, "default", limit)
-    fill = _start_tasks(tasks)
+    fill = start_task_commands(tasks)
     procs = [
         subprocess.Popen(
             [sys.executable, "-m", "workers", *command, "--redis-url", url],

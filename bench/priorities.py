@@ -24,12 +24,10 @@ import time
 from typing import Any
 
 import redis
-from hiredis import pack_command
 
-from lifecycle.events import START_TASK
+from bench.noop_workers import start_task_commands
 from lifecycle.keys import Keys
 from lifecycle.priorities import priority_member, stream_priority
-from rqse.events import encode_event
 from rqse.fastpipe import execute
 from rqse.server import RedisServer
 from workers import Task, TaskListener
@@ -62,29 +60,6 @@ class Timed(TaskListener):
         return {}
 
 
-def _start_tasks(count: int, priority: int, first: int = 0) -> list[Any]:
-    stream = KEYS.tasks("default", priority)
-    commands = []
-    for n in range(first, first + count):
-        event = {
-            "kind": START_TASK,
-            "workflow": f"w{n}",
-            "name": "A",
-            "index": 1,
-            "key": "1",
-            "attempt": 1,
-            "id": f"w{n}/1/1",
-            "token": f"{n:016x}",
-            "input": {},
-            "parameters": {},
-        }
-        if priority:
-            event["priority"] = priority
-        fields = [part for field in encode_event(event).items() for part in field]
-        commands.append(pack_command(("XADD", stream, "*", *fields)))
-    return commands
-
-
 def _fill(client: redis.Redis, commands: list[Any]) -> None:
     for first in range(0, len(commands), 2000):
         execute(client, commands[first : first + 2000])
@@ -109,12 +84,12 @@ def _run_until(worker: Timed, done: Any, timeout: float = 120) -> threading.Thre
 
 def arrival(url: str, client: redis.Redis, backlog: int, batch: int, work_us: float) -> str:
     _fresh(client)
-    _fill(client, _start_tasks(backlog, 0))
+    _fill(client, start_task_commands(backlog, 0))
     pool = redis.ConnectionPool.from_url(url)
     worker = Timed(work_us, pool=pool, batch_size=batch)
     thread = _run_until(worker, lambda: len(worker.started) >= backlog // 10)
     reads_before = worker.reads
-    _fill(client, _start_tasks(1, HIGH, first=backlog))
+    _fill(client, start_task_commands(1, HIGH, first=backlog))
     # From its XADD's reply: Redis holds it, so every read from then on brings it.
     sent = time.perf_counter()
     deadline = time.monotonic() + 60
@@ -134,8 +109,8 @@ def arrival(url: str, client: redis.Redis, backlog: int, batch: int, work_us: fl
 
 def starvation(url: str, client: redis.Redis, backlog: int, batch: int, work_us: float) -> str:
     _fresh(client)
-    _fill(client, _start_tasks(backlog, 0))
-    _fill(client, _start_tasks(backlog, HIGH, first=backlog))
+    _fill(client, start_task_commands(backlog, 0))
+    _fill(client, start_task_commands(backlog, HIGH, first=backlog))
     pool = redis.ConnectionPool.from_url(url)
     worker = Timed(work_us, pool=pool, batch_size=batch)
     window = backlog // 5

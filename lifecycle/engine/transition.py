@@ -414,14 +414,7 @@ class Transition:
             return []
         if kind == ev.RESUME_WORKFLOW:
             assert machine is not None
-            held, item.held = item.held or [], None
-            commit.removed.append(rec.PAUSED)
-            running = state.running
-            return [
-                machine.task_action(key, running[key], item.inputs.get(key))
-                for key in held
-                if key in running
-            ]
+            return _release_held(machine, state, item, commit)
         if kind == ev.RESTART_WORKFLOW:
             assert machine is not None
             concurrency = item.concurrency
@@ -448,14 +441,7 @@ class Transition:
         assert item.concurrency is not None
         item.concurrency = {"key": item.concurrency["key"], "max": item.concurrency["max"]}
         commit.set(rec.CONCURRENCY, _dumps(item.concurrency))
-        held, item.held = item.held or [], None
-        commit.removed.append(rec.PAUSED)
-        running = state.running
-        return [
-            machine.task_action(key, running[key], item.inputs.get(key))
-            for key in held
-            if key in running
-        ]
+        return _release_held(machine, state, item, commit)
 
     def _carry_out(
         self,
@@ -550,6 +536,19 @@ class Transition:
         """The retry/timeout policy of the node of instance ``key``."""
         node = int(key) if "." not in key else int(key.split(".", 1)[0])
         return self._task(item, machine, node).policy
+
+
+def _release_held(machine: Machine, state: State, item: Pending, commit: Commit) -> list[Any]:
+    """The start-tasks held (paused, or queued under a concurrency key) go, in order:
+    those still running, with the inputs recorded when they were held."""
+    held, item.held = item.held or [], None
+    commit.removed.append(rec.PAUSED)
+    running = state.running
+    return [
+        machine.task_action(key, running[key], item.inputs.get(key))
+        for key in held
+        if key in running
+    ]
 
 
 def _order(event_id: str) -> int:
