@@ -21,6 +21,7 @@ import os
 import shlex
 import socket
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -48,6 +49,7 @@ __all__ = [
     "iso",
     "list_page",
     "list_workflows",
+    "newest",
     "read_workflow",
     "replay_command",
     "shown_raw",
@@ -482,6 +484,18 @@ def list_workflows(
     match, so a filter that matches few workflows reads them all.
     """
     return list_page(client, keys, state, flow, limit, index=index)[0]
+
+
+def newest(pages: Sequence[list[dict[str, Any]]], limit: int | None) -> list[dict[str, Any]]:
+    """The rows of several partitions' lists merged, newest first, up to ``limit``."""
+    if len(pages) == 1:
+        return pages[0]
+    rows = sorted(
+        (row for page in pages for row in page),
+        key=lambda row: str(row.get("created") or ""),
+        reverse=True,
+    )
+    return rows[:limit] if limit else rows
 
 
 def list_page(

@@ -1,10 +1,11 @@
 """Every Redis key, stream and group name the engine uses — the one place they are spelled.
 
-All keys share one hash tag, ``{flow}`` by default: a workflow's record, the
-lifecycle stream, the task streams and the timers live in one slot, so the
-atomic advance (a MULTI/EXEC or one Lua script) only ever touches keys of one slot. A Redis
-Cluster deployment later splits the engine into several partitions, each
-with its own tag; nothing else about the layout changes.
+All keys of a partition share one hash tag, ``{flow}`` by default: a workflow's
+record, the lifecycle stream, the task streams and the timers live in one slot, so
+the atomic advance (a MULTI/EXEC or one Lua script) only ever touches keys of one
+slot. A deployment of several partitions (lifecycle.partitions, for Redis Cluster)
+gives each its own tag; the few keys they share (the partition count, the task
+kinds' concurrency limits) stay under the base prefix, :attr:`Keys.home`.
 """
 
 from __future__ import annotations
@@ -33,9 +34,21 @@ def task_kind(name: str, node_kind: str = "task") -> str:
 
 @dataclass(frozen=True, slots=True)
 class Keys:
-    """Key names under one partition tag (``prefix``), e.g. ``{flow}``."""
+    """Key names under one partition tag (``prefix``), e.g. ``{flow}``; ``home`` is the
+    base prefix of the keys every partition shares (the prefix itself when omitted)."""
 
     prefix: str = "{flow}"
+    home: str = ""
+
+    @property
+    def shared(self) -> str:
+        return self.home or self.prefix
+
+    @property
+    def partitions(self) -> str:
+        """String: how many partitions the deployment has (absent: 1), set by the first
+        lifecycle worker started with ``--partitions`` and checked by every process."""
+        return f"{self.shared}:partitions"
 
     @property
     def lifecycle(self) -> str:
@@ -140,32 +153,33 @@ class Keys:
         return f"{self.prefix}:run-queue:{concurrency_key}"
 
     # -- Concurrency limits per task kind (lifecycle/kind_limits.py) ---------------------
+    # Under the home prefix: one limit counts the tasks of its kind in every partition.
 
     @property
     def kind_limits(self) -> str:
         """Hash: task kind -> how many of its tasks may run at once, across all workers
         (``python -m lifecycle limit``). Not :attr:`limits`, which is the data limits."""
-        return f"{self.prefix}:kind-limits"
+        return f"{self.shared}:kind-limits"
 
     def slots(self, kind: str) -> str:
         """Sorted set of the slots held on ``kind``'s limit: ``<task id> <consumer>`` ->
         lease expiry (ms, Redis clock); a holder renews it while its task runs."""
-        return f"{self.prefix}:slots:{kind}"
+        return f"{self.shared}:slots:{kind}"
 
     def slot_queue(self, kind: str) -> str:
         """Sorted set of the tasks waiting for a slot of ``kind``, by their order (from
         the start-task's stream entry id): who gets in next."""
-        return f"{self.prefix}:slot-queue:{kind}"
+        return f"{self.shared}:slot-queue:{kind}"
 
     def slot_waiting(self, kind: str) -> str:
         """Sorted set of the same waiters -> lease expiry (ms): a waiter that died leaves
         the line once it lapses."""
-        return f"{self.prefix}:slot-waiting:{kind}"
+        return f"{self.shared}:slot-waiting:{kind}"
 
     def slot_wake(self, kind: str) -> str:
         """Prefix of the per-waiter wake-up lists (``<prefix><member>``): a waiter blocks
         on its own (BLPOP) until a slot may be its; each expires after a lease."""
-        return f"{self.prefix}:slot-wake:{kind}:"
+        return f"{self.shared}:slot-wake:{kind}:"
 
     def graph(self, content_hash: str) -> str:
         """A compiled graph's canonical JSON, stored once per content hash, shared."""

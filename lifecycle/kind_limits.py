@@ -49,6 +49,9 @@ SCRIPT = "kind_slots"
 MAX_LIMIT = 1_000_000  # tasks of one kind at once; past it Lua's numbers lose integers
 DEFAULT_LEASE = 30.0  # seconds a slot outlives its holder's last renewal
 DEFAULT_CHECK_INTERVAL = 5.0  # longest a waiter blocks before it looks at cancellation
+# Seconds a limit read from another node is reused (several partitions): a limit set or
+# removed reaches the workers of other partitions within this.
+LIMIT_READ_REUSE = 1.0
 
 
 class BadKindLimit(LifecycleError):
@@ -166,8 +169,11 @@ class Slot:
     def stop(self) -> None:
         self._slots.renewer.drop(self.member)
 
-    def release_command(self) -> Template:
-        """The release, as an EVAL to send in the transaction of the task's answer."""
+    def release_command(self) -> Template | None:
+        """The release, as an EVAL to send in the transaction of the task's answer; None
+        when the slots live on another node (release with :meth:`release` then)."""
+        if self._slots.apart:
+            return None
         self.stop()
         return self._slots.release_template
 
@@ -242,8 +248,15 @@ class KindSlots:
         consumer: str,
         lease: float = DEFAULT_LEASE,
         check_interval: float = DEFAULT_CHECK_INTERVAL,
+        home: redis.Redis | None = None,
     ) -> None:
-        self._client = client
+        """``client`` serves the worker's partition; ``home`` the partitions' shared keys
+        when they live elsewhere (several partitions: :attr:`apart`)."""
+        #: The slots live on another node than the answers: the limit is not read with
+        #: the batch, nor the release sent in the answer's transaction (sent right after).
+        self.apart = home is not None and bool(keys.home)
+        self._client = home if home is not None and self.apart else client
+        self._limit_read: tuple[float, Any] = (-LIMIT_READ_REUSE, None)
         self.keys = keys
         self.kind = kind
         self.consumer = consumer
@@ -282,7 +295,7 @@ class KindSlots:
             if isinstance(along, BaseException):
                 raise along
             if along is None:
-                along = self._client.hget(self.keys.kind_limits, self.kind)
+                along = self._read_limit()
         except redis.exceptions.NoPermissionError as error:
             self.checking = False
             log.warning(
@@ -294,6 +307,18 @@ class KindSlots:
             )
             return False
         return along is not None
+
+    def _read_limit(self) -> Any:
+        """The kind's limit, asked now; when :attr:`apart`, reused for a second (a round
+        trip to another node per task would cost more than the limit's own work)."""
+        if not self.apart:
+            return self._client.hget(self.keys.kind_limits, self.kind)
+        at, limit = self._limit_read
+        now = time.monotonic()
+        if now - at > LIMIT_READ_REUSE:
+            limit = self._client.hget(self.keys.kind_limits, self.kind)
+            self._limit_read = (now, limit)
+        return limit
 
     def call(self, op: str, member: str, order: int = 0) -> Any:
         return self._script(

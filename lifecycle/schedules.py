@@ -102,13 +102,16 @@ def _zone(timezone: str) -> ZoneInfo:
         ) from None
 
 
-def run_id(name: str, at_ms: int) -> str:
+def run_id(name: str, at_ms: int, tagged: bool = False) -> str:
     """The workflow id of the run of ``name`` for fire time ``at_ms``: the idempotency
-    key. Whole seconds for fire times, milliseconds for run-now."""
+    key. Whole seconds for fire times, milliseconds for run-now. ``tagged`` (a
+    deployment of several partitions): the name is written ``{name}``, so that the runs
+    live in their schedule's partition (lifecycle.partitions)."""
     moment = datetime.fromtimestamp(at_ms / 1000, UTC)
+    shown = f"{{{name}}}" if tagged else name
     if at_ms % 1000:
-        return f"{name}@{moment.strftime('%Y-%m-%dT%H:%M:%S')}.{at_ms % 1000:03d}Z"
-    return f"{name}@{moment.strftime('%Y-%m-%dT%H:%M:%SZ')}"
+        return f"{shown}@{moment.strftime('%Y-%m-%dT%H:%M:%S')}.{at_ms % 1000:03d}Z"
+    return f"{shown}@{moment.strftime('%Y-%m-%dT%H:%M:%SZ')}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -252,6 +255,10 @@ class Schedules:
         self.redis = client
         self.keys = keys or Keys()
         self._fire = lua.load_script(client, "fire_schedule", _SCRIPTS)
+
+    def run_id(self, name: str, at_ms: int) -> str:
+        """The id of ``name``'s run at ``at_ms`` in this deployment (:func:`run_id`)."""
+        return run_id(name, at_ms, tagged=bool(self.keys.home))
 
     def now(self) -> int:
         """Redis's clock (ms): the one every worker and command shares."""
@@ -463,7 +470,7 @@ class Schedules:
         chosen.reverse()
         runs = [
             {
-                "id": (workflow_id := run_id(name, at)),
+                "id": (workflow_id := self.run_id(name, at)),
                 "at": at,
                 "start": self.start_fields(schedule, workflow_id),
             }
@@ -486,7 +493,7 @@ class Schedules:
         for _ in range(10):  # the last run changed under us: read it again
             last = self.redis.hget(self.keys.schedule(name), rec.SCHEDULE_LAST)
             now = self.now()
-            workflow_id = run_id(name, now if now % 1000 else now + 1)
+            workflow_id = self.run_id(name, now if now % 1000 else now + 1)
             run = {
                 "id": workflow_id,
                 "at": now,

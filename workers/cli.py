@@ -10,11 +10,16 @@ from typing import TYPE_CHECKING, Any
 
 import redis
 
+from lifecycle.cli.support import partitions_argument
+from lifecycle.errors import LifecycleError
 from lifecycle.keys import Keys
+from lifecycle.partitions import stored_partitions
+from rqse.cluster import Connections
 from rqse.connection import redis_arguments, resolve_url
 from rqse.errors import RqseError
 from rqse.metrics import metrics_arguments
 from rqse.process import settle_process
+from rqse.runner import Runner
 from workers.errors import WorkerError
 
 if TYPE_CHECKING:
@@ -54,6 +59,7 @@ def _parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     redis_arguments(common)
     common.add_argument("--prefix", default="{flow}", help="key prefix (hash tag), default {flow}")
+    partitions_argument(common)
     common.add_argument("--consumer", help="stable consumer name")
     common.add_argument("--claim-idle", type=float, default=30.0, help="seconds before claiming")
     common.add_argument("-v", "--verbose", action="store_true", help="log debug messages")
@@ -100,24 +106,33 @@ def main(argv: list[str] | None = None) -> int:
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    keys = Keys(args.prefix)
     where = "Redis"
+    connections = None
     try:
         settings = resolve_url(args.redis_url, args.redis_url_file)
         where = f"Redis at {settings.masked_url} ({settings.origin})"
-        pool = settings.pool()
-        redis.Redis(connection_pool=pool).ping()
+        connections = Connections.open(
+            settings, cluster=True if getattr(args, "cluster", False) else None
+        )
+        home = connections.client_for(args.prefix)
+        home.ping()
+        partitions = stored_partitions(home, args.prefix, args.partitions)
+        places = [(keys, connections.pool_for(keys.prefix)) for keys in partitions.all]
         metrics = None
         if args.metrics_port is not None:
             from lifecycle.metrics import ProcessMetrics
 
-            metrics = ProcessMetrics(pool)  # first: it counts the pool's round trips
+            metrics = ProcessMetrics()  # first: it counts the pools' round trips
+            for _, pool in places:
+                metrics.round_trips.count(pool)
         try:
-            return _command(args, keys, pool, metrics)
+            # The kinds' limits live under the base prefix, on its own node in a cluster.
+            home_pool = connections.pool_for(args.prefix) if partitions.count > 1 else None
+            return _command(args, places, metrics, home_pool)
         finally:
             if metrics is not None:
                 metrics.stop()
-    except (RqseError, WorkerError, ValueError) as error:
+    except (RqseError, LifecycleError, WorkerError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)
         return EXIT_ERROR
     except (redis.ConnectionError, redis.TimeoutError) as error:
@@ -126,6 +141,9 @@ def main(argv: list[str] | None = None) -> int:
     except redis.RedisError as error:
         print(f"error: {where}: {error}", file=sys.stderr)
         return EXIT_ERROR
+    finally:
+        if connections is not None:
+            connections.close()
 
 
 def _serve(args: argparse.Namespace, metrics: ProcessMetrics | None, listeners: list[Any]) -> None:
@@ -141,40 +159,55 @@ def _serve(args: argparse.Namespace, metrics: ProcessMetrics | None, listeners: 
 
 def _command(
     args: argparse.Namespace,
-    keys: Keys,
-    pool: redis.ConnectionPool,
+    places: list[tuple[Keys, redis.ConnectionPool]],
     metrics: ProcessMetrics | None = None,
+    home_pool: redis.ConnectionPool | None = None,
 ) -> int:
+    """Build the command's listeners, once per partition (``places``: each partition's
+    keys and the pool on its Redis), and run them until stopped."""
     options: dict[str, Any] = {"consumer": args.consumer, "claim_idle": args.claim_idle}
+    alone = len(places) == 1  # else a Runner handles the signals for all of them
     if args.command in ("noop", "simulate"):
         from workers.noop import NoopWorker, SimulatedWorker
 
         kinds = sorted(set(args.kinds)) if args.kinds else None  # None: every kind, as they appear
-        if args.command == "noop":
-            worker: NoopWorker = NoopWorker(kinds, keys, pool=pool, **options)
-        else:
-            worker = SimulatedWorker(
-                kinds,
-                keys,
-                delay_max=args.delay_max,
-                failures=args.failures,
-                seed=args.seed,
-                pool=pool,
-                **options,
-            )
-        _serve(args, metrics, [worker])
+        workers: list[NoopWorker] = []
+        for keys, pool in places:
+            if args.command == "noop":
+                workers.append(NoopWorker(kinds, keys, pool=pool, handle_signals=alone, **options))
+            else:
+                workers.append(
+                    SimulatedWorker(
+                        kinds,
+                        keys,
+                        delay_max=args.delay_max,
+                        failures=args.failures,
+                        seed=args.seed,
+                        pool=pool,
+                        handle_signals=alone,
+                        **options,
+                    )
+                )
+        _serve(args, metrics, workers)
         settle_process()
-        worker.listen()
-        return EXIT_OK
+        if alone:
+            workers[0].listen()
+            return EXIT_OK
+        return Runner(workers).run()
     if args.command == "wait":
         from workers.wait import WaitWorker
 
-        wait = WaitWorker(keys, pool=pool, events=not args.no_events, **options)
-        _serve(args, metrics, wait.listeners)
+        waits = [
+            WaitWorker(keys, pool=pool, events=not args.no_events, handle_signals=alone, **options)
+            for keys, pool in places
+        ]
+        _serve(args, metrics, [listener for wait in waits for listener in wait.listeners])
         settle_process()
-        wait.listen()
-        return EXIT_OK
-    from workers.runner import Runner, build_listener, load_listener_class
+        if alone:
+            waits[0].listen()
+            return EXIT_OK
+        return Runner(waits).run()
+    from workers.runner import build_listener, load_listener_class
 
     if args.concurrency < 1:
         raise ValueError(f"--concurrency {args.concurrency}: expected 1 or more")
@@ -196,7 +229,9 @@ def _command(
             consumer=_consumer(args.consumer, n, args.concurrency),
             kind=kind,
             options=extra,
+            home_pool=home_pool,
         )
+        for keys, pool in places
         for n in range(args.concurrency)
     ]
     _serve(args, metrics, listeners)

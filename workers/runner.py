@@ -18,18 +18,13 @@ from __future__ import annotations
 import importlib
 import inspect
 import logging
-import os
-import signal
-import threading
-import time
-from collections.abc import Sequence
-from types import FrameType
 from typing import Any
 
 import redis
 
 from lifecycle.keys import TASK_GROUP, Keys
 from rqse import EventListener
+from rqse.runner import Runner
 from workers.errors import WorkerLoadError
 from workers.task import TaskListener
 
@@ -76,10 +71,12 @@ def build_listener(
     consumer: str | None = None,
     kind: str | None = None,
     options: dict[str, Any] | None = None,
+    home_pool: redis.ConnectionPool | None = None,
 ) -> EventListener:
     """One instance of ``cls``, given what its constructor accepts.
 
-    A TaskListener gets ``kind`` (if given), ``keys``, ``pool``, ``consumer``.
+    A TaskListener gets ``kind`` (if given), ``keys``, ``pool``, ``consumer``, and
+    ``home_pool`` (the partitions' shared keys, when given and it takes it).
     A seed-style EventListener whose constructor takes the stream (``key``)
     gets ``{flow}:tasks:<kind>`` (``--kind`` is required unless ``key`` has a
     default) and group ``workers`` if it takes ``group``; then ``pool`` and ``consumer`` if it
@@ -96,6 +93,8 @@ def build_listener(
         if kind:
             kwargs["kind"] = kind
         kwargs["keys"] = keys
+        if home_pool is not None and accepts("home_pool"):
+            kwargs["home_pool"] = home_pool
     else:
         key = parameters.get("key")
         if key is not None and kind:
@@ -126,66 +125,3 @@ def build_listener(
         return cls(**kwargs)
     except TypeError as error:
         raise WorkerLoadError(f"cannot build {cls.__qualname__}: {error}") from error
-
-
-class Runner:
-    """Runs listeners in threads until stopped; ``run()`` returns when all have stopped."""
-
-    def __init__(self, listeners: Sequence[EventListener], drain_timeout: float = 30.0) -> None:
-        self.listeners = list(listeners)
-        self.drain_timeout = drain_timeout
-        self._stop = threading.Event()
-        self._signals = 0
-        self._threads: list[threading.Thread] = []
-        self.errors: list[BaseException] = []
-
-    def start(self) -> None:
-        for listener in self.listeners:
-            thread = threading.Thread(
-                target=self._listen, args=(listener,), name=f"worker-{listener.consumer}"
-            )
-            thread.daemon = True  # a forced exit must not wait for a task in hand
-            thread.start()
-            self._threads.append(thread)
-
-    def _listen(self, listener: EventListener) -> None:
-        try:
-            listener.listen()
-        except BaseException as error:
-            log.error("consumer %s: stopped by %r", listener.consumer, error, exc_info=True)
-            self.errors.append(error)
-            self._stop.set()  # one dead listener stops the process: a supervisor restarts it
-
-    def stop(self) -> None:
-        """Ask every listener to stop after its task in hand; idempotent, thread-safe."""
-        self._stop.set()
-
-    def run(self, install_signals: bool = True) -> int:
-        """Start, wait for a stop (signal or ``stop()``), drain; 0 if clean, 1 if not."""
-        previous = {}
-        if install_signals and threading.current_thread() is threading.main_thread():
-            for signum in (signal.SIGINT, signal.SIGTERM):
-                previous[signum] = signal.signal(signum, self._on_signal)
-        try:
-            self.start()
-            while not self._stop.wait(0.5):
-                if not any(thread.is_alive() for thread in self._threads):
-                    break
-            for listener in self.listeners:
-                listener.stop()
-            deadline = time.monotonic() + self.drain_timeout  # one deadline for all
-            for thread in self._threads:
-                thread.join(timeout=max(0.0, deadline - time.monotonic()))
-            stuck = [t.name for t in self._threads if t.is_alive()]
-            if stuck:
-                log.warning("still busy after %.0fs, exiting: %s", self.drain_timeout, stuck)
-            return 1 if stuck or self.errors else 0
-        finally:
-            for signum, handler in previous.items():
-                signal.signal(signum, handler)
-
-    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
-        self._signals += 1
-        if self._signals > 1:
-            os._exit(128 + signum)  # second signal: now, tasks in hand stay pending
-        self._stop.set()

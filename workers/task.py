@@ -317,7 +317,16 @@ class TaskListener(EventListener):
     #: Longest a task waiting for a slot blocks before it looks whether it was cancelled.
     slot_check_interval: float = DEFAULT_CHECK_INTERVAL
 
-    def __init__(self, kind: str | None = None, keys: Keys | None = None, **options: Any):
+    def __init__(
+        self,
+        kind: str | None = None,
+        keys: Keys | None = None,
+        home_pool: redis.ConnectionPool | None = None,
+        **options: Any,
+    ):
+        """``home_pool``: a pool on the Redis of the partitions' shared keys (the kinds'
+        limits), when ``keys`` is one of several partitions (``python -m workers`` passes
+        it); None: the listener's own."""
         kind = kind or type(self).kind
         if not kind or not isinstance(kind, str):
             raise ValueError(
@@ -340,8 +349,13 @@ class TaskListener(EventListener):
             self.consumer,
             lease=self.slot_lease,
             check_interval=self.slot_check_interval,
+            home=None if home_pool is None else redis.Redis(connection_pool=home_pool),
         )
-        self.read_along = (self._stopped.along, self._slots.along)
+        self.read_along = (
+            (self._stopped.along,)
+            if self._slots.apart
+            else (self._stopped.along, self._slots.along)
+        )
         self._limit_reply = 1  # where the kind's limit is among read_replies
         self.flush_with_next_read = True  # one round trip per batch
 
@@ -404,7 +418,11 @@ class TaskListener(EventListener):
         sent = False
         try:
             handled = self._answer(task, event)
-            self.emit_filled(slot.release_command(), slot.member.encode())
+            release = slot.release_command()
+            if release is None:  # the slots live on another node: released on their own
+                slot.release()
+            else:
+                self.emit_filled(release, slot.member.encode())
             sent = True
             return handled
         finally:

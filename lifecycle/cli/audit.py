@@ -20,10 +20,13 @@ from flowlang.limits import Limits, limits_with
 from lifecycle.cli.support import EXIT_FAILED, EXIT_OK, CliError, Context, dumps_text, print_json
 from lifecycle.cli.worker import LIMIT_NAMES, limits_arguments, limits_from
 from lifecycle.keys import Keys
+from lifecycle.partitions import Partitions, archived_partitions
 from rqse.errors import RqseError
 from rqse.metrics import metrics_arguments
 
 if TYPE_CHECKING:
+    from lifecycle.audit.receipts import ReceiptsStats, ReceiptsWorker
+    from lifecycle.audit.segments import SegmentSink
     from lifecycle.metrics import ProcessMetrics
 
 __all__ = ["EXIT_DIFFERENT", "add_commands"]
@@ -78,34 +81,59 @@ def add_commands(commands: Any, common: argparse.ArgumentParser) -> None:
 def _replay_command(args: argparse.Namespace, context: Context) -> int:
     if not Path(args.archive).is_dir():  # said before anything about Redis
         raise CliError(f"{args.archive}: no such archive directory")
-    client = None
+    partitions = archived_partitions(args.archive, args.prefix)
+    live: Context | None = None
     if not args.offline:
         try:
-            client = context.client
+            context.client.ping()
+            live = context
         except (redis.RedisError, RqseError) as error:
             log.warning(
                 "not comparing with live data: cannot reach Redis at %s: %s", context.where, error
             )
+    code = EXIT_OK
     try:
-        return _replay(args, client, context.keys)
+        for index, keys in _chosen(partitions, args.workflow):
+            client = live.client_for(keys) if live is not None else None
+            found = _replay(args, partitions.archive(args.archive, index), client, keys)
+            code = max(code, found)
     except ValueError as error:  # a graph record whose text does not parse
         raise CliError(f"{args.archive}: {error}") from None
+    return code
+
+
+def _chosen(partitions: Partitions, workflow: str | None) -> list[tuple[int, Keys]]:
+    """The partitions to audit: the workflow's own, or all."""
+    if workflow is not None:
+        index = partitions.index_of(workflow)
+        return [(index, partitions.keys(index))]
+    return list(enumerate(partitions.all))
 
 
 def _recover(args: argparse.Namespace, context: Context) -> int:
+    code = EXIT_OK
+    for index, keys in _chosen(context.partitions, args.workflow):
+        archive = context.partitions.archive(args.archive, index)
+        code = max(code, _recover_partition(args, context.client_for(keys), keys, archive))
+    return code
+
+
+def _recover_partition(
+    args: argparse.Namespace, client: redis.Redis, keys: Keys, archive: Path
+) -> int:
     from lifecycle.audit.recover import recover
 
     try:
         report = recover(
-            context.client,
-            args.archive,
-            context.keys,
+            client,
+            str(archive),
+            keys,
             workflow=args.workflow,
             dry_run=args.dry_run,
-            limits=replay_limits(args, context.client, context.keys),
+            limits=replay_limits(args, client, keys),
         )
     except ValueError as error:  # a graph record whose text does not parse
-        raise CliError(f"{args.archive}: {error}") from None
+        raise CliError(f"{archive}: {error}") from None
     if args.json:
         print_json({**report.summary(), "workflows": report.restored})
     else:
@@ -122,57 +150,97 @@ def _recover(args: argparse.Namespace, context: Context) -> int:
 
 
 def _receipts(args: argparse.Namespace, context: Context) -> int:
-    client = context.client
+    partitions = context.partitions
     if args.metrics_port is None:
-        return _archive(args, context, None)
+        return _archive(args, context, partitions, None)
     from lifecycle.metrics import ProcessMetrics
 
-    metrics = ProcessMetrics(client.connection_pool)  # first: it counts round trips
+    metrics = ProcessMetrics()
+    for keys in partitions.all:  # first: it counts round trips
+        metrics.round_trips.count(context.client_for(keys).connection_pool)
     metrics.serve(args.metrics_port, args.metrics_host)  # a port in use: before any file
     try:
-        return _archive(args, context, metrics)
+        return _archive(args, context, partitions, metrics)
     finally:
         metrics.stop()
 
 
-def _archive(args: argparse.Namespace, context: Context, metrics: ProcessMetrics | None) -> int:
+class _Archiving:
+    """One partition's receipts worker and its sink, run like a listener (rqse.runner)."""
+
+    def __init__(self, worker: ReceiptsWorker, sink: SegmentSink, consumer: str) -> None:
+        self.worker, self.sink, self.consumer = worker, sink, consumer
+        self.stats: ReceiptsStats | None = None
+
+    def listen(self) -> None:
+        try:
+            self.stats = self.worker.run()
+        finally:
+            self.sink.close()
+
+    def stop(self) -> None:
+        self.worker.stop()
+
+
+def _archive(
+    args: argparse.Namespace,
+    context: Context,
+    partitions: Partitions,
+    metrics: ProcessMetrics | None,
+) -> int:
     from lifecycle.audit.receipts import ReceiptsWorker
     from lifecycle.audit.segments import SegmentSink
     from rqse.process import settle_process
+    from rqse.runner import Runner
 
-    client, keys = context.client, context.keys
-    sink = SegmentSink(
-        args.archive, segment_bytes=int(args.segment_mb * (1 << 20)), compress=args.compress
-    )
-    worker = ReceiptsWorker(
-        client,
-        sink,
-        keys,
-        consumer=args.consumer,
-        batch_size=args.batch_size,
-        trim_every=None if args.no_trim else args.trim_interval,
-    )
-    if metrics is not None:
-        from lifecycle.metrics import ReceiptsCollector
+    archiving = []
+    for index, keys in enumerate(partitions.all):
+        # A partition's archive directory is locked by its sink: one worker each.
+        sink = SegmentSink(
+            partitions.archive(args.archive, index),
+            segment_bytes=int(args.segment_mb * (1 << 20)),
+            compress=args.compress,
+        )
+        worker = ReceiptsWorker(
+            context.client_for(keys),
+            sink,
+            keys,
+            consumer=args.consumer,
+            batch_size=args.batch_size,
+            trim_every=None if args.no_trim else args.trim_interval,
+        )
+        if metrics is not None and partitions.count == 1:
+            from lifecycle.metrics import ReceiptsCollector
 
-        metrics.register(ReceiptsCollector(worker))
-    worker.install_signal_handlers()
+            metrics.register(ReceiptsCollector(worker))
+        archiving.append(_Archiving(worker, sink, args.consumer))
     settle_process()
-    log.info("receipts worker %s archiving %s* into %s", args.consumer, keys.prefix, args.archive)
-    try:
-        stats = worker.run()
-    finally:
-        sink.close()
     log.info(
-        "receipts: archived %d in %d batches, skipped %d already archived, trimmed %d; "
-        "peak lengths %s",
-        stats.archived,
-        stats.batches,
-        stats.skipped,
-        stats.trimmed,
-        stats.peak_lengths,
+        "receipts worker %s archiving %s into %s",
+        args.consumer,
+        ", ".join(f"{keys.prefix}*" for keys in partitions.all),
+        args.archive,
     )
-    return EXIT_OK
+    if len(archiving) == 1:
+        archiving[0].worker.install_signal_handlers()
+        archiving[0].listen()
+        code = EXIT_OK
+    else:
+        code = Runner(archiving).run()
+    for each in archiving:
+        stats = each.stats
+        if stats is None:
+            continue
+        log.info(
+            "receipts: archived %d in %d batches, skipped %d already archived, trimmed %d; "
+            "peak lengths %s",
+            stats.archived,
+            stats.batches,
+            stats.skipped,
+            stats.trimmed,
+            stats.peak_lengths,
+        )
+    return code
 
 
 _RECORDED = "default: as the lifecycle workers recorded in Redis, else"
@@ -192,12 +260,12 @@ def replay_limits(args: argparse.Namespace, client: redis.Redis | None, keys: Ke
     return limits_with(recorded if isinstance(recorded, dict) else {})
 
 
-def _replay(args: argparse.Namespace, client: redis.Redis | None, keys: Keys) -> int:
+def _replay(args: argparse.Namespace, archive: Path, client: redis.Redis | None, keys: Keys) -> int:
     from lifecycle.audit.report import audit_archive
     from lifecycle.history import format_timeline
 
     limits = replay_limits(args, client, keys)
-    report = audit_archive(args.archive, keys, workflow=args.workflow, client=client, limits=limits)
+    report = audit_archive(str(archive), keys, workflow=args.workflow, client=client, limits=limits)
     if args.workflow and not report.workflows:
         raise CliError(f"no workflow {args.workflow!r} in {args.archive}")
     if args.json:

@@ -146,14 +146,29 @@ def _command(kind: str) -> Any:
         selection = Selection(tuple(args.state) if args.state else None, args.flow)
         if not args.ids and not selection.states and selection.flow is None:
             raise CliError("give workflow ids, or select workflows with --state or --flow")
-        client = Client(context.client, context.keys)
         reason = getattr(args, "reason", "")
         if args.ids:
             wait = 0.0 if args.no_wait else args.timeout
-            return _ids(client, kind, args.ids, selection, reason, wait)
-        return _filtered(client, kind, selection, reason)
+            by_partition: dict[int, list[str]] = {}
+            for workflow_id in args.ids:
+                by_partition.setdefault(context.partitions.index_of(workflow_id), []).append(
+                    workflow_id
+                )
+            return max(
+                _ids(_client(context, index), kind, ids, selection, reason, wait)
+                for index, ids in by_partition.items()
+            )
+        return max(
+            _filtered(_client(context, index), kind, selection, reason)
+            for index in range(context.partitions.count)
+        )
 
     return run
+
+
+def _client(context: Context, index: int) -> Client:
+    keys = context.partitions.keys(index)
+    return Client(context.client_for(keys), keys)
 
 
 def _ids(

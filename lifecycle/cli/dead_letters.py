@@ -12,9 +12,12 @@ import argparse
 import copy
 from typing import Any
 
+import redis
+
 from lifecycle.cli.support import EXIT_OK, CliError, Context, print_json
 from lifecycle.dead_letters import (
     DeadLetter,
+    UnknownDeadLetter,
     find_dead_letter,
     list_dead_letters,
     purge,
@@ -111,7 +114,13 @@ def add_commands(commands: Any, common: argparse.ArgumentParser) -> None:
 def _list(args: argparse.Namespace, context: Context) -> int:
     if args.limit < 0:
         raise CliError(f"--limit {args.limit}: expected 0 (all) or more")
-    letters = list_dead_letters(context.client, context.keys, args.kind, args.limit)
+    letters = [
+        letter
+        for client, keys in context.each_partition()
+        for letter in list_dead_letters(client, keys, args.kind, args.limit)
+    ]
+    if args.limit:
+        letters = letters[: args.limit]
     if args.json:
         print_json([letter.summary() for letter in letters])
         return EXIT_OK
@@ -141,7 +150,7 @@ def _list(args: argparse.Namespace, context: Context) -> int:
 
 
 def _show(args: argparse.Namespace, context: Context) -> int:
-    letter = find_dead_letter(context.client, context.keys, args.id, args.kind)
+    _, letter = _find(context, args.id, args.kind)
     if args.json:
         print_json(letter.summary())
         return EXIT_OK
@@ -171,16 +180,32 @@ def _print_letter(letter: DeadLetter) -> None:
             print(f"    {line}")
 
 
+def _find(context: Context, dead_id: str, kind: str | None) -> tuple[redis.Redis, DeadLetter]:
+    """The dead letter ``dead_id`` and its partition's client: looked for in every
+    partition (an entry id does not say which)."""
+    places = context.each_partition()
+    for client, keys in places[:-1]:
+        try:
+            return client, find_dead_letter(client, keys, dead_id, kind)
+        except UnknownDeadLetter:
+            continue
+    client, keys = places[-1]
+    return client, find_dead_letter(client, keys, dead_id, kind)
+
+
 def _requeue(args: argparse.Namespace, context: Context) -> int:
-    client, keys = context.client, context.keys
     if args.all == bool(args.ids):
         raise CliError("requeue: give dead letter ids or --all (not both)")
     if args.all:
-        letters = list_dead_letters(client, keys, args.kind)
+        letters = [
+            (client, letter)
+            for client, keys in context.each_partition()
+            for letter in list_dead_letters(client, keys, args.kind)
+        ]
     else:  # every id checked first: a typo requeues none of them
-        letters = [find_dead_letter(client, keys, dead_id, args.kind) for dead_id in args.ids]
+        letters = [_find(context, dead_id, args.kind) for dead_id in args.ids]
     again = 0
-    for letter in letters:
+    for client, letter in letters:
         done = requeue(client, letter)
         if done.new_id is None:
             print(f"{done.id}: no longer there (requeued or purged meanwhile): not sent")
@@ -192,14 +217,16 @@ def _requeue(args: argparse.Namespace, context: Context) -> int:
 
 
 def _purge(args: argparse.Namespace, context: Context) -> int:
-    client, keys = context.client, context.keys
+    places = context.each_partition()
     if not args.yes:
-        count = len(list_dead_letters(client, keys, args.kind))
+        count = sum(len(list_dead_letters(client, keys, args.kind)) for client, keys in places)
         if not count:
             print("no dead letters")
             return EXIT_OK
         raise CliError(f"purge deletes {count} dead letters for good: add --yes to do it")
-    removed = purge(client, keys, args.kind)
+    removed: dict[str, int] = {}
+    for client, keys in places:
+        removed.update(purge(client, keys, args.kind))
     for source, count in removed.items():
         print(f"{source}: {count} deleted")
     print(f"{sum(removed.values())} deleted")

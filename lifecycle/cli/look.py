@@ -24,6 +24,7 @@ from lifecycle.inspect import (
     LIST_STATES,
     archive_record,
     list_workflows,
+    newest,
 )
 from lifecycle.schedules import Schedules
 
@@ -77,7 +78,7 @@ def add_commands(commands: Any, common: argparse.ArgumentParser) -> None:
 
 
 def _inspect(args: argparse.Namespace, context: Context) -> int:
-    data = inspected(context.client, context.keys, args.id)
+    data = inspected(*context.for_workflow(args.id), args.id)
     lost = data["timeline_lost"]
     if args.json:
         print_json(data)
@@ -234,13 +235,19 @@ def _list(args: argparse.Namespace, context: Context) -> int:
         raise CliError(f"unknown state {args.state!r} (expected one of {', '.join(LIST_STATES)})")
     if args.limit < 0:
         raise CliError(f"--limit {args.limit}: expected 0 (all) or more")
-    index = None
     if args.schedule is not None:  # an unknown schedule is an error, not an empty list
-        Schedules(context.client, context.keys).get(args.schedule)
-        index = context.keys.schedule_runs(args.schedule)
-    rows = list_workflows(
-        context.client, context.keys, args.state, args.flow, args.limit, index=index
-    )
+        client, keys = context.for_tag(args.schedule)
+        Schedules(client, keys).get(args.schedule)
+        index = keys.schedule_runs(args.schedule)
+        rows = list_workflows(client, keys, args.state, args.flow, args.limit, index=index)
+    else:
+        rows = newest(
+            [
+                list_workflows(client, keys, args.state, args.flow, args.limit)
+                for client, keys in context.each_partition()
+            ],
+            args.limit,
+        )
     if args.json:
         print_json(rows)
         return EXIT_OK
@@ -257,10 +264,13 @@ def _history(args: argparse.Namespace, context: Context) -> int:
     archive: str | None = args.archive
     if archive is not None and not os.path.isdir(archive):
         raise CliError(f"--archive {archive}: no such directory (a receipts worker's --archive)")
-    if archive is None and not args.no_archive:
-        recorded = archive_record(context.client, context.keys)
+    client, keys = context.for_workflow(args.id)
+    if archive is not None:
+        archive = str(context.partitions.archive(archive, context.partitions.index_of(args.id)))
+    elif not args.no_archive:
+        recorded = archive_record(client, keys)
         archive = recorded.path if recorded is not None and recorded.here() else None
-    data = live_history(context.client, context.keys, args.id, archive)
+    data = live_history(client, keys, args.id, archive)
     if args.json:
         print_json(data)
         return EXIT_OK

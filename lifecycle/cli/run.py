@@ -33,6 +33,7 @@ from lifecycle.priorities import MAX_PRIORITY, MIN_PRIORITY, BadPriority, check_
 from lifecycle.submit import (
     BadConcurrency,
     check_concurrency,
+    new_workflow_id,
     start_workflow,
     start_workflow_once,
 )
@@ -147,7 +148,7 @@ def _exists(args: argparse.Namespace, context: Context) -> bool:
     otherwise."""
     if args.id is None:
         return False
-    state = workflow_state(context.client, context.keys, args.id)
+    state = workflow_state(*context.for_workflow(args.id), args.id)
     if state is None:
         return False
     return _taken(args, state)
@@ -189,6 +190,14 @@ def _run(args: argparse.Namespace, context: Context) -> int:
         check_concurrency(**gate)
     except BadConcurrency as error:
         raise CliError(f"--concurrency-key/--max-running: {error}") from error
+    partitions = context.partitions
+    chosen = args.id
+    if chosen is None and partitions.count > 1:  # the id says the partition: chosen here
+        chosen = partitions.place(new_workflow_id(graph), args.concurrency_key)
+    elif chosen is not None:
+        partitions.check_placed(chosen, args.concurrency_key)
+    if chosen is not None:
+        client, keys = context.for_workflow(chosen)
     exists = _exists(args, context)
     since = Since.now(client, keys) if args.wait else None
     if exists:
@@ -198,7 +207,7 @@ def _run(args: argparse.Namespace, context: Context) -> int:
             exists = _taken(args, "starting: its start is not applied yet")
         workflow_id = args.id
     else:
-        workflow_id = start_workflow(client, graph, value, None, keys, priority=priority, **gate)
+        workflow_id = start_workflow(client, graph, value, chosen, keys, priority=priority, **gate)
     if since is None:  # a submitter need not read the lifecycle stream (docs/security.md)
         print(workflow_id)
         return EXIT_OK

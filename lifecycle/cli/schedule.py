@@ -27,7 +27,6 @@ from lifecycle.schedules import (
     Schedule,
     Schedules,
     check_name,
-    run_id,
 )
 
 __all__ = ["add_commands"]
@@ -138,13 +137,20 @@ def _add(args: argparse.Namespace, context: Context) -> int:
         concurrency_key=args.concurrency_key,
         max_running=args.max_running,
     )
-    first = Schedules(context.client, context.keys).add(spec, graph)
-    print(f"schedule {spec.name}: {spec.when}, first run {run_id(spec.name, first)}")
+    if args.concurrency_key is not None:
+        # The runs live in the schedule's partition; the key's gate must be there too.
+        context.partitions.check_placed(f"{{{spec.name}}}", args.concurrency_key)
+    schedules = Schedules(*context.for_tag(spec.name))
+    first = schedules.add(spec, graph)
+    print(f"schedule {spec.name}: {spec.when}, first run {schedules.run_id(spec.name, first)}")
     return EXIT_OK
 
 
 def _list(args: argparse.Namespace, context: Context) -> int:
-    rows = Schedules(context.client, context.keys).describe()
+    rows = sorted(
+        (row for place in context.each_partition() for row in Schedules(*place).describe()),
+        key=lambda row: str(row["name"]),
+    )
     if args.json:
         print_json(rows)
         return EXIT_OK
@@ -168,8 +174,8 @@ def _list(args: argparse.Namespace, context: Context) -> int:
 
 
 def _control(args: argparse.Namespace, context: Context) -> int:
-    schedules = Schedules(context.client, context.keys)
     name = check_name(args.name)
+    schedules = Schedules(*context.for_tag(name))
     if args.action == "pause":
         print(f"schedule {name}: {'paused' if schedules.pause(name) else 'already paused'}")
     elif args.action == "resume":
@@ -177,7 +183,7 @@ def _control(args: argparse.Namespace, context: Context) -> int:
         if first is None:
             print(f"schedule {name}: not paused")
         else:
-            print(f"schedule {name}: resumed, next run {run_id(name, first)}")
+            print(f"schedule {name}: resumed, next run {schedules.run_id(name, first)}")
     elif args.action == "remove":
         schedules.remove(name)
         print(f"schedule {name}: removed")

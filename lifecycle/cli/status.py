@@ -99,20 +99,42 @@ def _status(args: argparse.Namespace, context: Context) -> int:
         return _alive(args, context)
     if args.receipts:
         return _receipts(args, context)
-    found = read_status(
-        context.client, context.keys, stale_s=args.stale, count_limit=args.count_limit
-    )
+    places = context.each_partition()
+    reports = [
+        read_status(client, keys, stale_s=args.stale, count_limit=args.count_limit)
+        for client, keys in places
+    ]
     if args.json:
-        print_json(found.to_dict())
+        if len(reports) == 1:
+            print_json(reports[0].to_dict())
+        else:
+            print_json(
+                {
+                    "partitions": [
+                        {"prefix": keys.prefix, **found.to_dict()}
+                        for (_, keys), found in zip(places, reports, strict=True)
+                    ]
+                }
+            )
     else:
-        _print(found)
-    return EXIT_FAILED if found.warnings else EXIT_OK
+        for (_, keys), found in zip(places, reports, strict=True):
+            if len(reports) > 1:
+                print(f"== partition {keys.prefix}")
+            _print(found)
+    return EXIT_FAILED if any(found.warnings for found in reports) else EXIT_OK
 
 
 def _alive(args: argparse.Namespace, context: Context) -> int:
     if not args.alive:
         raise CliError("--alive '': expected a consumer name")
-    alive, last = find_alive(context.client, context.keys, args.alive, args.stale, args.kind)
+    # A worker reads every partition: alive on one is alive.
+    alive, last = None, None
+    for client, keys in context.each_partition():
+        alive, seen = find_alive(client, keys, args.alive, args.stale, args.kind)
+        if alive is not None:
+            break
+        if seen is not None and (last is None or seen.idle_ms < last.idle_ms):
+            last = seen
     if alive is not None:
         print(
             f"alive: consumer {alive.consumer} of group {alive.group} on {alive.stream} "
@@ -133,7 +155,11 @@ def _alive(args: argparse.Namespace, context: Context) -> int:
 
 
 def _receipts(args: argparse.Namespace, context: Context) -> int:
-    behind = receipts_behind(context.client, context.keys, args.stale)
+    behind = [
+        line
+        for client, keys in context.each_partition()
+        for line in receipts_behind(client, keys, args.stale)
+    ]
     if not behind:
         print(f"receipts: nothing waited longer than {args.stale:g} s")
         return EXIT_OK

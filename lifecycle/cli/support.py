@@ -26,6 +26,8 @@ from flowlang.graph import Graph
 from flowlang.limits import DEFAULT_LIMITS, loads_value
 from lifecycle.errors import LifecycleError, NotAllowed
 from lifecycle.keys import Keys
+from lifecycle.partitions import Partitions, stored_partitions
+from rqse.cluster import Connections
 from rqse.connection import RedisSettings, redis_arguments, resolve_url
 from rqse.errors import RedisCommandError, RedisUnavailable, RqseError
 
@@ -39,6 +41,7 @@ __all__ = [
     "Context",
     "Registrar",
     "common_options",
+    "partitions_argument",
     "compile_file",
     "dispatch",
     "dumps_text",
@@ -75,14 +78,19 @@ class CliError(LifecycleError):
 
 
 class Context:
-    """What a command needs besides its arguments: the key layout and, on first use, a
-    Redis client checked with PING (commands that need no Redis never connect)."""
+    """What a command needs besides its arguments: the key layout, the deployment's
+    partitions and, on first use, Redis clients checked with PING (commands that need no
+    Redis never connect). With one partition (the default) :attr:`client` and
+    :attr:`keys` are all there is; with several, :meth:`for_workflow` finds a workflow's
+    and :meth:`each_partition` walks them all."""
 
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
         self.keys = Keys(args.prefix)
         self._settings: RedisSettings | None = None
-        self._client: redis.Redis | None = None
+        self._connections: Connections | None = None
+        self._clients: dict[str, redis.Redis] = {}
+        self._partitions: Partitions | None = None
 
     @property
     def settings(self) -> RedisSettings:
@@ -99,17 +107,54 @@ class Context:
             return "the configured Redis"
 
     @property
+    def connections(self) -> Connections:
+        """Pools per partition: on the partition's master in a Redis Cluster."""
+        if self._connections is None:
+            cluster = True if getattr(self.args, "cluster", False) else None  # None: detect
+            self._connections = Connections.open(self.settings, cluster=cluster)
+        return self._connections
+
+    @property
     def client(self) -> redis.Redis:
-        if self._client is None:
-            client = redis.Redis(connection_pool=self.settings.pool())
+        """A client for the base prefix's keys: the only partition when there is one."""
+        return self.client_for(self.keys)
+
+    def client_for(self, keys: Keys) -> redis.Redis:
+        """A client for the keys of one partition (checked with PING on first use)."""
+        client = self._clients.get(keys.prefix)
+        if client is None:
+            client = self.connections.client_for(keys.prefix)
             client.ping()  # fail here, with the URL, rather than inside a command
-            self._client = client
-        return self._client
+            self._clients[keys.prefix] = client
+        return client
+
+    @property
+    def partitions(self) -> Partitions:
+        """The deployment's partitions: the stored count, checked against ``--partitions``."""
+        if self._partitions is None:
+            count = getattr(self.args, "partitions", None)
+            self._partitions = stored_partitions(self.client, self.args.prefix, count)
+        return self._partitions
+
+    def for_workflow(self, workflow_id: str) -> tuple[redis.Redis, Keys]:
+        """The client and keys of the partition that holds ``workflow_id``."""
+        keys = self.partitions.keys_for(workflow_id)
+        return self.client_for(keys), keys
+
+    def for_tag(self, tag: str) -> tuple[redis.Redis, Keys]:
+        """The client and keys of the partition of the runs tagged ``tag`` (a schedule)."""
+        keys = self.partitions.keys(self.partitions.index_of_tag(tag))
+        return self.client_for(keys), keys
+
+    def each_partition(self) -> list[tuple[redis.Redis, Keys]]:
+        """Every partition's client and keys, by index."""
+        return [(self.client_for(keys), keys) for keys in self.partitions.all]
 
     def close(self) -> None:
-        if self._client is not None:
-            self._client.close()
-            self._client.connection_pool.disconnect()
+        for client in self._clients.values():
+            client.close()
+        if self._connections is not None:
+            self._connections.close()
 
 
 Command = Callable[[argparse.Namespace, Context], int]
@@ -124,8 +169,20 @@ def common_options() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     redis_arguments(common)
     common.add_argument("--prefix", default="{flow}", help="key prefix (hash tag), default {flow}")
+    partitions_argument(common)
     common.add_argument("-v", "--verbose", action="store_true", help="log debug messages")
     return common
+
+
+def partitions_argument(parser: argparse.ArgumentParser) -> None:
+    """``--partitions P``: the deployment's partition count, checked against the stored one."""
+    parser.add_argument(
+        "--partitions",
+        type=int,
+        metavar="P",
+        help="partitions of the deployment (fixed when it is created by the first lifecycle "
+        "worker; any other command checks it; default: the stored count, 1 when none)",
+    )
 
 
 def dispatch(args: argparse.Namespace) -> int:

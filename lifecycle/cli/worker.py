@@ -147,51 +147,72 @@ def duration_from(flag: str, text: str) -> float:
 
 
 def _worker(args: argparse.Namespace, context: Context, companions: Sequence[Companion]) -> int:
+    from lifecycle.partitions import stored_partitions
     from lifecycle.worker import LifecycleWorker
     from rqse.process import settle_process
+    from rqse.runner import Runner
 
     # Bad values are reported before connecting.
     retain = duration_from("--retain", args.retain)
     keep_details = duration_from("--keep-details", args.keep_details)
-    client, keys = context.client, context.keys
+    # The first worker of a deployment stores its partition count; the others must agree.
+    partitions = stored_partitions(context.client, args.prefix, args.partitions, create=True)
     metrics = None
     if args.metrics_port is not None:
         from lifecycle.metrics import ProcessMetrics, StatusCollector
 
-        # Before the worker is built: round trips are counted by the pool's connections.
-        metrics = ProcessMetrics(client.connection_pool)
-        if not args.no_metrics_status:
-            metrics.register(StatusCollector(client, keys))
-    worker = LifecycleWorker(
-        keys,
-        timers=not args.no_timers,
-        untokened_answers=args.accept_untokened_answers,
-        limits=limits_from(args),
-        retain=retain,
-        keep_details=keep_details,
-        consumer=args.consumer,
-        pool=client.connection_pool,
-        claim_idle=args.claim_idle,
-        batch_size=args.batch_size,
-    )
+        # Before the workers are built: round trips are counted by the pool's connections.
+        metrics = ProcessMetrics(context.client.connection_pool)
+        if not args.no_metrics_status and partitions.count == 1:
+            metrics.register(StatusCollector(context.client, context.keys))
+    workers = []
+    for keys in partitions.all:
+        pool = context.client_for(keys).connection_pool
+        if metrics is not None:
+            metrics.round_trips.count(pool)  # each partition's master has its own pool
+        worker = LifecycleWorker(
+            keys,
+            timers=not args.no_timers,
+            untokened_answers=args.accept_untokened_answers,
+            limits=limits_from(args),
+            retain=retain,
+            keep_details=keep_details,
+            consumer=args.consumer,
+            pool=pool,
+            claim_idle=args.claim_idle,
+            batch_size=args.batch_size,
+            handle_signals=partitions.count == 1,
+        )
+        workers.append(worker)
+        if metrics is not None:
+            metrics.watch(worker)
+            if worker.dead_tasks is not None:
+                metrics.watch(worker.dead_tasks.listener)
+            worker.advance_seconds = metrics.advance_seconds()
     if metrics is not None:
-        metrics.watch(worker)
-        if worker.dead_tasks is not None:
-            metrics.watch(worker.dead_tasks.listener)
-        worker.advance_seconds = metrics.advance_seconds()
         metrics.serve(args.metrics_port, args.metrics_host)
-    log.info("lifecycle worker %s listening on %s", worker.consumer, keys.lifecycle)
+    log.info(
+        "lifecycle worker %s listening on %s",
+        workers[0].consumer,
+        ", ".join(worker.keys.lifecycle for worker in workers),
+    )
     running: list[Running] = []
     try:
-        for companion in companions:
-            started = companion.start(args, client.connection_pool, keys)
-            if started is not None:
-                running.append(started)
-                if metrics is not None:
-                    for listener in getattr(started, "listeners", ()):
-                        metrics.watch(listener)
+        for keys in partitions.all:
+            for companion in companions:
+                started = companion.start(args, context.client_for(keys).connection_pool, keys)
+                if started is not None:
+                    running.append(started)
+                    if metrics is not None:
+                        for listener in getattr(started, "listeners", ()):
+                            metrics.watch(listener)
         settle_process()
-        worker.listen()
+        if len(workers) == 1:
+            workers[0].listen()
+            code = EXIT_OK
+        else:
+            # One thread per partition; a signal drains them all.
+            code = Runner(workers).run()
     finally:
         if metrics is not None:
             metrics.stop()
@@ -200,4 +221,4 @@ def _worker(args: argparse.Namespace, context: Context, companions: Sequence[Com
             started.stop()
         for started in running:
             started.join(10)
-    return EXIT_OK
+    return code
