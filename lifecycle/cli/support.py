@@ -24,9 +24,10 @@ from flowlang.compiler import compile_text
 from flowlang.errors import FlowError
 from flowlang.graph import Graph
 from flowlang.limits import DEFAULT_LIMITS, loads_value
+from lifecycle.deployment import Deployment
 from lifecycle.errors import LifecycleError, NotAllowed
 from lifecycle.keys import Keys
-from lifecycle.partitions import Partitions, stored_partitions
+from lifecycle.partitions import Partitions
 from rqse.cluster import Connections
 from rqse.connection import RedisSettings, redis_arguments, resolve_url
 from rqse.errors import RedisCommandError, RedisUnavailable, RqseError
@@ -88,9 +89,7 @@ class Context:
         self.args = args
         self.keys = Keys(args.prefix)
         self._settings: RedisSettings | None = None
-        self._connections: Connections | None = None
-        self._clients: dict[str, redis.Redis] = {}
-        self._partitions: Partitions | None = None
+        self._deployment: Deployment | None = None
 
     @property
     def settings(self) -> RedisSettings:
@@ -107,54 +106,44 @@ class Context:
             return "the configured Redis"
 
     @property
-    def connections(self) -> Connections:
-        """Pools per partition: on the partition's master in a Redis Cluster."""
-        if self._connections is None:
+    def deployment(self) -> Deployment:
+        """The partitions and their clients; connecting on first use."""
+        if self._deployment is None:
             cluster = True if getattr(self.args, "cluster", False) else None  # None: detect
-            self._connections = Connections.open(self.settings, cluster=cluster)
-        return self._connections
+            connections = Connections.open(self.settings, cluster=cluster)
+            count = getattr(self.args, "partitions", None)
+            self._deployment = Deployment(connections, self.args.prefix, count)
+        return self._deployment
 
     @property
     def client(self) -> redis.Redis:
         """A client for the base prefix's keys: the only partition when there is one."""
-        return self.client_for(self.keys)
+        return self.deployment.client
 
     def client_for(self, keys: Keys) -> redis.Redis:
         """A client for the keys of one partition (checked with PING on first use)."""
-        client = self._clients.get(keys.prefix)
-        if client is None:
-            client = self.connections.client_for(keys.prefix)
-            client.ping()  # fail here, with the URL, rather than inside a command
-            self._clients[keys.prefix] = client
-        return client
+        return self.deployment.client_for(keys)
 
     @property
     def partitions(self) -> Partitions:
         """The deployment's partitions: the stored count, checked against ``--partitions``."""
-        if self._partitions is None:
-            count = getattr(self.args, "partitions", None)
-            self._partitions = stored_partitions(self.client, self.args.prefix, count)
-        return self._partitions
+        return self.deployment.partitions
 
     def for_workflow(self, workflow_id: str) -> tuple[redis.Redis, Keys]:
         """The client and keys of the partition that holds ``workflow_id``."""
-        keys = self.partitions.keys_for(workflow_id)
-        return self.client_for(keys), keys
+        return self.deployment.for_workflow(workflow_id)
 
     def for_tag(self, tag: str) -> tuple[redis.Redis, Keys]:
         """The client and keys of the partition of the runs tagged ``tag`` (a schedule)."""
-        keys = self.partitions.keys(self.partitions.index_of_tag(tag))
-        return self.client_for(keys), keys
+        return self.deployment.for_tag(tag)
 
     def each_partition(self) -> list[tuple[redis.Redis, Keys]]:
         """Every partition's client and keys, by index."""
-        return [(self.client_for(keys), keys) for keys in self.partitions.all]
+        return self.deployment.each_partition()
 
     def close(self) -> None:
-        for client in self._clients.values():
-            client.close()
-        if self._connections is not None:
-            self._connections.close()
+        if self._deployment is not None:
+            self._deployment.close()
 
 
 Command = Callable[[argparse.Namespace, Context], int]
