@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 import redis
@@ -14,6 +14,8 @@ from rqse import ConfigurationError, EventClient, EventListener, RedisSettings, 
 from rqse.cluster import Connections, SlotPool
 from rqse.connection import is_transient, redis_arguments
 from rqse.server import CLUSTER_SLOTS, LocalCluster, slot_ranges
+from tests.conftest import wait_until
+from tests.rqse.helpers import Running
 
 
 @pytest.fixture
@@ -143,16 +145,29 @@ def test_an_event_client_and_a_listener_round_trip_through_slot_pools(
     assert cluster_client.xpending(stream, "g")["pending"] == 0
 
 
-def test_after_its_master_is_killed_the_same_pool_writes_to_the_promoted_replica() -> None:
-    key = "{failover}:counter"
+def test_after_its_master_is_killed_the_same_pool_writes_to_the_promoted_replica(
+    run_listener: Callable[..., Running],
+) -> None:
+    key, stream = "{failover}:counter", "{failover}:jobs"
+    seen: list[str] = []
+
+    class Recorder(EventListener):
+        def process(self, event_id: str, event: dict[str, object]) -> bool:
+            seen.append(str(event["kind"]))
+            return True
+
     with (
         LocalCluster(masters=3, replicas=1) as cluster,
         Connections.open(RedisSettings.resolve(url=cluster.url), cluster=True) as connections,
     ):
         pool = connections.pool_for(key)
-        assert isinstance(pool, SlotPool)
+        assert isinstance(pool, SlotPool) and pool is connections.pool_for(stream)
         client = redis.Redis(connection_pool=pool)
         script = client.register_script("return redis.call('incr', KEYS[1])")
+        events = EventClient(stream, pool=pool)
+        events.append(message(kind="before"))
+        run_listener(Recorder(stream, "g", pool=pool, handle_signals=False, block_ms=200))
+        wait_until(lambda: seen == ["before"], what="the event written before the kill")
         client.set(key, 1)
         client.execute_command("WAIT", 1, 2000)  # on the replica before the kill
         old = pool.address
@@ -163,6 +178,9 @@ def test_after_its_master_is_killed_the_same_pool_writes_to_the_promoted_replica
         print(f"failover: first write {elapsed:.2f}s after the kill, {len(errors)} retries")
         assert pool is connections.pool_for(key) and pool.address != old
         assert errors  # the dead master was noticed, not skipped by luck
+        events.append(message(kind="after"))
+        # The listener was blocked on the dead master: it reconnects, to the new one.
+        wait_until(lambda: "after" in seen, timeout=15, what="the listener after the failover")
         # The new master may lack the script: NOSCRIPT is answered by loading it.
         client.set(key, 10)
         client.execute_command("SCRIPT", "FLUSH")
@@ -215,3 +233,33 @@ def test_every_cli_gets_a_cluster_flag_that_is_none_when_omitted() -> None:
     redis_arguments(parser)
     assert parser.parse_args([]).cluster is None
     assert parser.parse_args(["--cluster"]).cluster is True
+
+
+def test_the_urls_credentials_reach_the_topology_client_and_every_slot_pool() -> None:
+    # The default user may form the cluster but not write: only the URL's user can.
+    default = "default on nopass ~* &* -@all +ping +cluster +info +client"
+    alice = "alice on >s3cret ~* &* +@all"
+    extra = ["--user", *default.split(), "--user", *alice.split()]
+    with LocalCluster(masters=1, replicas=0, extra_args=extra) as cluster:
+        port = cluster.nodes[0].port
+        settings = RedisSettings.resolve(url=f"redis://alice:s3cret@127.0.0.1:{port}")
+        with Connections.open(settings, cluster=True) as connections:
+            client = connections.client_for("{c}:x")
+            assert client.set("{c}:x", 1) and client.acl_whoami() == "alice"
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            redis.Redis(port=port).set("{c}:x", 1)
+
+
+def test_a_user_that_may_not_ask_about_cluster_mode_is_taken_for_a_single_server(
+    redis_url: str, redis_client: redis.Redis
+) -> None:
+    redis_client.acl_setuser(
+        "narrow", enabled=True, passwords=["+pw"], keys=["*"], commands=["-@all", "+ping", "+set"]
+    )
+    try:
+        url = redis_url.replace("redis://", "redis://narrow:pw@")
+        with Connections.open(RedisSettings.resolve(url=url)) as single:
+            assert single.cluster is False
+            assert single.client_for("k").set("k", 1)
+    finally:
+        redis_client.acl_deluser("narrow")
