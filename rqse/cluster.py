@@ -26,6 +26,7 @@ from typing import Any
 
 import redis
 from redis.cluster import RedisCluster
+from redis.crc import key_slot
 from redis.exceptions import (
     ClusterDownError,
     MovedError,
@@ -180,6 +181,13 @@ class Connections:
         where = settings.masked_url
         if cluster is False:
             return cls(settings, pool, None)
+        db = int(pool.connection_kwargs.get("db") or 0)
+        if cluster and db != 0:
+            pool.disconnect()
+            raise ConfigurationError(
+                f"Redis Cluster has only database 0; {where} from {settings.origin} "
+                f"asks for database {db}"
+            )
         try:
             with translate_errors("checking for cluster mode", where):
                 enabled = _cluster_enabled(redis.Redis(connection_pool=pool))
@@ -207,7 +215,7 @@ class Connections:
         """The pool on the master that owns ``key``'s slot (single server: the pool)."""
         if self._cluster is None:
             return self._pool
-        slot = self._cluster.keyslot(key)
+        slot = self.keyslot(key)
         pool = self._pools.get(slot)
         if pool is not None:
             return pool
@@ -217,6 +225,10 @@ class Connections:
                 pool = self._new_pool(slot, key)
                 self._pools[slot] = pool
         return pool
+
+    def keyslot(self, key: str) -> int:
+        """The hash slot of ``key`` (redis-py's CRC16 of its hash tag), cluster or not."""
+        return int(key_slot(key.encode()))
 
     def client_for(self, key: str) -> redis.Redis:
         """A client on :meth:`pool_for` ``(key)``."""
@@ -323,11 +335,6 @@ def _open_cluster(settings: RedisSettings, pool: redis.ConnectionPool) -> RedisC
         raise ConfigurationError(
             f"Redis Cluster needs a TCP address, not a unix socket ({settings.masked_url} "
             f"from {settings.origin})"
-        )
-    if int(kwargs.get("db") or 0) != 0:
-        raise ConfigurationError(
-            f"Redis Cluster has only database 0; {settings.masked_url} from "
-            f"{settings.origin} asks for database {kwargs['db']}"
         )
     host, port = kwargs.pop("host"), int(kwargs.pop("port"))
     kwargs.pop("db", None)

@@ -10,10 +10,18 @@ import pytest
 import redis
 from redis.cluster import RedisCluster
 
-from rqse import ConfigurationError, EventClient, EventListener, RedisSettings, fastpipe, message
+from rqse import (
+    ConfigurationError,
+    EventClient,
+    EventListener,
+    RedisSettings,
+    RedisUnavailable,
+    fastpipe,
+    message,
+)
 from rqse.cluster import Connections, SlotPool
 from rqse.connection import is_transient, redis_arguments
-from rqse.server import CLUSTER_SLOTS, LocalCluster, slot_ranges
+from rqse.server import CLUSTER_SLOTS, LocalCluster, free_port, slot_ranges
 from tests.conftest import wait_until
 from tests.rqse.helpers import Running
 
@@ -84,6 +92,15 @@ def test_cluster_mode_asked_of_a_single_server_is_one_clear_error(redis_url: str
     assert "not in cluster mode" in text and "--cluster" in text and "\n" not in text
 
 
+def test_bad_cluster_settings_are_one_line_naming_the_url(redis_cluster: LocalCluster) -> None:
+    with pytest.raises(ConfigurationError, match=r"only database 0; .* asks for database 3"):
+        Connections.open(RedisSettings.resolve(url=f"{redis_cluster.url}/3"), cluster=True)
+    unreachable = RedisSettings.resolve(url=f"redis://127.0.0.1:{free_port()}")
+    with pytest.raises(RedisUnavailable) as raised:
+        Connections.open(unreachable, cluster=True)
+    assert unreachable.masked_url in str(raised.value) and "\n" not in str(raised.value)
+
+
 def test_a_single_server_gives_its_one_pool_for_every_key(redis_url: str) -> None:
     settings = RedisSettings.resolve(url=redis_url)
     for cluster in (None, False):
@@ -107,6 +124,9 @@ def test_pool_for_a_key_is_on_the_master_of_its_slot_and_shared_by_its_hash_tag(
         assert pool is connections.pool_for(f"{tag}:other")
         assert pool.address == _master_address(cluster_client, tag)
     assert connections.pool_for("{p0}:a") is not connections.pool_for("{p1}:a")
+    assert [connections.keyslot(f"{t}:x") for t in tags] == [
+        cluster_client.keyslot(t) for t in tags
+    ]
 
 
 def test_transactions_scripts_and_raw_pipelines_with_one_hash_tag_run_through_a_slot_pool(
