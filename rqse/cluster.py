@@ -34,8 +34,9 @@ from redis.exceptions import (
     TryAgainError,
 )
 
-from rqse.connection import RedisSettings, translate_errors
-from rqse.errors import ConfigurationError
+from rqse.connection import RedisSettings, scrub, translate_errors
+from rqse.errors import ConfigurationError, RedisCommandError, RedisUnavailable
+from rqse.weather import is_weather
 
 __all__ = ["Connections", "SlotPool"]
 
@@ -340,8 +341,27 @@ def _open_cluster(settings: RedisSettings, pool: redis.ConnectionPool) -> RedisC
     kwargs.pop("db", None)
     if issubclass(pool.connection_class, redis.SSLConnection):
         kwargs["ssl"] = True
-    with translate_errors("reading the cluster's slots", settings.masked_url):
+    where = settings.masked_url
+    with translate_errors("reading the cluster's slots", where):
         try:
             return RedisCluster(host=host, port=port, require_full_coverage=False, **kwargs)
         except redis.exceptions.RedisClusterException as error:
-            raise redis.ConnectionError(str(error)) from error
+            # Not a RedisError: told apart by what it wraps (unreachable, or refused).
+            detail = scrub(_innermost(error), settings.url)
+            if is_weather(error):
+                raise RedisUnavailable(
+                    f"reading the cluster's slots on {where}: {detail}"
+                ) from None
+            raise RedisCommandError(f"reading the cluster's slots on {where}: {detail}") from None
+
+
+def _innermost(error: BaseException) -> str:
+    """The message of the deepest Redis error in ``error``'s chain: what the server or
+    the socket said, which redis-py's cluster errors rephrase (a missing permission
+    becomes "Cluster mode is not enabled on this node")."""
+    found, current, seen = str(error), error.__cause__ or error.__context__, 0
+    while current is not None and seen < 16:
+        if isinstance(current, redis.RedisError) and str(current):
+            found = str(current)
+        current, seen = current.__cause__ or current.__context__, seen + 1
+    return found

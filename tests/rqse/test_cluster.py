@@ -14,6 +14,7 @@ from rqse import (
     ConfigurationError,
     EventClient,
     EventListener,
+    RedisCommandError,
     RedisSettings,
     RedisUnavailable,
     fastpipe,
@@ -255,11 +256,14 @@ def test_every_cli_gets_a_cluster_flag_that_is_none_when_omitted() -> None:
     assert parser.parse_args(["--cluster"]).cluster is True
 
 
-def test_the_urls_credentials_reach_the_topology_client_and_every_slot_pool() -> None:
+def test_the_urls_credentials_reach_the_topology_client_and_every_slot_pool_or_say_why_not() -> (
+    None
+):
     # The default user may form the cluster but not write: only the URL's user can.
     default = "default on nopass ~* &* -@all +ping +cluster +info +client"
     alice = "alice on >s3cret ~* &* +@all"
-    extra = ["--user", *default.split(), "--user", *alice.split()]
+    bob = "bob on >pw ~* &* -@all +ping +info +client +set"  # no CLUSTER SLOTS
+    extra = ["--user", *default.split(), "--user", *alice.split(), "--user", *bob.split()]
     with LocalCluster(masters=1, replicas=0, extra_args=extra) as cluster:
         port = cluster.nodes[0].port
         settings = RedisSettings.resolve(url=f"redis://alice:s3cret@127.0.0.1:{port}")
@@ -268,6 +272,8 @@ def test_the_urls_credentials_reach_the_topology_client_and_every_slot_pool() ->
             assert client.set("{c}:x", 1) and client.acl_whoami() == "alice"
         with pytest.raises(redis.exceptions.NoPermissionError):
             redis.Redis(port=port).set("{c}:x", 1)
+        with pytest.raises(RedisCommandError, match=r"bob:\*\*\*@.*no permissions.*cluster\|slots"):
+            Connections.open(RedisSettings.resolve(url=f"redis://bob:pw@127.0.0.1:{port}"))
 
 
 def test_a_user_that_may_not_ask_about_cluster_mode_is_taken_for_a_single_server(
