@@ -295,7 +295,8 @@ class LocalCluster:
     :attr:`nodes` lists the servers, masters first (in slot order), then the replicas
     of the first master, of the second, ...; :attr:`url` is the first master's.
     Stopped (every process waited for, its files removed) by :meth:`stop` or on
-    leaving the ``with`` block.
+    leaving the ``with`` block. Needs Redis 7 or Valkey (``cluster-port``,
+    ``CLUSTER ADDSLOTSRANGE``); the wheel's Valkey has both.
     """
 
     def __init__(
