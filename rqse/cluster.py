@@ -72,11 +72,7 @@ class _SlotConnectionMixin:
     def read_response(self, *args: Any, **kwargs: Any) -> Any:
         try:
             return super().read_response(*args, **kwargs)  # type: ignore[misc]
-        except _MOVED:
-            if self.slot_pool is not None:
-                self.slot_pool.topology_changed()
-            raise
-        except (redis.ConnectionError, redis.TimeoutError):
+        except (*_MOVED, redis.ConnectionError, redis.TimeoutError):
             if self.slot_pool is not None:
                 self.slot_pool.topology_changed()
             raise
