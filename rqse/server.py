@@ -292,6 +292,7 @@ class LocalCluster:
 
     ``node_timeout_ms`` is ``cluster-node-timeout``: a dead master's replica takes over
     about two of these after the kill (1000 ms: quick failovers for the tests).
+    ``persistence`` and ``allocator`` are :class:`RedisServer`'s, for every node.
     :attr:`nodes` lists the servers, masters first (in slot order), then the replicas
     of the first master, of the second, ...; :attr:`url` is the first master's.
     Stopped (every process waited for, its files removed) by :meth:`stop` or on
@@ -306,6 +307,7 @@ class LocalCluster:
         *,
         binary: str | None = None,
         node_timeout_ms: int = 1000,
+        persistence: str = "none",
         allocator: str = "auto",
         extra_args: list[str] | None = None,
     ) -> None:
@@ -334,6 +336,7 @@ class LocalCluster:
         self.nodes = [
             RedisServer(
                 binary,
+                persistence=persistence,
                 extra_args=[*cluster_args, "--cluster-port", str(bus_port)],
                 allocator=allocator,
             )
