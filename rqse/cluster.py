@@ -252,9 +252,10 @@ class Connections:
                 return
             try:
                 self._cluster.nodes_manager.initialize()
-            except redis.RedisError as error:
-                # Every node known is unreachable, or the map is incomplete: keep the
-                # old addresses; the callers' next failures try again.
+            except Exception as error:  # noqa: BLE001 - best effort, see below
+                # Every node known is unreachable (redis-py raises RedisClusterException,
+                # not a RedisError), or the map is incomplete: keep the old addresses.
+                # The caller's own error, raised next, is what it must see and retry.
                 log.debug("cluster topology not refreshed: %s", error)
                 return
             finally:

@@ -20,7 +20,7 @@ from rqse import (
     fastpipe,
     message,
 )
-from rqse.cluster import Connections, SlotPool
+from rqse.cluster import _REFRESH_INTERVAL, Connections, SlotPool
 from rqse.connection import is_transient, redis_arguments
 from rqse.server import CLUSTER_SLOTS, LocalCluster, free_port, slot_ranges
 from tests.conftest import wait_until
@@ -206,6 +206,20 @@ def test_after_its_master_is_killed_the_same_pool_writes_to_the_promoted_replica
         client.set(key, 10)
         client.execute_command("SCRIPT", "FLUSH")
         assert script(keys=[key]) == 11
+
+
+def test_with_every_node_down_a_slot_pool_raises_only_connection_errors() -> None:
+    with (
+        LocalCluster(masters=1, replicas=0) as cluster,
+        Connections.open(RedisSettings.resolve(url=cluster.url)) as connections,
+    ):
+        client = connections.client_for("{down}:x")
+        client.set("{down}:x", 1)
+        cluster.kill(cluster.nodes[0])
+        for _ in range(3):  # the topology read fails too: never in the caller's place
+            with pytest.raises(redis.ConnectionError):
+                client.set("{down}:x", 2)
+            time.sleep(_REFRESH_INTERVAL)
 
 
 def test_a_manual_failover_moves_the_pool_through_moved_replies() -> None:
