@@ -172,8 +172,9 @@ class Connections:
         """Connect to the server of ``settings``. ``cluster``: None detects cluster mode
         (``INFO cluster`` on the URL's node), True requires it, False uses the URL's
         node as a single server. ``pool_options`` go to every pool
-        (:meth:`RedisSettings.pool`). Raises :class:`ConfigurationError` or
-        :class:`RedisUnavailable` with one printable line."""
+        (:meth:`RedisSettings.pool`). Raises :class:`ConfigurationError` (one
+        printable line) for settings that cannot work; redis-py's error when the URL's
+        node cannot be reached or refuses the question, as a first command would."""
         pool = settings.pool(**pool_options)
         where = settings.masked_url
         if cluster is False:
@@ -186,8 +187,9 @@ class Connections:
                 f"asks for database {db}"
             )
         try:
-            with translate_errors("checking for cluster mode", where):
-                enabled = _cluster_enabled(redis.Redis(connection_pool=pool))
+            # Unreachable or refusing: redis-py's error as is, as from a first command
+            # (the CLIs say "cannot reach Redis at ..." for it).
+            enabled = _cluster_enabled(redis.Redis(connection_pool=pool))
             if enabled is False and cluster:
                 raise ConfigurationError(
                     f"Redis at {where} (from {settings.origin}) is not in cluster mode "
