@@ -261,6 +261,7 @@ EPILOG = """examples:
   python -m bench --workflows 100000 --shape chain10 --lifecycle 2 --json out.json
   python -m bench --shape iterate --items 100000       # one workflow A → * B → C
   python -m bench latency --load 10000 --count 1000    # bench/latency.py
+  python -m bench --cluster --partitions 6             # 1, 2, 3 masters (bench/cluster.py)
 """
 
 
@@ -317,6 +318,10 @@ def main(argv: list[str] | None = None) -> int:
         from bench.latency import main as latency
 
         return latency(arguments[1:])
+    if any(a == "--cluster" or a.startswith("--cluster=") for a in arguments):
+        from bench.cluster import main as cluster
+
+        return cluster(arguments)
     if arguments[:1] == ["throughput"]:
         arguments = arguments[1:]
     parser = build_parser()

@@ -28,7 +28,9 @@ same ``{...}`` in their ids.
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 
@@ -40,6 +42,7 @@ from lifecycle.keys import Keys
 
 __all__ = [
     "MAX_PARTITIONS",
+    "CountWatch",
     "PartitionMismatch",
     "archived_partitions",
     "Partitions",
@@ -101,6 +104,8 @@ class Partitions:
 
     base: str = "{flow}"
     count: int = 1
+    #: False when no count was stored and this is the default (1): see CountWatch.
+    stored: bool = field(default=True, compare=False)
 
     def __post_init__(self) -> None:
         if not 1 <= self.count <= MAX_PARTITIONS:
@@ -208,4 +213,47 @@ def stored_partitions(
             f"--partitions {count}: this deployment {told} ({key}); the count is fixed "
             "when a deployment is created"
         )
-    return Partitions(base, stored)
+    return Partitions(base, stored, stored=raw is not None)
+
+
+class CountWatch:
+    """Watches the stored partition count while a process runs with ``in_use``
+    partitions that it read when none was stored: the first lifecycle worker of a new
+    deployment may store P > 1 a moment after its peers started. On a change,
+    ``on_change(message)`` is called once (the process stops and, restarted by its
+    supervisor, runs with the stored count)."""
+
+    def __init__(
+        self,
+        client: redis.Redis,
+        base: str,
+        in_use: int,
+        on_change: Callable[[str], None],
+        interval: float = 1.0,
+    ) -> None:
+        self._client, self._key, self._in_use = client, Keys(base).partitions, in_use
+        self._on_change, self._interval = on_change, interval
+        self._stop = threading.Event()
+        self.changed: str | None = None
+        self._thread = threading.Thread(target=self._run, name="partition-count", daemon=True)
+
+    def start(self) -> CountWatch:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._interval):
+            try:
+                raw = self._client.get(self._key)
+            except redis.RedisError:
+                continue  # Redis weather: the process's own listeners say so
+            if raw is not None and int(raw) != self._in_use:
+                self.changed = (
+                    f"the deployment was set up for {int(raw)} partitions ({self._key}) after "
+                    f"this process started with {self._in_use}: stopping, to be started again"
+                )
+                self._on_change(self.changed)
+                return

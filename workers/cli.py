@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import redis
 
-from lifecycle.cli.support import partitions_argument
+from lifecycle.cli.support import partitions_argument, watch_partition_count
 from lifecycle.errors import LifecycleError
 from lifecycle.keys import Keys
 from lifecycle.partitions import stored_partitions
@@ -111,9 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         settings = resolve_url(args.redis_url, args.redis_url_file)
         where = f"Redis at {settings.masked_url} ({settings.origin})"
-        connections = Connections.open(
-            settings, cluster=True if getattr(args, "cluster", False) else None
-        )
+        connections = Connections.open(settings, cluster=args.cluster)
         home = connections.client_for(args.prefix)
         home.ping()
         partitions = stored_partitions(home, args.prefix, args.partitions)
@@ -125,13 +123,17 @@ def main(argv: list[str] | None = None) -> int:
             metrics = ProcessMetrics()  # first: it counts the pools' round trips
             for _, pool in places:
                 metrics.round_trips.count(pool)
+        watch = watch_partition_count(home, partitions)
         try:
             # The kinds' limits live under the base prefix, on its own node in a cluster.
             home_pool = connections.pool_for(args.prefix) if partitions.count > 1 else None
-            return _command(args, places, metrics, home_pool)
+            code = _command(args, places, metrics, home_pool)
         finally:
             if metrics is not None:
                 metrics.stop()
+            if watch is not None:
+                watch.stop()
+        return EXIT_STOPPED_BADLY if watch is not None and watch.changed else code
     except (RqseError, LifecycleError, WorkerError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)
         return EXIT_ERROR

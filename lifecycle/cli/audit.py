@@ -17,7 +17,15 @@ import orjson
 import redis
 
 from flowlang.limits import Limits, limits_with
-from lifecycle.cli.support import EXIT_FAILED, EXIT_OK, CliError, Context, dumps_text, print_json
+from lifecycle.cli.support import (
+    EXIT_FAILED,
+    EXIT_OK,
+    CliError,
+    Context,
+    dumps_text,
+    print_json,
+    watch_partition_count,
+)
 from lifecycle.cli.worker import LIMIT_NAMES, limits_arguments, limits_from
 from lifecycle.keys import Keys
 from lifecycle.partitions import Partitions, archived_partitions
@@ -221,12 +229,17 @@ def _archive(
         ", ".join(f"{keys.prefix}*" for keys in partitions.all),
         args.archive,
     )
+    watch = watch_partition_count(context.client, partitions)
     if len(archiving) == 1:
         archiving[0].worker.install_signal_handlers()
         archiving[0].listen()
         code = EXIT_OK
     else:
         code = Runner(archiving).run()
+    if watch is not None:
+        watch.stop()
+        if watch.changed:
+            code = EXIT_FAILED
     for each in archiving:
         stats = each.stats
         if stats is None:

@@ -11,6 +11,8 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
+import signal
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -27,7 +29,7 @@ from flowlang.limits import DEFAULT_LIMITS, loads_value
 from lifecycle.deployment import Deployment
 from lifecycle.errors import LifecycleError, NotAllowed
 from lifecycle.keys import Keys
-from lifecycle.partitions import Partitions
+from lifecycle.partitions import CountWatch, Partitions
 from rqse.cluster import Connections
 from rqse.connection import RedisSettings, redis_arguments, resolve_url
 from rqse.errors import RedisCommandError, RedisUnavailable, RqseError
@@ -43,6 +45,7 @@ __all__ = [
     "Registrar",
     "common_options",
     "partitions_argument",
+    "watch_partition_count",
     "compile_file",
     "dispatch",
     "dumps_text",
@@ -172,6 +175,21 @@ def partitions_argument(parser: argparse.ArgumentParser) -> None:
         help="partitions of the deployment (fixed when it is created by the first lifecycle "
         "worker; any other command checks it; default: the stored count, 1 when none)",
     )
+
+
+def watch_partition_count(client: redis.Redis, partitions: Partitions) -> CountWatch | None:
+    """When this process took the default of one partition because none was stored,
+    stop it (as SIGTERM does) if a lifecycle worker stores another count meanwhile: the
+    first worker of a new deployment may store P a moment after its peers started.
+    ``watch.changed`` then says why; the process should exit 1 with it."""
+    if partitions.stored:
+        return None
+
+    def stop(message: str) -> None:
+        log.error("%s", message)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    return CountWatch(client, partitions.base, partitions.count, stop).start()
 
 
 def dispatch(args: argparse.Namespace) -> int:

@@ -16,7 +16,14 @@ from dataclasses import replace
 from typing import Any, Protocol
 
 from flowlang.limits import DEFAULT_LIMITS, Limits
-from lifecycle.cli.support import EXIT_OK, CliError, Context, Registrar
+from lifecycle.cli.support import (
+    EXIT_FAILED,
+    EXIT_OK,
+    CliError,
+    Context,
+    Registrar,
+    watch_partition_count,
+)
 from lifecycle.engine.retention import DEFAULT_KEEP_DETAILS, DEFAULT_RETENTION, parse_duration
 from lifecycle.errors import LifecycleError
 from lifecycle.keys import Keys
@@ -207,12 +214,17 @@ def _worker(args: argparse.Namespace, context: Context, companions: Sequence[Com
                         for listener in getattr(started, "listeners", ()):
                             metrics.watch(listener)
         settle_process()
+        watch = watch_partition_count(context.client, partitions)
         if len(workers) == 1:
             workers[0].listen()
             code = EXIT_OK
         else:
             # One thread per partition; a signal drains them all.
             code = Runner(workers).run()
+        if watch is not None:
+            watch.stop()
+            if watch.changed:
+                code = EXIT_FAILED
     finally:
         if metrics is not None:
             metrics.stop()

@@ -199,3 +199,21 @@ def test_three_partitions_on_one_redis_run_archive_and_replay_every_workflow(
         "partition-1",
         "partition-2",
     ]
+
+
+def test_a_worker_started_before_the_count_was_stored_stops_when_it_appears(
+    processes: Processes, redis_client: redis.Redis
+) -> None:
+    noop = processes.start("workers", "noop", "--kinds", "default", stderr=True)
+    wait_until(
+        lambda: (
+            redis_client.xinfo_groups(Keys().tasks("default"))
+            if redis_client.exists(Keys().tasks("default"))
+            else None
+        ),
+        what="the worker listening with one partition",
+    )
+    stored_partitions(redis_client, "{flow}", 3, create=True)
+    assert noop.wait(timeout=15) == 1
+    assert noop.stderr is not None
+    assert "set up for 3 partitions" in noop.stderr.read().decode()
