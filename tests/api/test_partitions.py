@@ -6,6 +6,7 @@ all."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -18,7 +19,7 @@ from lifecycle.keys import TASK_GROUP, Keys
 from lifecycle.partitions import Partitions
 from rqse import EventListener
 from rqse.keys import dead_letter_key
-from tests.api.conftest import TOKENS, Served, run_server, wait_state
+from tests.api.conftest import OPERATE_TOKEN, TOKENS, Served, run_server, wait_state
 from tests.conftest import wait_until
 from tests.processes import Processes
 
@@ -123,6 +124,26 @@ def test_a_concurrency_key_places_a_new_id_and_refuses_one_elsewhere(partitioned
         refused = http.post("/api/workflows", json={"flow": HOLD, "id": elsewhere, **gate})
         assert refused.status_code == 400
         assert "lives in that key's partition" in refused.json()["detail"]
+        form = {"id": elsewhere, "concurrency_key": key, "max_running": "1"}
+        upload = http.post(
+            "/api/workflows/upload", files={"file": ("a.flow", HOLD.encode())}, data=form
+        )
+        assert upload.status_code == 400 and "{tenant-7}" in upload.json()["detail"]
+        assert http.get(f"/api/workflows/{elsewhere}").status_code == 404
+
+
+def test_serve_refuses_a_partition_count_other_than_the_stored_one(
+    redis_client: redis.Redis, processes: Processes, tmp_path: Path
+) -> None:
+    redis_client.set(Keys().partitions, COUNT)
+    tokens = tmp_path / "tokens"
+    tokens.write_text(f"operate:{OPERATE_TOKEN}\n")
+    command = ("serve", "--token-file", str(tokens), "--partitions", "2")
+    serve = processes.start("lifecycle", *command, stderr=True)
+    assert serve.wait(30) == 2
+    assert serve.stderr is not None
+    (line,) = serve.stderr.read().decode().strip().splitlines()
+    assert "--partitions 2: this deployment is set up for 3 partitions" in line
 
 
 def test_schedules_status_health_and_metrics_cover_every_partition(
