@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+from collections import Counter
 from typing import Any
 
 import orjson
@@ -72,17 +73,14 @@ def list_merged(
             read.append(((score, row["id"]), index, row))
     read.sort(key=lambda item: item[0], reverse=True)
     taken = read[:limit]
-    last: dict[int, tuple[float, str]] = {}
-    count: dict[int, int] = {}
-    for order, index, _ in taken:
-        last[index] = order
-        count[index] = count.get(index, 0) + 1
-    given = {index: sum(1 for _, i, _ in read if i == index) for index in range(len(places))}
+    last = {index: order for order, index, _ in taken}  # the last row taken of each
+    count = Counter(index for _, index, _ in taken)
+    given = Counter(index for _, index, _ in read)
     after_page: list[str | bool | None] = []
     for index, position in enumerate(positions):
         if position is _DONE:
             after_page.append(_DONE)
-        elif count.get(index, 0) < given[index]:
+        elif count[index] < given[index]:
             # Rows of this partition were left for the next page: go on after the last taken.
             if index in last:
                 score, workflow_id = last[index]
