@@ -160,6 +160,11 @@ def test_schedules_status_health_and_metrics_cover_every_partition(
         assert names == ["hourly", "nightly"]
         paused = http.post("/api/schedules/nightly/pause")
         assert paused.status_code == 202 and paused.json()["changed"]
+        (run,) = http.post("/api/schedules/hourly/run-now").json()["runs"]
+        assert PARTITIONS.index_of(run) == PARTITIONS.index_of_tag("hourly")
+        wait_state(http, run, ("finished",))
+        runs = http.get("/api/workflows", params={"schedule": "hourly"}).json()["items"]
+        assert run in [item["id"] for item in runs]
         status = http.get("/api/status").json()
         assert [p["prefix"] for p in status["partitions"]] == [k.prefix for k in PARTITIONS.all]
         assert all("warnings" in p for p in status["partitions"])
