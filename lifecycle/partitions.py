@@ -18,7 +18,7 @@ made with ``redis-cli --cluster create`` splits the 16,384 slots into equal
 contiguous ranges per master, so P partitions on M masters (P a multiple of M)
 give each master P / M of them.
 
-An id's partition is the CRC-32 of its *routing part* modulo P; the routing part is
+An id's partition is a hash (BLAKE2b, 64 bits) of its *routing part* modulo P; the routing part is
 what stands between the first ``{`` and the next ``}`` when that is not empty, else
 the whole id: the convention of Redis hash tags. Runs that must share a partition
 (a schedule's runs with their schedule, the runs of one concurrency key) carry the
@@ -27,7 +27,7 @@ same ``{...}`` in their ids.
 
 from __future__ import annotations
 
-import zlib
+import hashlib
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -130,7 +130,8 @@ class Partitions:
         """The partition a workflow id belongs to."""
         if self.count == 1:
             return 0
-        return zlib.crc32(routing_part(workflow_id).encode()) % self.count
+        digest = hashlib.blake2b(routing_part(workflow_id).encode(), digest_size=8).digest()
+        return int.from_bytes(digest, "big") % self.count
 
     def keys_for(self, workflow_id: str) -> Keys:
         """The keys of the partition that holds ``workflow_id``."""

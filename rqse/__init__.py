@@ -10,6 +10,7 @@ Wire format, delivery guarantees and trimming: ``docs/events.md``.
 from rqse.backoff import Backoff
 from rqse.batch import ListenerStats
 from rqse.client import EventClient
+from rqse.cluster import Connections
 from rqse.connection import RedisSettings, mask_url, resolve_url
 from rqse.durability import server_warnings
 from rqse.errors import (
@@ -33,6 +34,7 @@ __all__ = [
     "ReceiptNotArchived",
     "Backoff",
     "ConfigurationError",
+    "Connections",
     "EventClient",
     "EventEncodingError",
     "EventListener",

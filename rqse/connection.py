@@ -259,7 +259,8 @@ def resolve_url(
 
 def redis_arguments(parser: argparse.ArgumentParser) -> None:
     """Add ``--redis-url`` and ``--redis-url-file`` (mutually exclusive) to a CLI's
-    parser; pass their values to :func:`resolve_url`."""
+    parser, whose values go to :func:`resolve_url`, and ``--cluster``
+    (``Connections.open(..., cluster=True)`` when given, detection when not)."""
     where = parser.add_mutually_exclusive_group()
     where.add_argument(
         "--redis-url",
@@ -270,6 +271,12 @@ def redis_arguments(parser: argparse.ArgumentParser) -> None:
         "--redis-url-file",
         metavar="PATH",
         help="file holding the Redis URL (also REDIS_URL_FILE), e.g. a mounted secret",
+    )
+    parser.add_argument(
+        "--cluster",
+        action="store_true",
+        default=None,  # None when omitted: Connections.open(cluster=None) detects it
+        help="Redis Cluster: route each partition to its master (detected when omitted)",
     )
 
 
@@ -285,7 +292,8 @@ def _host_url(host: str, port: int | str) -> str:
 
 def is_transient(error: BaseException) -> bool:
     """True for Redis errors worth a wait-and-retry rather than a crash: unreachable,
-    out of memory, read-only, loading, MISCONF, busy (:mod:`rqse.weather`)."""
+    out of memory, read-only, loading, MISCONF, busy, and a cluster's failover or
+    resharding: MOVED, ASK, CLUSTERDOWN, TRYAGAIN, MASTERDOWN (:mod:`rqse.weather`)."""
     return is_weather(error)
 
 

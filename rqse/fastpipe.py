@@ -237,13 +237,19 @@ def _read(connection: Any, count: int) -> list[Any]:
         and isinstance(reader, hiredis.Reader)
         and sock
     ):
-        return _read_replies(reader, sock, count, None if resp2 else parser)
-    replies: list[Any] = []
-    for _ in range(count):
-        try:
-            replies.append(connection.read_response())
-        except redis.ResponseError as error:
-            replies.append(error)
+        replies = _read_replies(reader, sock, count, None if resp2 else parser)
+    else:
+        replies = []
+        for _ in range(count):
+            try:
+                replies.append(connection.read_response())
+            except redis.ResponseError as error:
+                replies.append(error)
+    # A cluster slot's connection (rqse.cluster) learns from a MOVED reply here, as
+    # it would from read_response, that its slot has a new master.
+    check = getattr(connection, "check_replies", None)
+    if check is not None:
+        check(replies)
     return replies
 
 

