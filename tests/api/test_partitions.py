@@ -13,12 +13,17 @@ import httpx
 import orjson
 import pytest
 import redis
+from redis.cluster import RedisCluster
 
 from flowstream.api.context import ApiConfig
+from lifecycle.deployment import Deployment
 from lifecycle.keys import TASK_GROUP, Keys
 from lifecycle.partitions import Partitions
 from rqse import EventListener
+from rqse.cluster import Connections
+from rqse.connection import RedisSettings
 from rqse.keys import dead_letter_key
+from rqse.server import LocalCluster
 from tests.api.conftest import OPERATE_TOKEN, TOKENS, Served, run_server, wait_state
 from tests.conftest import wait_until
 from tests.processes import Processes
@@ -227,3 +232,45 @@ def test_the_event_streams_follow_a_workflow_in_its_partition_and_the_list_in_al
             assert (data["id"], data["state"]) == (workflow_id, "running")
         listing = first_data(http, "/api/workflows/stream")
         assert [item["id"] for item in listing["items"]] == list(reversed(ids))
+
+
+def test_on_a_redis_cluster_each_partition_is_reached_on_its_master(
+    redis_cluster: LocalCluster, cluster_client: RedisCluster
+) -> None:
+    # On one server any client reaches every key; on a cluster a command sent to the
+    # wrong master is refused (MOVED): every route here must find its partition's.
+    processes = Processes(redis_cluster.url)
+    deployment = Deployment(Connections.open(RedisSettings.resolve(url=redis_cluster.url)))
+    server = None
+    try:
+        cluster = ("--cluster", "--partitions", str(COUNT))
+        processes.start("lifecycle", "worker", *cluster, "--consumer", "lc")
+        wait_until(lambda: cluster_client.get(Keys().partitions), 20, "the partition count")
+        processes.start("workers", "noop", *cluster, "--kinds", "default", "--consumer", "noop")
+        config = ApiConfig(deployment.client, Keys(), TOKENS, deployment=deployment)
+        server, thread, url = run_server(config)
+        with Served(url, deployment.client, Keys()).client() as http:
+            ids = [start(http, "A → B") for _ in range(3)]
+            while len({PARTITIONS.index_of(i) for i in ids}) < COUNT:  # one in each
+                ids.append(start(http, "A → B"))
+            held = start(http, HOLD)
+            for workflow_id in ids:
+                wait_state(http, workflow_id, ("finished",))
+                assert http.get(f"/api/workflows/{workflow_id}/graph").status_code == 200
+            assert set(listed(http, 2)) == {*ids, held}
+            stopped = http.post(f"/api/workflows/{held}/terminate")
+            assert stopped.status_code == 202, stopped.text
+            wait_state(http, held, ("terminated",))
+            added = http.post("/api/schedules", json={"name": "n1", "flow": "A", "every": "1h"})
+            assert added.status_code == 201, added.text
+            assert [row["name"] for row in http.get("/api/schedules").json()["items"]] == ["n1"]
+            assert http.get("/api/dead-letters").json() == {"items": []}
+            assert len(http.get("/api/status").json()["partitions"]) == COUNT
+            assert http.get("/api/health").json() == {"ok": True}
+            assert http.get("/metrics").text.count("flowstream_status_up{") == COUNT
+    finally:
+        if server is not None:
+            server.should_exit = True
+            thread.join(5)
+        processes.stop_all()
+        deployment.close()
