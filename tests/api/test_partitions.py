@@ -258,6 +258,8 @@ def test_on_a_redis_cluster_each_partition_is_reached_on_its_master(
                 wait_state(http, workflow_id, ("finished",))
                 assert http.get(f"/api/workflows/{workflow_id}/graph").status_code == 200
             assert set(listed(http, 2)) == {*ids, held}
+            assert first_data(http, f"/api/workflows/{ids[-1]}/stream")["state"] == "finished"
+            assert len(first_data(http, "/api/workflows/stream")["items"]) == len(ids) + 1
             stopped = http.post(f"/api/workflows/{held}/terminate")
             assert stopped.status_code == 202, stopped.text
             wait_state(http, held, ("terminated",))
