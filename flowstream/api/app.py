@@ -17,7 +17,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from flowstream.api import operations, scheduling, stream, workflows
 from flowstream.api.auth import CSRF_HEADER, SAFE_METHODS, Tokens, role_of
 from flowstream.api.context import BODY_SLACK, Api, ApiConfig
-from flowstream.api.metrics import metrics_text
+from flowstream.api.metrics import served_metrics
 from flowstream.api.problems import Problem, install_handlers, problem_response
 
 __all__ = ["create_app"]
@@ -51,7 +51,7 @@ def create_app(config: ApiConfig) -> FastAPI:
 
     @app.get("/metrics", include_in_schema=False)
     def metrics() -> Response:
-        body, media = metrics_text(config.redis, config.keys)
+        body, media = served_metrics(app.state.api)
         return Response(body, media_type=media)
 
     @app.get("/docs", include_in_schema=False)

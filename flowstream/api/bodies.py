@@ -42,6 +42,10 @@ class StartBody(BaseModel):
     priority: int = Field(
         0, strict=True, description="the workflow's priority, -9 to 9 (higher first)"
     )
+    concurrency_key: str | None = Field(
+        None, description="with max_running: at most that many runs of the key at once"
+    )
+    max_running: int | None = Field(None, strict=True, description="with concurrency_key")
 
 
 class ScheduleBody(BaseModel):

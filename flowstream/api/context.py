@@ -1,4 +1,11 @@
-"""What every route needs: the engine's client, the configuration, and who is asking."""
+"""What every route needs: the deployment's partitions and their clients, the
+configuration, and who is asking.
+
+Routes reach Redis through :class:`Place` objects: one per partition, found from a
+workflow's id (:meth:`Api.for_workflow`), from a schedule's name (:meth:`Api.for_tag`),
+or all of them (:meth:`Api.places`). With one partition (the default) there is one
+place, the configured client under the configured prefix: the API as it always was.
+"""
 
 from __future__ import annotations
 
@@ -17,13 +24,16 @@ from flowlang.limits import DEFAULT_LIMITS, Limits, depth_within
 from flowstream.api.auth import OPERATE, Tokens, role_of
 from flowstream.api.problems import Problem
 from lifecycle.client import Client
+from lifecycle.deployment import Deployment
 from lifecycle.engine.store import GraphCache
 from lifecycle.keys import Keys
+from lifecycle.partitions import Partitions
 
 __all__ = [
     "Api",
     "ApiConfig",
     "Operator",
+    "Place",
     "Reader",
     "Server",
     "in_thread",
@@ -39,7 +49,11 @@ BODY_SLACK = 64 * 1024  # bytes of a JSON body besides its flow text and input
 
 @dataclass(frozen=True)
 class ApiConfig:
-    """How one API process runs. ``tokens`` None: no authentication (``--no-auth``)."""
+    """How one API process runs. ``tokens`` None: no authentication (``--no-auth``).
+
+    ``deployment``: the partitions and a client for each (``serve`` passes the CLI's);
+    None: the partitions stored under ``keys``' prefix, every one reached through
+    ``redis`` (one Redis server: the right client for every partition)."""
 
     redis: redis.Redis
     keys: Keys = field(default_factory=Keys)
@@ -50,6 +64,32 @@ class ApiConfig:
     max_streams: int = 64  # event streams open at once; more are refused with 503
     poll_s: float = 0.5  # how often an event stream reads Redis for a change
     archive: str | None = None  # receipts archive directory history reads (None: none)
+    deployment: Deployment | None = None
+
+
+class _OneClient:
+    """The connections of a deployment on one Redis server: ``client`` for every key
+    (what :class:`Deployment` asks of its connections)."""
+
+    def __init__(self, client: redis.Redis) -> None:
+        self.client = client
+
+    def client_for(self, key: str) -> redis.Redis:
+        return self.client
+
+    def close(self) -> None:
+        """The client is the caller's: it closes it."""
+
+
+@dataclass(frozen=True)
+class Place:
+    """One partition as the routes reach it: its client, keys, the engine's client on
+    them and the graphs read from them (graphs are stored per partition)."""
+
+    redis: redis.Redis
+    keys: Keys
+    client: Client
+    graphs: GraphCache
 
 
 class SharedReads:
@@ -80,13 +120,54 @@ class Api:
 
     def __init__(self, config: ApiConfig) -> None:
         self.config = config
-        self.keys = config.keys
-        self.redis = config.redis
-        self.client = Client(config.redis, config.keys)
-        self.graphs = GraphCache(config.redis, config.keys, config.limits)
+        self.deployment = config.deployment or Deployment(
+            _OneClient(config.redis),  # type: ignore[arg-type]  # duck-typed connections
+            config.keys.prefix,
+        )
+        self._places: dict[str, Place] = {}
+        self.metrics: Any = None  # /metrics' registry with several partitions (api.metrics)
         self._streams = 0
         self._lock = threading.Lock()
         self.shared = SharedReads()
+
+    @property
+    def partitions(self) -> Partitions:
+        """The deployment's partitions (the stored count, read once)."""
+        return self.deployment.partitions
+
+    @property
+    def several(self) -> bool:
+        """Whether the deployment has more than one partition."""
+        return self.partitions.count > 1
+
+    def place(self, keys: Keys) -> Place:
+        """The place of the partition under ``keys`` (made once, on first use)."""
+        found = self._places.get(keys.prefix)
+        if found is None:
+            client = self.deployment.client_for(keys)
+            graphs = GraphCache(client, keys, self.config.limits)
+            found = Place(client, keys, Client(client, keys), graphs)
+            with self._lock:
+                found = self._places.setdefault(keys.prefix, found)
+        return found
+
+    @property
+    def home(self) -> Place:
+        """The place of the base prefix: the keys every partition shares (kind limits),
+        and the only partition when there is one."""
+        return self.place(self.deployment.home)
+
+    def for_workflow(self, workflow_id: str) -> Place:
+        """The place of the partition that holds ``workflow_id``."""
+        return self.place(self.partitions.keys_for(workflow_id))
+
+    def for_tag(self, tag: str) -> Place:
+        """The place of the runs tagged ``tag``: a schedule's partition."""
+        return self.place(self.partitions.keys(self.partitions.index_of_tag(tag)))
+
+    def places(self) -> list[Place]:
+        """Every partition's place, by index."""
+        return [self.place(keys) for keys in self.partitions.all]
 
     @property
     def streams_full(self) -> bool:

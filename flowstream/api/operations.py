@@ -15,11 +15,19 @@ from fastapi import APIRouter, Query, Request, Response
 
 from flowstream.api.auth import COOKIE, Tokens, role_of
 from flowstream.api.bodies import BulkBody, RequeueBody, SessionBody, body_of, check
-from flowstream.api.context import Api, Operator, Reader, Server, in_thread, json_body
+from flowstream.api.context import Api, Operator, Place, Reader, Server, in_thread, json_body
 from flowstream.api.problems import Problem
 from lifecycle import events as ev
 from lifecycle.client import Selection
-from lifecycle.dead_letters import find_dead_letter, list_dead_letters, requeue, sources
+from lifecycle.dead_letters import (
+    DeadLetter,
+    DeadLetterError,
+    UnknownDeadLetter,
+    find_dead_letter,
+    list_dead_letters,
+    requeue,
+    sources,
+)
 from lifecycle.schedules import Schedules
 from lifecycle.status import read_status
 
@@ -59,8 +67,9 @@ def older_than_ms(value: str | float | None, now_ms: int) -> int | None:
 
 @router.post("/actions", status_code=202, openapi_extra=body_of(BulkBody))
 async def bulk_action(request: Request, api: Operator) -> dict[str, Any]:
-    """Apply an action to every workflow the filter selects (sent pipelined, not waited
-    for): how many matched, were sent, were already so, and which were refused."""
+    """Apply an action to every workflow the filter selects in every partition (sent
+    pipelined, not waited for): how many matched, were sent, were already so, and which
+    were refused (the counts of every partition summed)."""
     body = check(BulkBody, await json_body(request, api))
     given = body.filter
     if not (given.state or given.flow or given.schedule) and given.older_than in (None, ""):
@@ -75,17 +84,26 @@ async def bulk_action(request: Request, api: Operator) -> dict[str, Any]:
     kind = _KINDS[body.action]
 
     def act() -> dict[str, Any]:
+        places = api.places()
         if selection.schedule is not None:  # an unknown schedule is a 404, not no match
-            Schedules(api.redis, api.keys).get(selection.schedule)
-        matched = list(api.client.select(selection))
+            place = api.for_tag(selection.schedule)
+            Schedules(place.redis, place.keys).get(selection.schedule)
+            places = [place]  # a schedule's runs live in its partition
         # A terminate records its reason as the workflow's error, as the CLI's does.
         reason = body.reason or ("terminated" if body.action == "terminate" else "")
-        sent, refused = api.client.control_many(kind, matched, reason)
+        matched = applied = 0
+        refused: list[tuple[str, str]] = []
+        for place in places:
+            found = list(place.client.select(selection))
+            sent, refusals = place.client.control_many(kind, found, reason)
+            matched += len(found)
+            applied += len(sent)
+            refused += refusals
         return {
             "action": body.action,
-            "matched": len(matched),
-            "applied": len(sent),
-            "already": len(matched) - len(sent) - len(refused),
+            "matched": matched,
+            "applied": applied,
+            "already": matched - applied - len(refused),
             "refused": len(refused),
             "refusals": [{"id": i, "why": why} for i, why in refused[:REFUSALS_SHOWN]],
         }
@@ -99,8 +117,24 @@ def get_dead_letters(
     kind: str | None = Query(None, description="a task kind, or 'lifecycle'"),
     limit: int = Query(100, ge=1, le=10_000),
 ) -> dict[str, Any]:
-    """What workers gave up on, oldest first per source, with the reason."""
-    letters = list_dead_letters(api.redis, api.keys, kind or None, limit)
+    """What workers gave up on, oldest first per source (partition after partition),
+    with the reason."""
+    letters: list[DeadLetter] = []
+    no_kind: DeadLetterError | None = None
+    known = False
+    for place in api.places():
+        try:
+            letters += list_dead_letters(
+                place.redis, place.keys, kind or None, limit - len(letters)
+            )
+        except DeadLetterError as error:
+            no_kind = error  # a kind whose tasks went to other partitions only
+            continue
+        known = True
+        if len(letters) >= limit:
+            break
+    if not known and no_kind is not None:
+        raise no_kind  # a kind no partition knows: 400 naming the known ones
     return {"items": [letter.summary() for letter in letters]}
 
 
@@ -112,20 +146,68 @@ async def requeue_dead_letter(request: Request, api: Operator) -> dict[str, Any]
     body = check(RequeueBody, await json_body(request, api))
 
     def act() -> dict[str, Any]:
-        kind = None
-        if body.stream:
-            known = dict((stream, source) for source, stream in sources(api.redis, api.keys))
-            kind = known.get(body.stream, body.stream)
-        done = requeue(api.redis, find_dead_letter(api.redis, api.keys, body.id, kind))
+        place, letter = find_letter(api, body.id, body.stream or None)
+        done = requeue(place.redis, letter)
         return {"id": done.id, "source": done.source, "stream": done.stream, "new_id": done.new_id}
 
     return await in_thread(act)
 
 
+def find_letter(api: Api, dead_id: str, stream: str | None) -> tuple[Place, DeadLetter]:
+    """The dead letter ``dead_id`` and its partition, looked for in every partition (an
+    entry id does not say which); ``stream``: its source (a task kind or ``lifecycle``)
+    or its stream's key, which names one partition. 404 when no partition has it; 400
+    when several do (entry ids are per stream: the stream's key tells them apart)."""
+    found: list[tuple[Place, DeadLetter]] = []
+    no_kind: DeadLetterError | None = None
+    missing: UnknownDeadLetter | None = None
+    for place in api.places():
+        kind = stream
+        if stream:
+            known = dict((key, source) for source, key in sources(place.redis, place.keys))
+            if api.several and stream.startswith(place.keys.prefix + ":") and stream not in known:
+                continue  # a stream of another partition
+            kind = known.get(stream, stream)
+            if api.several:
+                try:
+                    sources(place.redis, place.keys, kind)
+                except DeadLetterError as error:
+                    no_kind = error  # a kind whose tasks went to other partitions only
+                    continue
+        try:
+            found.append((place, find_dead_letter(place.redis, place.keys, dead_id, kind)))
+        except UnknownDeadLetter as error:
+            missing = error
+    if len(found) == 1:
+        return found[0]
+    if found:
+        where = ", ".join(place.keys.prefix for place, _ in found)
+        raise Problem(
+            400,
+            f"dead letter {dead_id!r} is in several partitions ({where}): give its "
+            "stream's key as 'stream'",
+        )
+    if missing is not None:
+        raise missing
+    if no_kind is not None:
+        raise no_kind
+    raise UnknownDeadLetter(f"no dead letter {dead_id!r} in stream {stream!r}")
+
+
 @router.get("/status", tags=["operations"])
 def get_status(api: Reader) -> dict[str, Any]:
-    """Streams, workers, workflows by state and warnings: ``lifecycle status --json``."""
-    return read_status(api.redis, api.keys).to_dict()
+    """Streams, workers, workflows by state and warnings: ``lifecycle status --json``;
+    with several partitions, one such report per partition under ``partitions``, each
+    with its ``prefix``."""
+    places = api.places()
+    if len(places) == 1:
+        return read_status(places[0].redis, places[0].keys).to_dict()
+    return {
+        "partitions": [
+            {"prefix": place.keys.prefix, **read_status(place.redis, place.keys).to_dict()}
+            for place in places
+        ]
+    }
 
 
 # The health check's own thread: the shared pool can be busy with heavy requests (large
@@ -138,9 +220,15 @@ HEALTH_TIMEOUT_S = 3.0
 @router.get("/health", tags=["operations"])
 async def get_health(api: Server) -> dict[str, Any]:
     """Readiness for a load balancer or an orchestrator: this server answers and reaches
-    Redis (one PING within 3 s; 503 when it does not). Needs no token and shows nothing
-    else; what the engine is doing is ``/api/status``."""
-    ping = asyncio.get_running_loop().run_in_executor(_HEALTH, api.redis.ping)
+    Redis (a PING to each partition's client within 3 s in all; 503 when one does
+    not). Needs no token and shows nothing else; what the engine is doing is
+    ``/api/status``."""
+
+    def ping_each() -> None:
+        for place in api.places():
+            place.redis.ping()
+
+    ping = asyncio.get_running_loop().run_in_executor(_HEALTH, ping_each)
     try:
         await asyncio.wait_for(ping, HEALTH_TIMEOUT_S)
     except (redis.RedisError, TimeoutError) as error:

@@ -18,6 +18,7 @@ from typing import Any
 import redis
 
 from lifecycle.cli.support import EXIT_OK, CliError, Context
+from lifecycle.deployment import Deployment
 from lifecycle.keys import Keys
 
 __all__ = [
@@ -165,14 +166,26 @@ def _serve(args: argparse.Namespace, context: Context) -> int:
     if args.archive is not None and not Path(args.archive).is_dir():
         raise CliError(f"--archive {args.archive}: no such directory")
     tokens = load_tokens(args)
-    serve_app(context.client, context.keys, args, tokens)
+    # Read (and checked against --partitions) now: a mismatch refuses the start in one
+    # line rather than every request later.
+    partitions = context.partitions
+    if partitions.count > 1:
+        log.info("serving %d partitions under %s", partitions.count, partitions.base)
+    serve_app(context.client, context.keys, args, tokens, deployment=context.deployment)
     return EXIT_OK
 
 
 def serve_app(
-    client: redis.Redis, keys: Keys, args: argparse.Namespace, tokens: Any, **uvicorn: Any
+    client: redis.Redis,
+    keys: Keys,
+    args: argparse.Namespace,
+    tokens: Any,
+    deployment: Deployment | None = None,
+    **uvicorn: Any,
 ) -> None:
-    """Build the app and serve it until interrupted (SIGINT or SIGTERM)."""
+    """Build the app and serve it until interrupted (SIGINT or SIGTERM). ``deployment``:
+    its partitions and their clients (None: those stored under ``keys`` through
+    ``client``)."""
     require_extra()
     import uvicorn as server  # the api extra, needed by this command only
 
@@ -180,7 +193,12 @@ def serve_app(
     from flowstream.api.context import ApiConfig
 
     config = ApiConfig(
-        client, keys, tokens, tuple(args.cors_origin), archive=getattr(args, "archive", None)
+        client,
+        keys,
+        tokens,
+        tuple(args.cors_origin),
+        archive=getattr(args, "archive", None),
+        deployment=deployment,
     )
     app = create_app(config)
     log.info(

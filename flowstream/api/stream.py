@@ -3,7 +3,8 @@
 Each stream reads Redis a few times a second at most (:attr:`ApiConfig.poll_s`;
 the list at most once a second) and reads the whole workflow only when its
 record's version (``v``, moved by every commit) changed; the list re-reads its
-first page only when the lifecycle stream has a new entry. At most
+first page only when a lifecycle stream has a new entry (a workflow's stream reads
+its partition; the list's, every partition, or a schedule's alone). At most
 :attr:`ApiConfig.max_streams` streams are open at once (503 beyond); a comment
 line every 15 s keeps idle connections open through proxies.
 """
@@ -21,13 +22,14 @@ import redis
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import StreamingResponse
 
-from flowstream.api.context import Api, Reader, in_thread
+from flowstream.api.context import Api, Place, Reader, in_thread
+from flowstream.api.listing import list_workflows_page
 from flowstream.api.problems import Problem
 from flowstream.api.views import workflow_view
 from lifecycle import records as rec
 from lifecycle.errors import UnknownWorkflow
 from lifecycle.history import inspected
-from lifecycle.inspect import LIST_STATES, list_page
+from lifecycle.inspect import LIST_STATES
 from lifecycle.schedules import Schedules
 
 __all__ = ["router"]
@@ -45,13 +47,15 @@ def event(name: str, data: Any, event_id: str | None = None) -> bytes:
     return head.encode() + b"data: " + orjson.dumps(data) + b"\n\n"
 
 
-def _workflow_event(api: Api, workflow_id: str, version: bytes | None) -> tuple[str, bytes]:
+def _workflow_event(
+    api: Api, place: Place, workflow_id: str, version: bytes | None
+) -> tuple[str, bytes]:
     """The workflow's state and its ``workflow`` event at ``version``, read and encoded
     once for every stream that follows it (a large workflow is megabytes of JSON)."""
     shared = (workflow_id, version)
     found = api.shared.get(shared) if version is not None else None
     if found is None:
-        data = workflow_view(inspected(api.redis, api.keys, workflow_id, api.graphs))
+        data = workflow_view(inspected(place.redis, place.keys, workflow_id, place.graphs))
         found = (data["state"], event("workflow", data, version.decode() if version else None))
         if version is not None:
             api.shared.put(shared, found)
@@ -97,14 +101,18 @@ async def stream_list(
     state = state or None
     if state is not None and state not in LIST_STATES:
         raise Problem(400, f"state {state!r}: expected one of {', '.join(LIST_STATES)}")
-    index = None
+    places = await in_thread(api.places)
     if schedule:  # an unknown schedule is a 404, not an empty list
-        await in_thread(Schedules(api.redis, api.keys).get, schedule)
-        index = api.keys.schedule_runs(schedule)
+        place = await in_thread(api.for_tag, schedule)
+        await in_thread(Schedules(place.redis, place.keys).get, schedule)
+        places = [place]  # its runs live in its partition
     _open(api)
 
     def mark() -> Any:
-        return api.redis.xrevrange(api.keys.lifecycle, count=1), api.redis.zcard(api.keys.workflows)
+        return [
+            (p.redis.xrevrange(p.keys.lifecycle, count=1), p.redis.zcard(p.keys.workflows))
+            for p in places
+        ]
 
     async def changes() -> AsyncIterator[bytes]:
         last: Any = None
@@ -113,15 +121,7 @@ async def stream_list(
             now = await in_thread(mark)
             if now != last:
                 items, following = await in_thread(
-                    list_page,
-                    api.redis,
-                    api.keys,
-                    state,
-                    flow or None,
-                    limit,
-                    None,
-                    api.graphs,
-                    index,
+                    list_workflows_page, api, state, flow or None, limit, None, schedule or None
                 )
                 yield event("workflows", {"items": items, "next": following})
                 last, beat = now, time.monotonic()
@@ -140,10 +140,11 @@ async def stream_workflow(workflow_id: str, request: Request, api: Reader) -> St
     """``text/event-stream``: an event ``workflow`` (as ``GET /api/workflows/{id}``) at
     once and after each change, the last once it has ended; ``gone`` if it is deleted
     meanwhile. 404 for an unknown id."""
-    key = api.keys.workflow(workflow_id)
+    place = await in_thread(api.for_workflow, workflow_id)
+    key = place.keys.workflow(workflow_id)
     # The version is read before the record: a commit in between is seen at the next poll.
-    version = await in_thread(api.redis.hget, key, rec.VERSION)
-    first = await in_thread(_workflow_event, api, workflow_id, version)
+    version = await in_thread(place.redis.hget, key, rec.VERSION)
+    first = await in_thread(_workflow_event, api, place, workflow_id, version)
     _open(api)
 
     async def changes() -> AsyncIterator[bytes]:
@@ -163,14 +164,14 @@ async def stream_workflow(workflow_id: str, request: Request, api: Reader) -> St
             await asyncio.sleep(api.config.poll_s)
             if await request.is_disconnected():
                 return
-            now = await in_thread(api.redis.hget, key, rec.VERSION)
+            now = await in_thread(place.redis.hget, key, rec.VERSION)
             current = None
             if now is None:
                 yield event("gone", {"id": workflow_id})
                 return
             if now != seen:
                 try:
-                    current = await in_thread(_workflow_event, api, workflow_id, now)
+                    current = await in_thread(_workflow_event, api, place, workflow_id, now)
                 except UnknownWorkflow:
                     yield event("gone", {"id": workflow_id})
                     return

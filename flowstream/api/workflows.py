@@ -27,13 +27,13 @@ from flowstream.api.bodies import (
     check,
 )
 from flowstream.api.context import Api, Operator, Reader, in_thread, json_body
+from flowstream.api.listing import list_workflows_page
 from flowstream.api.problems import Problem
 from flowstream.api.views import graph_view, workflow_view
 from lifecycle.client import Applied
 from lifecycle.history import inspected, live_history
-from lifecycle.inspect import LIST_STATES, list_page
-from lifecycle.schedules import Schedules
-from lifecycle.submit import graph_task_kinds
+from lifecycle.inspect import LIST_STATES
+from lifecycle.submit import BadConcurrency, check_concurrency, graph_task_kinds, new_workflow_id
 
 __all__ = ["router", "start"]
 
@@ -58,7 +58,10 @@ async def start_workflow(request: Request, api: Operator) -> dict[str, str]:
             400, "body.name: this deployment stores no flows by name; send the text as 'flow'"
         )
     body = check(StartBody, raw)
-    started = await in_thread(start, api, body.flow, "flow", body.input, body.id, body.priority)
+    gate = {"concurrency_key": body.concurrency_key, "max_running": body.max_running}
+    started = await in_thread(
+        start, api, body.flow, "flow", body.input, body.id, body.priority, **gate
+    )
     return {"id": started}
 
 
@@ -69,6 +72,8 @@ async def upload_workflow(
     input: str | None = Form(None, description="the workflow's input as JSON text"),
     id: str | None = Form(None, description="the workflow id (default: a new one)"),
     priority: int = Form(0, description="the workflow's priority, -9 to 9"),
+    concurrency_key: str | None = Form(None, description="with max_running"),
+    max_running: int | None = Form(None, description="with concurrency_key"),
 ) -> dict[str, str]:
     """Start an uploaded ``.flow`` file (multipart ``file``, ``input`` JSON text): 201."""
     limits = api.config.limits
@@ -81,18 +86,47 @@ async def upload_workflow(
     except UnicodeDecodeError as error:
         raise Problem(400, f"{name}: not UTF-8 text (byte at offset {error.start})") from None
     value = loads_value(input, limits, "input") if input else None
-    return {"id": await in_thread(start, api, text, name, value, id, priority)}
+    gate = {"concurrency_key": concurrency_key or None, "max_running": max_running}
+    return {"id": await in_thread(start, api, text, name, value, id, priority, **gate)}
 
 
 def start(
-    api: Api, text: str, name: str, value: Any, workflow_id: str | None, priority: int = 0
+    api: Api,
+    text: str,
+    name: str,
+    value: Any,
+    workflow_id: str | None,
+    priority: int = 0,
+    concurrency_key: str | None = None,
+    max_running: int | None = None,
 ) -> str:
-    """Compile ``text`` and start it through the client (once, for a given id); wait up
-    to :data:`START_WAIT_S` for a lifecycle worker to record it, so that the id answered
-    can be read at once (it is answered all the same when none does in time)."""
+    """Compile ``text`` and start it through the client (once, for a given id) in its
+    partition; wait up to :data:`START_WAIT_S` for a lifecycle worker to record it, so
+    that the id answered can be read at once (it is answered all the same when none
+    does in time). With several partitions a new id is chosen here, in the concurrency
+    key's partition when there is one (the id says the partition); a given id under a
+    concurrency key must live in the key's partition (400 naming the rule)."""
     graph = compile_text(text, name, api.config.limits)
+    try:
+        check_concurrency(concurrency_key, max_running)
+    except BadConcurrency as error:
+        raise Problem(400, f"body.concurrency_key/max_running: {error}") from None
+    limits = api.config.limits
     if workflow_id is None:
-        workflow_id = api.client.submit(graph, value, limits=api.config.limits, priority=priority)
+        partitions = api.partitions
+        chosen = None
+        if partitions.count > 1:
+            chosen = partitions.place(new_workflow_id(graph), concurrency_key)
+        place = api.for_workflow(chosen) if chosen is not None else api.places()[0]
+        workflow_id = place.client.submit(
+            graph,
+            value,
+            chosen,
+            limits=limits,
+            priority=priority,
+            concurrency_key=concurrency_key,
+            max_running=max_running,
+        )
     elif not workflow_id.strip():
         raise Problem(400, "body.id: empty; leave it out for a new id")
     elif workflow_id in ("stream", ".", ".."):
@@ -103,12 +137,22 @@ def start(
         # Its routes could not name it: /api/workflows/{id} is one path segment.
         shown = repr(workflow_id[:40])
         raise Problem(400, f"body.id {shown}: expected {MAX_ID} printable characters at most, no /")
-    elif not api.client.submit_once(
-        graph, value, workflow_id, api.config.limits, priority=priority
-    ):
-        raise Problem(409, f"workflow {workflow_id} exists (or its start is not applied yet)")
+    else:
+        api.partitions.check_placed(workflow_id, concurrency_key)
+        place = api.for_workflow(workflow_id)
+        if not place.client.submit_once(
+            graph,
+            value,
+            workflow_id,
+            limits,
+            priority=priority,
+            concurrency_key=concurrency_key,
+            max_running=max_running,
+        ):
+            raise Problem(409, f"workflow {workflow_id} exists (or its start is not applied yet)")
+    place = api.for_workflow(workflow_id)
     deadline = time.monotonic() + START_WAIT_S
-    while not api.client.exists(workflow_id) and time.monotonic() < deadline:
+    while not place.client.exists(workflow_id) and time.monotonic() < deadline:
         time.sleep(0.01)
     return workflow_id
 
@@ -137,16 +181,12 @@ def list_workflows(
     cursor: str | None = Query(None, description="the 'next' of the previous page"),
 ) -> dict[str, Any]:
     """Workflows newest first, a page at a time: ``items`` and ``next`` (the cursor of
-    the following page, null at the end)."""
+    the following page, null at the end), every partition's merged."""
     state = state or None
     if state is not None and state not in LIST_STATES:
         raise Problem(400, f"state {state!r}: expected one of {', '.join(LIST_STATES)}")
-    index = None
-    if schedule:  # an unknown schedule is a 404, not an empty list
-        Schedules(api.redis, api.keys).get(schedule)
-        index = api.keys.schedule_runs(schedule)
-    items, following = list_page(
-        api.redis, api.keys, state, flow or None, limit, cursor or None, api.graphs, index
+    items, following = list_workflows_page(
+        api, state, flow or None, limit, cursor or None, schedule or None
     )
     return {"items": items, "next": following}
 
@@ -154,23 +194,29 @@ def list_workflows(
 @router.get("/workflows/{workflow_id}", responses=answer(Workflow))
 def get_workflow(workflow_id: str, api: Reader) -> dict[str, Any]:
     """One workflow as ``inspect --json`` shows it, plus ``nodes``; 404 for an unknown id."""
-    return workflow_view(inspected(api.redis, api.keys, workflow_id, api.graphs))
+    place = api.for_workflow(workflow_id)
+    return workflow_view(inspected(place.redis, place.keys, workflow_id, place.graphs))
 
 
 @router.get("/workflows/{workflow_id}/graph", responses=answer(GraphAnswer))
 def get_graph(workflow_id: str, api: Reader) -> dict[str, Any]:
     """The workflow's graph: ``nodes`` (id, label, kind, state) and ``edges`` (from, to)."""
-    data = workflow_view(inspected(api.redis, api.keys, workflow_id, api.graphs))
+    place = api.for_workflow(workflow_id)
+    data = workflow_view(inspected(place.redis, place.keys, workflow_id, place.graphs))
     if not data["graph"]:
         return {"nodes": [], "edges": []}  # terminated before it started
-    return graph_view(api.graphs.machine(data["graph"]).graph, data)
+    return graph_view(place.graphs.machine(data["graph"]).graph, data)
 
 
 @router.get("/workflows/{workflow_id}/history")
 def get_history(workflow_id: str, api: Reader) -> dict[str, Any]:
     """The workflow's timeline as ``history --json`` gives it, under ``events``; the part
     no longer in Redis is read from the server's ``--archive`` when it has one."""
-    data = live_history(api.redis, api.keys, workflow_id, api.config.archive)
+    place = api.for_workflow(workflow_id)
+    archive = api.config.archive
+    if archive is not None:  # each partition is archived in its own directory
+        archive = str(api.partitions.archive(archive, api.partitions.index_of(workflow_id)))
+    data = live_history(place.redis, place.keys, workflow_id, archive)
     data["events"] = data.pop("timeline")
     return data
 
@@ -187,7 +233,7 @@ def _applied(applied: Applied) -> dict[str, Any]:
 
 async def _control(request: Request, api: Api, action: str, workflow_id: str) -> dict[str, Any]:
     body = check(ActionBody, await json_body(request, api), required=False)
-    client = api.client
+    client = api.for_workflow(workflow_id).client
     if action == "terminate":
         applied = await in_thread(client.terminate, workflow_id, body.reason or "terminated")
     else:

@@ -40,6 +40,7 @@ export class StatusPage {
       when.textContent = `Could not read the status: ${problem.message}`;
       return;
     }
+    status = oneReport(status);
     when.textContent = `Read at ${new Date().toLocaleTimeString()}.`;
     const warnings = status.warnings || [];
     document.getElementById("status-warnings").replaceChildren(
@@ -107,6 +108,31 @@ export class StatusPage {
     this.deadCount = null;
     this.load();
   }
+}
+
+// A deployment of several partitions answers one report per partition ("partitions",
+// each with its "prefix"): shown as one, warnings naming their partition, streams listed
+// by key, workflow counts summed.
+function oneReport(status) {
+  const parts = status.partitions;
+  if (!Array.isArray(parts)) return status;
+  const states = {};
+  const counts = { states, partial: false, scanned: 0, listed: 0 };
+  for (const part of parts) {
+    const workflows = part.workflows || {};
+    for (const [state, n] of Object.entries(workflows.states || {})) states[state] = (states[state] || 0) + n;
+    counts.partial = counts.partial || Boolean(workflows.partial);
+    counts.scanned += workflows.scanned || 0;
+    counts.listed += workflows.listed || 0;
+  }
+  return {
+    warnings: parts.flatMap((part) => (part.warnings || []).map((w) => `${part.prefix}: ${w}`)),
+    notes: [...new Set(parts.flatMap((part) => part.notes || []))],
+    lifecycle: null,
+    kinds: parts.flatMap((part) => [part.lifecycle, ...(part.kinds || [])].filter(Boolean)),
+    workflows: counts,
+    lifecycle_workers: [...new Set(parts.flatMap((part) => part.lifecycle_workers || []))],
+  };
 }
 
 function deadRow(letter, operator, requeue) {
