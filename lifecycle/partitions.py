@@ -28,6 +28,7 @@ same ``{...}`` in their ids.
 from __future__ import annotations
 
 import hashlib
+import logging
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -50,6 +51,8 @@ __all__ = [
     "routing_part",
     "stored_partitions",
 ]
+
+log = logging.getLogger(__name__)
 
 # Enough for a cluster of hundreds of masters; every process holds a stream reader
 # per partition, so the count is bounded.
@@ -198,7 +201,12 @@ def stored_partitions(
     ``--partitions``), when given, must equal the stored count. ``create``: store
     ``count`` when none is stored yet (a lifecycle worker, the first to start)."""
     key = Keys(base).partitions
-    raw = client.get(key)
+    try:
+        raw = client.get(key)
+    except redis.exceptions.NoPermissionError as error:
+        # An ACL user of a deployment older than partitions: it has one.
+        log.warning("cannot read %s (%s): running with one partition", key, error)
+        return Partitions(base, 1)
     if raw is None and create and count is not None:
         # NX: of two workers started together with different counts, one wins and the
         # other is refused below, rather than both believing their own.
