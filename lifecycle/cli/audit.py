@@ -60,6 +60,14 @@ def add_commands(commands: Any, common: argparse.ArgumentParser) -> None:
         "--trim-interval", type=float, default=1.0, help="seconds between trims (1)"
     )
     receipts.add_argument("--no-trim", action="store_true", help="never trim the streams")
+    receipts.add_argument(
+        "--partition",
+        type=int,
+        action="append",
+        metavar="I",
+        help="archive only partition I (repeatable; default all): several receipts workers "
+        "can divide a deployment's partitions, each partition archived by exactly one",
+    )
     metrics_arguments(receipts)
     receipts.set_defaults(func=_receipts, narrates=True)
 
@@ -201,8 +209,15 @@ def _archive(
     from rqse.process import settle_process
     from rqse.runner import Runner
 
+    chosen = sorted(set(args.partition)) if args.partition else range(partitions.count)
+    for index in chosen:
+        if not 0 <= index < partitions.count:
+            raise CliError(
+                f"--partition {index}: the deployment has partitions 0 to {partitions.count - 1}"
+            )
     archiving = []
-    for index, keys in enumerate(partitions.all):
+    for index in chosen:
+        keys = partitions.keys(index)
         # A partition's archive directory is locked by its sink: one worker each.
         sink = SegmentSink(
             partitions.archive(args.archive, index),
@@ -226,7 +241,7 @@ def _archive(
     log.info(
         "receipts worker %s archiving %s into %s",
         args.consumer,
-        ", ".join(f"{keys.prefix}*" for keys in partitions.all),
+        ", ".join(f"{partitions.keys(index).prefix}*" for index in chosen),
         args.archive,
     )
     watch = watch_partition_count(context.client, partitions)

@@ -217,3 +217,14 @@ def test_a_worker_started_before_the_count_was_stored_stops_when_it_appears(
     assert noop.wait(timeout=15) == 1
     assert noop.stderr is not None
     assert "set up for 3 partitions" in noop.stderr.read().decode()
+
+
+def test_receipts_for_a_partition_the_deployment_lacks_is_one_line(
+    redis_client: redis.Redis, redis_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    stored_partitions(redis_client, "{flow}", 3, create=True)
+    archive = str(tmp_path / "a")
+    code = main(["receipts", "--archive", archive, "--partition", "3", "--redis-url", redis_url])
+    err = capsys.readouterr().err
+    assert code == EXIT_ERROR and err.count("\n") == 1
+    assert "--partition 3: the deployment has partitions 0 to 2" in err
