@@ -5,8 +5,9 @@
 the tests use, runs the lifecycle workers, no-op workers and the receipts worker
 against it with ``--cluster``, and prints one row per M with the ratio of its
 throughput to one master's, measured in the same run. ``python -m bench --cluster
-redis://host:7000 --partitions 6`` runs once against an existing cluster (it
-flushes every master first: never point it at one that holds data).
+redis://host:7000 --partitions 6`` runs once against an existing cluster, or a
+single server (P partitions on one Redis: what partitions cost); it flushes every
+master first: never point it at one that holds data.
 
 On one machine the masters share its cores with the workers; the figure that
 carries over to a real cluster is how the cost per task splits between Redis and
@@ -84,7 +85,9 @@ def _submit(deployment: Deployment, ids: list[str], inputs: list[Any]) -> None:
 
 
 def run_once(url: str, args: argparse.Namespace, masters: int, logs: Path | None) -> ClusterFigures:
-    connections = Connections.open(resolve_url(url, None), cluster=True)
+    # A single server works too (P partitions on one Redis: what partitions cost).
+    connections = Connections.open(resolve_url(url, None))
+    mode = ("--cluster",) if connections.cluster else ()
     for master in _masters(connections):
         master.flushall()
     with ExitStack() as stack:
@@ -95,7 +98,7 @@ def run_once(url: str, args: argparse.Namespace, masters: int, logs: Path | None
             return logs / f"m{masters}-{name}.log" if logs else None
 
         for n in range(args.lifecycle):
-            command = ("lifecycle", "worker", "--cluster", "--partitions", str(args.partitions))
+            command = ("lifecycle", "worker", *mode, "--partitions", str(args.partitions))
             command += ("--no-wait", "--consumer", f"lc{n}")
             procs["lifecycle"].append(spawn(url, *command, log=log(f"lc{n}")))
         deployment = Deployment(connections, "{flow}", args.partitions)
@@ -109,11 +112,11 @@ def run_once(url: str, args: argparse.Namespace, masters: int, logs: Path | None
                     raise
                 time.sleep(0.1)
         for n in range(args.workers):
-            command = ("workers", "noop", "--cluster", "--kinds", "default", "--consumer", f"w{n}")
+            command = ("workers", "noop", *mode, "--kinds", "default", "--consumer", f"w{n}")
             procs["noop"].append(spawn(url, *command, log=log(f"w{n}")))
         if not args.no_receipts:
             archive = stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-cluster-"))
-            command = ("lifecycle", "receipts", "--cluster", "--archive", archive)
+            command = ("lifecycle", "receipts", *mode, "--archive", archive)
             procs["receipts"].append(spawn(url, *command, log=log("receipts")))
         stack.callback(stop_processes, [p for group in procs.values() for p in group])
 
