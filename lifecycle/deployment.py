@@ -8,10 +8,16 @@ and ``{flow}``'s keys.
 
 from __future__ import annotations
 
+from typing import Any
+
 import redis
 
+from flowlang.graph import Graph
+from flowlang.limits import DEFAULT_LIMITS, Limits
+from lifecycle.client import Client
 from lifecycle.keys import Keys
 from lifecycle.partitions import Partitions, stored_partitions
+from lifecycle.submit import new_workflow_id
 from rqse.cluster import Connections
 
 __all__ = ["Deployment"]
@@ -69,6 +75,41 @@ class Deployment:
     def each_partition(self) -> list[tuple[redis.Redis, Keys]]:
         """Every partition's client and keys, by index."""
         return [(self.client_for(keys), keys) for keys in self.partitions.all]
+
+    def submit(
+        self,
+        graph: Graph,
+        input: Any = None,
+        workflow_id: str | None = None,
+        limits: Limits = DEFAULT_LIMITS,
+        *,
+        priority: int = 0,
+        concurrency_key: str | None = None,
+        max_running: int | None = None,
+    ) -> str:
+        """:meth:`lifecycle.client.Client.submit` in the workflow's partition: an id is
+        chosen here when none is given (in the concurrency key's partition, if any); a
+        given one under a concurrency key must live in the key's partition
+        (:class:`~lifecycle.errors.LifecycleError` otherwise)."""
+        partitions = self.partitions
+        if workflow_id is None:
+            workflow_id = partitions.place(new_workflow_id(graph), concurrency_key)
+        else:
+            partitions.check_placed(workflow_id, concurrency_key)
+        return self.workflow_client(workflow_id).submit(
+            graph,
+            input,
+            workflow_id,
+            limits,
+            priority=priority,
+            concurrency_key=concurrency_key,
+            max_running=max_running,
+        )
+
+    def workflow_client(self, workflow_id: str) -> Client:
+        """The operator's :class:`~lifecycle.client.Client` on the workflow's partition:
+        its status, controls, waits."""
+        return Client(*self.for_workflow(workflow_id))
 
     def close(self) -> None:
         for client in self._clients.values():

@@ -228,3 +228,35 @@ def test_receipts_for_a_partition_the_deployment_lacks_is_one_line(
     err = capsys.readouterr().err
     assert code == EXIT_ERROR and err.count("\n") == 1
     assert "--partition 3: the deployment has partitions 0 to 2" in err
+
+
+def test_deployment_submit_places_a_keyed_workflow_in_its_keys_partition(
+    redis_client: redis.Redis, redis_url: str
+) -> None:
+    from lifecycle.deployment import Deployment
+    from rqse.cluster import Connections
+    from rqse.connection import resolve_url
+
+    stored_partitions(redis_client, "{flow}", 4, create=True)
+    deployment = Deployment(Connections.open(resolve_url(redis_url, None)))
+    try:
+        graph = compile_text("A → B")
+        placed = [
+            deployment.submit(graph, {"n": n}, concurrency_key="nightly", max_running=2)
+            for n in range(5)
+        ]
+        home = deployment.partitions.keys(deployment.partitions.index_of_tag("nightly"))
+        sent = [
+            orjson.loads(fields[b"workflow"]) for _, fields in redis_client.xrange(home.lifecycle)
+        ]
+        assert sent == placed
+        with pytest.raises(LifecycleError, match=r"put \{nightly\} in the id"):
+            outside = next(
+                f"w{n}"
+                for n in range(100)
+                if deployment.partitions.index_of(f"w{n}")
+                != deployment.partitions.index_of(placed[0])
+            )
+            deployment.submit(graph, None, outside, concurrency_key="nightly", max_running=2)
+    finally:
+        deployment.close()
