@@ -233,8 +233,14 @@ class Advancer:
     ) -> list[Pending]:
         by_workflow: dict[str, Pending] = {}
         parse_end_task, end_task_kind, parse_input = ev.parse_end_task, ev.END_TASK, ev.parse_input
+        admission_sent = ev.admission_sent
         for event_id, event in entries:
             kind = event.get("kind")
+            if admission_sent(kind, event):
+                # The gate carried it out in the commit that wrote it: acknowledged as one
+                # that changes nothing, with no read (replay applies it, to the same effect).
+                result.duplicates.append(event_id)
+                continue
             try:
                 if kind == end_task_kind:
                     parsed: Any = parse_end_task(event_id, event)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
+from functools import cache
 from typing import Any
 
 import orjson
@@ -217,7 +218,7 @@ class Commit:
     __slots__ = (
         "keys", "workflow", "shared", "acks", "fields", "events", "timers", "cancels",
         "created", "outcome", "removed", "expire_at", "stopped", "unstop", "reopened", "deleted",
-        "gate", "gate_key",
+        "gate", "gate_key", "offer", "offer_timers", "offer_admitted",
     )  # fmt: skip
 
     def __init__(self, keys: Keys, workflow: str, shared: SharedKeys | None = None) -> None:
@@ -246,6 +247,11 @@ class Commit:
         # 'enter' (queued at an order) and 'leave' (ended), flat: op, order, ...
         self.gate_key: tuple[str, int] | None = None
         self.gate: list[Any] = []
+        # Left queued with its start-tasks held: what the gate writes when it admits the
+        # workflow in this commit's own transaction (see offer_admission), else None.
+        self.offer: list[tuple[str, Any, Template | None]] | None = None
+        self.offer_timers: list[Any] = []
+        self.offer_admitted = b""
 
     def enter(self, key: str, max_running: int, order: int) -> None:
         """The workflow waits in line for its concurrency key from this commit on."""
@@ -257,6 +263,15 @@ class Commit:
         self.gate_key = (key, max_running)
         self.gate += ("leave", 0)
 
+    def offer_admission(self, start_tasks: Commit, admitted: dict[str, Any]) -> None:
+        """The workflow stays queued with this commit, its start-tasks held: should the
+        gate admit it in this commit's own transaction (the common case: nobody waits
+        and there is room), it sends ``start_tasks``' events and timers itself and sets
+        the CONCURRENCY field to ``admitted``, as applying an admit-workflow would."""
+        self.offer = start_tasks.events
+        self.offer_timers = start_tasks.timers
+        self.offer_admitted = _dumps(admitted)
+
     def gate_command(self) -> tuple[Any, ...] | None:
         """The EVAL of ``gate.lua`` that carries out :attr:`gate` after this commit's
         writes, in the same transaction (it checks the version the commit writes)."""
@@ -266,21 +281,46 @@ class Commit:
         names = self.fields[::2]
         at = len(names) - 1 - names[::-1].index(rec.VERSION) if rec.VERSION in names else -1
         version = self.fields[2 * at + 1] if at >= 0 else ""
-        return (
-            "EVAL",
-            lua.script_source("gate", _SCRIPTS),
-            4,
+        keys = [
             self.keys.workflow(self.workflow),
             self.keys.key_running(key),
             self.keys.key_queue(key),
             self.shared[0],
+            self.shared[1],
+        ]
+        offer: list[Any] = [b""]
+        if self.offer is not None:
+            index_of: dict[str, int] = {}
+            events: list[Any] = []
+            for stream, fields in _encoded(self.offer):
+                index = index_of.get(stream)
+                if index is None:
+                    keys.append(stream)
+                    index = index_of[stream] = len(keys)
+                events += (index, len(fields) // 2, *fields)
+            offer = [
+                self.offer_admitted,
+                rec.CONCURRENCY,
+                rec.PAUSED,
+                len(self.offer),
+                *events,
+                len(self.offer_timers) // 2,
+                *self.offer_timers,
+            ]
+        return (
+            "EVAL",
+            _gate_body(),
+            len(keys),
+            *keys,
             rec.VERSION,
             str(version),
             self.workflow,
             most,
             _ADMIT_JSON,
+            ev.ADMIT_SENT,
             len(self.gate) // 2,
             *self.gate,
+            *offer,
         )
 
     def set(self, name: str, value: Any) -> None:
@@ -317,8 +357,7 @@ class Commit:
 
     def encoded_events(self) -> Iterator[tuple[str, list[Any]]]:
         """(stream, [name, JSON value, ...]) of every event to append, in order."""
-        for stream, fields, template in self.events:
-            yield stream, (template.unpacked(*fields)[3:] if template else fields)
+        return _encoded(self.events)
 
     def commands(self, shared: SharedWrites | None = None) -> list[Any]:
         """The writes of :meth:`script_call` as plain commands (or packed ones), for a
@@ -397,3 +436,18 @@ class Commit:
             "1" if self.unstop else "",
             "1" if self.reopened else "",
         ]
+
+
+@cache
+def _gate_body() -> str:
+    """gate.lua without its header comment: sent with every EVAL, hashed by Redis each time."""
+    lines = lua.script_source("gate", _SCRIPTS).splitlines()
+    first = next(n for n, line in enumerate(lines) if line and not line.startswith("--"))
+    return "\n".join(lines[first:]) + "\n"
+
+
+def _encoded(
+    events: list[tuple[str, Any, Template | None]],
+) -> Iterator[tuple[str, list[Any]]]:
+    for stream, fields, template in events:
+        yield stream, (template.unpacked(*fields)[3:] if template else fields)

@@ -266,6 +266,8 @@ class Transition:
             return None
         if item.held is not None:
             commit.set(rec.PAUSED, _dumps(item.held))
+            if commit.gate[-2:-1] == ["enter"] and machine is not None:
+                self._offer(machine, state, item, commit, now)
         if (
             type(state) is State
             and (len(state.running) > _CHUNK_AT or state.fanin or state.waiting)
@@ -442,6 +444,31 @@ class Transition:
         item.concurrency = {"key": item.concurrency["key"], "max": item.concurrency["max"]}
         commit.set(rec.CONCURRENCY, _dumps(item.concurrency))
         return _release_held(machine, state, item, commit)
+
+    def _offer(
+        self, machine: Machine, state: State, item: Pending, commit: Commit, now: int
+    ) -> None:
+        """Queued by this commit: what the gate sends if it admits the workflow in the same
+        transaction, so no second advance is needed — the start-tasks and timers applying
+        an admit-workflow now would send (the start records it would write are the ones
+        written when they were held, at the same time)."""
+        concurrency = item.concurrency
+        if concurrency is None or concurrency.get("queued") is not True:
+            return
+        held = item.held
+        admitted = {"key": concurrency["key"], "max": concurrency["max"]}
+        start_tasks = Commit(self.keys, item.workflow, self._shared)
+        actions: list[Any] = [
+            machine.task_action(key, state.running[key], item.inputs.get(key))
+            for key in held or ()
+            if key in state.running
+        ]
+        item.held = None  # carried out as sent, into a commit of their own
+        try:
+            self._carry_out(machine, state, item, actions, start_tasks, now)
+        finally:
+            item.held = held
+        commit.offer_admission(start_tasks, admitted)
 
     def _carry_out(
         self,

@@ -4,6 +4,8 @@
 -- KEYS[2]  the key's running set        ({flow}:running:<key>)
 -- KEYS[3]  the key's waiting line       ({flow}:run-queue:<key>: workflow -> order)
 -- KEYS[4]  the lifecycle stream         ({flow}:lifecycle)
+-- KEYS[5]  the timers sorted set        ({flow}:timers)
+-- KEYS[6…] task streams named by the offer's start-tasks
 --
 -- ARGV[1]  the name of the version field of KEYS[1]
 -- ARGV[2]  the version the commit wrote ('' = no check): nothing happens unless KEYS[1]
@@ -12,35 +14,81 @@
 -- ARGV[3]  the workflow id
 -- ARGV[4]  max running of the key
 -- ARGV[5]  the JSON of the admit-workflow kind ('"admit-workflow"')
--- then n, (op, order) × n, op 'enter' (queue the workflow at order) or 'leave' (it ended:
--- out of both sets)
+-- ARGV[6]  the name of the admit-workflow field that says its start-tasks went ('sent')
+-- ARGV[7]  n, then (op, order) × n, op 'enter' (queue the workflow at order) or 'leave' (it
+--          ended: out of both sets)
+-- then the offer, for a commit that leaves the workflow queued with its start-tasks held:
+--   the workflow's CONCURRENCY value once admitted ('' = no offer: nothing follows),
+--   the CONCURRENCY field name, the held-list field name (PAUSED),
+--   m, (key index, f, (field, value) × f) × m   its held start-tasks, as XADD key * fields
+--   t, (score, member) × t                       their timeout timers, ZADD on KEYS[5]
 --
 -- Then, while fewer than max run and someone waits, the first in line is admitted:
--- added to KEYS[2] and an admit-workflow for it appended to KEYS[4]. Writes KEYS[2..4].
--- Returns how many were admitted.
+-- added to KEYS[2] and an admit-workflow for it appended to KEYS[4]. When the first is
+-- this commit's own workflow and an offer came, the admission is carried out here, so
+-- no second advance is needed: its admit-workflow (with sent = true, which the lifecycle
+-- worker acknowledges as done and replay applies), its start-tasks and timers written,
+-- its CONCURRENCY set and held list removed, exactly what applying the admit-workflow
+-- would write (the start records n:<key> stand as the commit wrote them). Writes
+-- KEYS[1..5] and the task streams. Returns how many were admitted.
 
 if ARGV[2] ~= '' and redis.call('HGET', KEYS[1], ARGV[1]) ~= ARGV[2] then
   return 0
 end
 local workflow, max = ARGV[3], tonumber(ARGV[4])
-local n = tonumber(ARGV[6])
-local i = 7
+local n = tonumber(ARGV[7])
+local i = 8 + 2 * n  -- the offer
+local offered = n > 0 and ARGV[i] ~= '' and ARGV[i - 2] == 'enter'
+
+local function admit_sent()
+  local admitted_value, concurrency, held = ARGV[i], ARGV[i + 1], ARGV[i + 2]
+  local j = i + 3
+  redis.call('XADD', KEYS[4], '*', 'kind', ARGV[5], 'workflow', cjson.encode(workflow),
+    ARGV[6], 'true')
+  local m = tonumber(ARGV[j]); j = j + 1
+  for _ = 1, m do
+    local f = tonumber(ARGV[j + 1])
+    redis.call('XADD', KEYS[tonumber(ARGV[j])], '*', unpack(ARGV, j + 2, j + 1 + 2 * f))
+    j = j + 2 + 2 * f
+  end
+  local t = tonumber(ARGV[j]); j = j + 1
+  if t > 0 then
+    redis.call('ZADD', KEYS[5], unpack(ARGV, j, j + 2 * t - 1))
+  end
+  redis.call('HSET', KEYS[1], concurrency, admitted_value)
+  redis.call('HDEL', KEYS[1], held)
+end
+
+-- The common case in few commands: it enters, nobody waits and there is room.
+if offered and n == 1 and redis.call('ZCARD', KEYS[3]) == 0
+    and redis.call('SCARD', KEYS[2]) < max then
+  redis.call('SADD', KEYS[2], workflow)
+  admit_sent()
+  return 1
+end
+
+local at = 8
 for _ = 1, n do
-  if ARGV[i] == 'enter' then
-    redis.call('ZADD', KEYS[3], 'NX', ARGV[i + 1], workflow)
+  if ARGV[at] == 'enter' then
+    redis.call('ZADD', KEYS[3], 'NX', ARGV[at + 1], workflow)
   else
     redis.call('SREM', KEYS[2], workflow)
     redis.call('ZREM', KEYS[3], workflow)
   end
-  i = i + 2
+  at = at + 2
 end
+
 local admitted = 0
 while redis.call('SCARD', KEYS[2]) < max do
   local first = redis.call('ZRANGE', KEYS[3], 0, 0)[1]
   if not first then break end
   redis.call('ZREM', KEYS[3], first)
   redis.call('SADD', KEYS[2], first)
-  redis.call('XADD', KEYS[4], '*', 'kind', ARGV[5], 'workflow', cjson.encode(first))
+  if offered and first == workflow then
+    admit_sent()
+  else
+    redis.call('XADD', KEYS[4], '*', 'kind', ARGV[5], 'workflow', cjson.encode(first))
+  end
   admitted = admitted + 1
 end
 return admitted
