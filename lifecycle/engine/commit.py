@@ -272,15 +272,19 @@ class Commit:
         self.offer_timers = start_tasks.timers
         self.offer_admitted = _dumps(admitted)
 
-    def gate_command(self) -> tuple[Any, ...] | None:
+    def gate_command(self, check: bool = True) -> tuple[Any, ...] | None:
         """The EVAL of ``gate.lua`` that carries out :attr:`gate` after this commit's
-        writes, in the same transaction (it checks the version the commit writes)."""
+        writes, in the same transaction. With ``check`` it does nothing unless the version
+        this commit writes stands (a script call that may lose its race); without, for a
+        watched transaction, whose EXEC runs only when the commit won."""
         if self.gate_key is None:
             return None
         key, most = self.gate_key
+        version: Any = ""
         names = self.fields[::2]
-        at = len(names) - 1 - names[::-1].index(rec.VERSION) if rec.VERSION in names else -1
-        version = self.fields[2 * at + 1] if at >= 0 else ""
+        if check and rec.VERSION in names:
+            at = len(names) - 1 - names[::-1].index(rec.VERSION)
+            version = self.fields[2 * at + 1]
         keys = [
             self.keys.workflow(self.workflow),
             self.keys.key_running(key),
@@ -392,7 +396,7 @@ class Commit:
                 commands.append(template.fill(*fields))
         if self.reopened:
             commands.append(("ZREM", self.shared[4], self.workflow))
-        gate = self.gate_command()
+        gate = self.gate_command(check=False)  # the transaction's WATCH checks it
         if gate is not None:
             commands.append(gate)
         shared.add(self)

@@ -8,9 +8,10 @@
 -- KEYS[6…] task streams named by the offer's start-tasks
 --
 -- ARGV[1]  the name of the version field of KEYS[1]
--- ARGV[2]  the version the commit wrote ('' = no check): nothing happens unless KEYS[1]
---          holds it, so a commit that lost its race (advance.lua returned 0 in the same
---          MULTI) admits and releases nothing
+-- ARGV[2]  the version the commit wrote ('' = no check: in a watched transaction, whose
+--          EXEC runs only if the commit won): nothing happens unless KEYS[1] holds it, so
+--          a commit that lost its race (advance.lua returned 0 in the same MULTI) admits
+--          and releases nothing
 -- ARGV[3]  the workflow id
 -- ARGV[4]  max running of the key
 -- ARGV[5]  the JSON of the admit-workflow kind ('"admit-workflow"')
@@ -65,6 +66,12 @@ if offered and n == 1 and redis.call('ZCARD', KEYS[3]) == 0
   redis.call('SADD', KEYS[2], workflow)
   admit_sent()
   return 1
+end
+
+-- It ended while admitted (the common end), nobody waits: nothing more to do.
+if n == 1 and ARGV[8] == 'leave' and redis.call('SREM', KEYS[2], workflow) == 1
+    and redis.call('ZCARD', KEYS[3]) == 0 then
+  return 0
 end
 
 local at = 8
