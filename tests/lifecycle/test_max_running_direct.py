@@ -247,3 +247,20 @@ def test_two_lifecycle_workers_racing_never_run_more_than_the_limit(
     assert all(at >= admitted_at[workflow] for workflow, at in starts)
     assert redis_client.scard(KEYS.key_running("k")) == 0
     assert redis_client.zcard(KEYS.key_queue("k")) == 0
+
+
+def test_a_wide_first_step_is_admitted_at_once_with_every_start_task_and_timer(
+    harness: Harness,
+) -> None:
+    wide = compile_text("* B (- $timeout: 3600 -) → C")
+    for kind in graph_task_kinds(wide) - harness.kinds:
+        harness._group(KEYS.tasks(kind), TASK_GROUP)
+        harness.kinds.add(kind)
+    start_workflow(
+        harness.client, wide, list(range(4500)), "wide", KEYS, concurrency_key="k", max_running=1
+    )
+    harness.advance()
+    # More timers than one unpack() in Lua can take (about 8,000 values).
+    assert harness.client.xlen(KEYS.tasks("default")) == 4500
+    assert harness.client.zcard(KEYS.timers) == 4500
+    assert admissions(harness.client) == [("wide", True)]

@@ -53,8 +53,10 @@ local function admit_sent()
     j = j + 2 + 2 * f
   end
   local t = tonumber(ARGV[j]); j = j + 1
-  if t > 0 then
-    redis.call('ZADD', KEYS[5], unpack(ARGV, j, j + 2 * t - 1))
+  -- In slices: unpack() of a few thousand values overflows Lua's C stack.
+  for first = 0, t - 1, 256 do
+    local last = math.min(t, first + 256)
+    redis.call('ZADD', KEYS[5], unpack(ARGV, j + 2 * first, j + 2 * last - 1))
   end
   redis.call('HSET', KEYS[1], concurrency, admitted_value)
   redis.call('HDEL', KEYS[1], held)
