@@ -247,8 +247,10 @@ class Commit:
         # 'enter' (queued at an order) and 'leave' (ended), flat: op, order, ...
         self.gate_key: tuple[str, int] | None = None
         self.gate: list[Any] = []
-        # Left queued with its start-tasks held: what the gate writes when it admits the
-        # workflow in this commit's own transaction (see offer_admission), else None.
+        # Queued by this commit, its start-tasks held: what the gate sends and writes if it
+        # admits the workflow in this commit's own transaction (the common case: nobody
+        # waits, there is room): the start-tasks (as in events), their timeout timers
+        # (score, member, ...) and its CONCURRENCY value once admitted. None: no offer.
         self.offer: list[tuple[str, Any, Template | None]] | None = None
         self.offer_timers: list[Any] = []
         self.offer_admitted = b""
@@ -262,15 +264,6 @@ class Commit:
         """The workflow ended: its place under its concurrency key goes to the next."""
         self.gate_key = (key, max_running)
         self.gate += ("leave", 0)
-
-    def offer_admission(self, start_tasks: Commit, admitted: dict[str, Any]) -> None:
-        """The workflow stays queued with this commit, its start-tasks held: should the
-        gate admit it in this commit's own transaction (the common case: nobody waits
-        and there is room), it sends ``start_tasks``' events and timers itself and sets
-        the CONCURRENCY field to ``admitted``, as applying an admit-workflow would."""
-        self.offer = start_tasks.events
-        self.offer_timers = start_tasks.timers
-        self.offer_admitted = _dumps(admitted)
 
     def gate_command(self, check: bool = True) -> tuple[Any, ...] | None:
         """The EVAL of ``gate.lua`` that carries out :attr:`gate` after this commit's

@@ -184,7 +184,7 @@ def test_a_lost_race_sends_no_start_task_and_admits_nothing(
     commit.enter("k", 5, 1)
     held = Commit(KEYS, "w1")
     held.append(KEYS.tasks("default"), {"kind": ev.START_TASK, "workflow": "w1"})
-    commit.offer_admission(held, {"key": "k", "max": 5})
+    commit.offer, commit.offer_admitted = held.events, orjson.dumps({"key": "k", "max": 5})
     gate = commit.gate_command()
     assert gate is not None
     assert redis_client.execute_command(*gate) == 0
