@@ -264,3 +264,25 @@ def test_a_wide_first_step_is_admitted_at_once_with_every_start_task_and_timer(
     assert harness.client.xlen(KEYS.tasks("default")) == 4500
     assert harness.client.zcard(KEYS.timers) == 4500
     assert admissions(harness.client) == [("wide", True)]
+
+
+def test_a_restart_with_room_is_admitted_in_its_own_commit_and_replay_agrees(
+    harness: Harness, tmp_path: Path
+) -> None:
+    from lifecycle.client import Client
+
+    client = Client(harness.client, KEYS)
+    workflow = submit(harness, "w0", most=1)
+    harness.advance()
+    client.terminate(workflow)
+    harness.advance()
+    client.restart(workflow)
+    harness.advance()  # the restart: in line again, admitted at once, its task sent again
+    assert admissions(harness.client) == [(workflow, True), (workflow, True)]
+    assert started(harness.client) == [workflow, workflow]
+    harness.pump(ok)
+    assert _states(harness.client, [workflow]) == ["finished"]
+    archive_all(harness.client, tmp_path / "archive")
+    report = audit_archive(tmp_path / "archive", KEYS, client=harness.client)
+    assert report.ok, report.first_problem
+    assert {w.live for w in report.workflows} == {"equal"}
