@@ -378,7 +378,7 @@ class Advancer:
         for item, commit in commits:
             keys, args = commit.script_call(group, item.version)
             call = ("EVALSHA", self.script.sha, len(keys), *keys, *args)
-            gate = commit.gate_command()
+            gate = commit.gate_packed()
             if gate is None:
                 commands.append(call)
                 continue

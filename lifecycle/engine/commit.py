@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from functools import cache
 from typing import Any
 
+import hiredis
 import orjson
 
 from flowlang.machine import State
@@ -320,6 +321,15 @@ class Commit:
             *offer,
         )
 
+    def gate_packed(self, check: bool = True) -> bytes | None:
+        """:meth:`gate_command` packed for the wire, the script's text packed once per
+        process (it goes with every call: packing it each time cost more than the rest)."""
+        command = self.gate_command(check)
+        if command is None:
+            return None
+        rest = hiredis.pack_command(command[2:])
+        return b"*%d\r\n%b%b" % (len(command), _gate_packed_text(), rest[rest.index(b"\n") + 1 :])
+
     def set(self, name: str, value: Any) -> None:
         self.fields += (name, value)
 
@@ -389,7 +399,7 @@ class Commit:
                 commands.append(template.fill(*fields))
         if self.reopened:
             commands.append(("ZREM", self.shared[4], self.workflow))
-        gate = self.gate_command(check=False)  # the transaction's WATCH checks it
+        gate = self.gate_packed(check=False)  # the transaction's WATCH checks it
         if gate is not None:
             commands.append(gate)
         shared.add(self)
@@ -441,6 +451,13 @@ def _gate_body() -> str:
     lines = lua.script_source("gate", _SCRIPTS).splitlines()
     first = next(n for n, line in enumerate(lines) if line and not line.startswith("--"))
     return "\n".join(lines[first:]) + "\n"
+
+
+@cache
+def _gate_packed_text() -> bytes:
+    """``EVAL`` and gate.lua's text as packed in a command (RESP bulk strings)."""
+    body = _gate_body().encode()
+    return b"$4\r\nEVAL\r\n$%d\r\n%b\r\n" % (len(body), body)
 
 
 def _encoded(
