@@ -219,7 +219,7 @@ class Commit:
     __slots__ = (
         "keys", "workflow", "shared", "acks", "fields", "events", "timers", "cancels",
         "created", "outcome", "removed", "expire_at", "stopped", "unstop", "reopened", "deleted",
-        "gate", "gate_key", "offer", "offer_timers", "offer_admitted",
+        "gate", "gate_key", "offer", "offer_timers", "offer_admitted", "plain_leave",
     )  # fmt: skip
 
     def __init__(self, keys: Keys, workflow: str, shared: SharedKeys | None = None) -> None:
@@ -255,6 +255,9 @@ class Commit:
         self.offer: list[tuple[str, Any, Template | None]] | None = None
         self.offer_timers: list[Any] = []
         self.offer_admitted = b""
+        # It only leaves its key, whose line a watched transaction found empty and watches:
+        # a plain SREM frees its place (someone queuing meanwhile makes the EXEC fail).
+        self.plain_leave = False
 
     def enter(self, key: str, max_running: int, order: int) -> None:
         """The workflow waits in line for its concurrency key from this commit on."""
@@ -265,6 +268,10 @@ class Commit:
         """The workflow ended: its place under its concurrency key goes to the next."""
         self.gate_key = (key, max_running)
         self.gate += ("leave", 0)
+
+    def only_leaves(self) -> bool:
+        """Whether all this commit does under its concurrency key is leave it."""
+        return self.gate == ["leave", 0]
 
     def gate_command(self, check: bool = True) -> tuple[Any, ...] | None:
         """The EVAL of ``gate.lua`` that carries out :attr:`gate` after this commit's
@@ -399,9 +406,13 @@ class Commit:
                 commands.append(template.fill(*fields))
         if self.reopened:
             commands.append(("ZREM", self.shared[4], self.workflow))
-        gate = self.gate_packed(check=False)  # the transaction's WATCH checks it
-        if gate is not None:
-            commands.append(gate)
+        if self.plain_leave:
+            assert self.gate_key is not None
+            commands.append(("SREM", self.keys.key_running(self.gate_key[0]), self.workflow))
+        else:
+            gate = self.gate_packed(check=False)  # the transaction's WATCH checks it
+            if gate is not None:
+                commands.append(gate)
         shared.add(self)
         return commands
 

@@ -286,3 +286,58 @@ def test_a_restart_with_room_is_admitted_in_its_own_commit_and_replay_agrees(
     report = audit_archive(tmp_path / "archive", KEYS, client=harness.client)
     assert report.ok, report.first_problem
     assert {w.live for w in report.workflows} == {"equal"}
+
+
+def _evals(client: redis.Redis) -> int:
+    return int(client.info("commandstats").get("cmdstat_eval", {}).get("calls", 0))
+
+
+def test_an_end_with_nobody_waiting_frees_its_place_without_a_gate_call(
+    harness: Harness,
+) -> None:
+    submit(harness, "w0", most=1)
+    harness.advance()
+    harness.work(ok)
+    harness.advance()
+    harness.work(ok)  # B's answer: applying it ends w0
+    before = _evals(harness.client)
+    harness.advance()
+    assert _states(harness.client, ["w0"]) == ["finished"]
+    assert _evals(harness.client) == before
+    assert harness.client.scard(KEYS.key_running("k")) == 0
+
+
+class Racing(Advancer):
+    """Runs ``intrude`` once, between reading its lines and committing."""
+
+    intrude: Any = None
+
+    def _watch_lines(self, commits: list[Commit], send: Any) -> None:
+        super()._watch_lines(commits, send)
+        if self.intrude is not None:
+            intrude, self.intrude = self.intrude, None
+            intrude()
+
+
+def test_a_workflow_queuing_while_an_end_commits_is_admitted_by_that_end(
+    harness: Harness,
+) -> None:
+    racing = harness.advancer = Racing(harness.client, KEYS)
+    submit(harness, "w0", most=1)
+    harness.advance()
+    harness.work(ok)
+    harness.advance()
+    harness.work(ok)  # B's answer is on the stream: applying it ends w0
+    (end,) = read_batch(harness.client)
+    submit(harness, "w1", most=1)
+    (start,) = read_batch(harness.client)
+    # Another worker queues w1 (w0 still holds the only place) after this one found the
+    # line empty: its plain end would strand w1, so its transaction must not go through.
+    other = Advancer(redis.Redis(connection_pool=harness.client.connection_pool), KEYS)
+    racing.intrude = lambda: other.apply([start])
+    result = racing.apply([end])
+    assert result.conflicts == 1 and result.committed == 1
+    assert admissions(harness.client) == [("w0", True), ("w1", False)]
+    harness.pump(ok)
+    assert _states(harness.client, ["w0", "w1"]) == ["finished", "finished"]
+    assert started(harness.client) == ["w0", "w0", "w1", "w1"]
