@@ -32,6 +32,9 @@
 -- its CONCURRENCY set and held list removed, exactly what applying the admit-workflow
 -- would write (the start records n:<key> stand as the commit wrote them). Writes
 -- KEYS[1..5] and the task streams. Returns how many were admitted.
+--
+-- (A watched transaction whose commit only leaves, with nobody in the key's line,
+-- calls no gate: it watches the line and frees the place with SREM; advance.py.)
 
 if ARGV[2] ~= '' and redis.call('HGET', KEYS[1], ARGV[1]) ~= ARGV[2] then
   return 0
