@@ -341,3 +341,35 @@ def test_a_workflow_queuing_while_an_end_commits_is_admitted_by_that_end(
     harness.pump(ok)
     assert _states(harness.client, ["w0", "w1"]) == ["finished", "finished"]
     assert started(harness.client) == ["w0", "w0", "w1", "w1"]
+
+
+def test_the_packed_gate_call_is_the_gate_command_packed() -> None:
+    import hiredis
+
+    from flowlang.machine import Machine
+    from lifecycle.engine.commit import Pending, Said
+    from lifecycle.engine.transition import Transition
+
+    graph = compile_text("{ A (- $timeout: 60 -) B } → C")
+
+    class Graphs:
+        def machine(self, digest: str) -> Machine:
+            return Machine(graph)
+
+    event = ev.parse_input(
+        "1-0",
+        ev.START_WORKFLOW,
+        {
+            "kind": ev.START_WORKFLOW, "workflow": "w", "graph": "g", "input": {"x": "%s\r\n"},
+            "salt": "s", "concurrency_key": "k", "max_running": 3,
+        },
+    )  # fmt: skip
+    commit = Transition(Graphs(), KEYS).compute(
+        Pending("w", [("1-0", ev.START_WORKFLOW, event)]), Said(), 5
+    )
+    assert commit is not None and commit.offer is not None and len(commit.offer) == 2
+    assert commit.offer_timers  # A's timeout
+    for check in (True, False):
+        command = commit.gate_command(check)
+        assert command is not None
+        assert commit.gate_packed(check) == hiredis.pack_command(command)
