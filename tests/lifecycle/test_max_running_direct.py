@@ -4,7 +4,8 @@ The gate admits it in that commit's own transaction and sends its held start-tas
 itself: no second advance. It still appends an ``admit-workflow`` (``sent`` true) that
 the lifecycle worker acknowledges with nothing to do and replay applies, so the
 receipts show the admission and replay and recover agree with what ran. Past the
-limit, a workflow waits and is admitted by a plain ``admit-workflow`` as before.
+limit, a workflow waits and is admitted by a plain ``admit-workflow`` as before. An
+end with nobody waiting frees its place with a plain SREM, the key's line watched.
 """
 
 from __future__ import annotations
