@@ -337,7 +337,10 @@ class Advancer:
             return
         line_of = self.keys.key_queue
         lines = sorted({line_of(commit.gate_key[0]) for commit in leaving if commit.gate_key})
-        replies = _raise_errors(send([("WATCH", *lines), *(("ZCARD", line) for line in lines)]))
+        # ZRANGE, not ZCARD: the lifecycle's ACL (docs/security.md) grants the one only.
+        replies = _raise_errors(
+            send([("WATCH", *lines), *(("ZRANGE", line, 0, 0) for line in lines)])
+        )
         empty = {line for line, waiting in zip(lines, replies[1:], strict=True) if not waiting}
         for commit in leaving:
             commit.plain_leave = (

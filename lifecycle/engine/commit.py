@@ -285,14 +285,9 @@ class Commit:
         keys = self._gate_keys(key)
         offer: list[Any] = [b""]
         if self.offer is not None:
-            index_of: dict[str, int] = {}
             events: list[Any] = []
             for stream, fields in _encoded(self.offer):
-                index = index_of.get(stream)
-                if index is None:
-                    keys.append(stream)
-                    index = index_of[stream] = len(keys)
-                events += (index, len(fields) // 2, *fields)
+                events += (stream, len(fields) // 2, *fields)
             offer = [
                 self.offer_admitted,
                 rec.CONCURRENCY,
@@ -326,12 +321,6 @@ class Commit:
         key, most = self.gate_key
         keys = self._gate_keys(key)
         offer = self.offer
-        index_of: dict[str, int] = {}
-        if offer is not None:
-            for stream, _, _ in offer:
-                if stream not in index_of:
-                    keys.append(stream)
-                    index_of[stream] = len(keys)
         version = self._written_version() if check else ""
         parts = [
             _pack(
@@ -348,11 +337,11 @@ class Commit:
             count += 4
             for stream, values, template in offer:
                 if template is None:
-                    parts.append(_pack(index_of[stream], len(values) // 2, *values))
+                    parts.append(_pack(stream, len(values) // 2, *values))
                     count += 2 + len(values)
                     continue
                 fields = len(template.arguments) - 3  # after XADD <stream> *
-                parts.append(_pack(index_of[stream], fields // 2))
+                parts.append(_pack(stream, fields // 2))
                 parts.append(template.fill(*values)[_xadd_head(stream, fields + 3) :])
                 count += 2 + fields
             timers = self.offer_timers
@@ -456,18 +445,12 @@ class Commit:
         return commands
 
     def script_call(self, group: str, version: str) -> tuple[list[str], list[Any]]:
-        """KEYS and ARGV of one advance.lua call: the workflow, the shared keys, then each
-        stream an event goes to."""
+        """KEYS and ARGV of one advance.lua call: the workflow and the shared keys; the
+        streams events go to are named with the events (the script's header says why)."""
         keys = [self.keys.workflow(self.workflow), *self.shared]
-        lifecycle = self.shared[0]
-        index_of: dict[str, int] = {}
         events: list[Any] = []
         for stream, fields in self.encoded_events():
-            index = 2 if stream == lifecycle else index_of.get(stream)
-            if index is None:
-                keys.append(stream)
-                index = index_of[stream] = len(keys)
-            events += (index, len(fields) // 2, *fields)
+            events += (stream, len(fields) // 2, *fields)
         return keys, [
             group,
             version,

@@ -374,3 +374,38 @@ def test_the_packed_gate_call_is_the_gate_command_packed() -> None:
         command = commit.gate_command(check)
         assert command is not None
         assert commit.gate_packed(check) == hiredis.pack_command(command)
+
+
+def test_the_lifecycle_acl_of_the_security_doc_allows_every_admission_path(
+    harness: Harness, redis_url: str
+) -> None:
+    import secrets
+    import shlex
+
+    security = Path(__file__).resolve().parents[2] / "docs" / "security.md"
+    line = next(
+        text
+        for text in security.read_text(encoding="utf-8").splitlines()
+        if text.startswith("ACL SETUSER flowstream-lifecycle reset")
+    )
+    name, password = f"test-admit-{secrets.token_hex(4)}", secrets.token_hex(8)
+    rules = [f">{password}" if rule == ">PASSWORD" else rule for rule in shlex.split(line)[3:]]
+    harness.client.execute_command("ACL", "SETUSER", name, *rules)
+    limited = redis.Redis.from_url(redis_url, username=name, password=password)
+    try:
+        ids = [submit(harness, f"w{n}", most=1) for n in range(3)]
+        harness.advancer = Advancer(limited, KEYS)
+        harness.advance()  # w0 admitted at once
+        harness.advancer = ScriptOnly(limited, KEYS)  # then the script path too
+        harness.work(ok)
+        harness.advance()
+        harness.work(ok)
+        harness.advance()  # w0 ends: its gate admits w1
+        harness.advancer = Advancer(limited, KEYS)  # the rest: watched transactions
+        harness.pump(ok)
+        assert _states(harness.client, ids) == ["finished"] * 3
+        refused = [entry for entry in harness.client.acl_log() if entry.get("username") == name]
+        assert refused == []
+    finally:
+        limited.close()
+        harness.client.execute_command("ACL", "DELUSER", name)

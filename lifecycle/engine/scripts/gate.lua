@@ -5,7 +5,6 @@
 -- KEYS[3]  the key's waiting line       ({flow}:run-queue:<key>: workflow -> order)
 -- KEYS[4]  the lifecycle stream         ({flow}:lifecycle)
 -- KEYS[5]  the timers sorted set        ({flow}:timers)
--- KEYS[6…] task streams named by the offer's start-tasks
 --
 -- ARGV[1]  the name of the version field of KEYS[1]
 -- ARGV[2]  the version the commit wrote ('' = no check: in a watched transaction, whose
@@ -21,7 +20,10 @@
 -- then the offer, for a commit that leaves the workflow queued with its start-tasks held:
 --   the workflow's CONCURRENCY value once admitted ('' = no offer: nothing follows),
 --   the CONCURRENCY field name, the held-list field name (PAUSED),
---   m, (key index, f, (field, value) × f) × m   its held start-tasks, as XADD key * fields
+--   m, (stream, f, (field, value) × f) × m      its held start-tasks, as XADD stream * fields
+--   (the task streams are named here, not in KEYS: the lifecycle's ACL grants them write
+--   only, which a key declared to EVAL does not satisfy; they carry KEYS[1]'s hash tag,
+--   so they are in its slot on a cluster)
 --   t, (score, member) × t                       their timeout timers, ZADD on KEYS[5]
 --
 -- Then, while fewer than max run and someone waits, the first in line is admitted:
@@ -52,7 +54,7 @@ local function admit_sent()
   local m = tonumber(ARGV[j]); j = j + 1
   for _ = 1, m do
     local f = tonumber(ARGV[j + 1])
-    redis.call('XADD', KEYS[tonumber(ARGV[j])], '*', unpack(ARGV, j + 2, j + 1 + 2 * f))
+    redis.call('XADD', ARGV[j], '*', unpack(ARGV, j + 2, j + 1 + 2 * f))
     j = j + 2 + 2 * f
   end
   local t = tonumber(ARGV[j]); j = j + 1
@@ -66,7 +68,7 @@ local function admit_sent()
 end
 
 -- The common case in few commands: it enters, nobody waits and there is room.
-if offered and n == 1 and redis.call('ZCARD', KEYS[3]) == 0
+if offered and n == 1 and not redis.call('ZRANGE', KEYS[3], 0, 0)[1]
     and redis.call('SCARD', KEYS[2]) < max then
   redis.call('SADD', KEYS[2], workflow)
   admit_sent()
@@ -75,7 +77,7 @@ end
 
 -- It ended while admitted (the common end), nobody waits: nothing more to do.
 if n == 1 and ARGV[8] == 'leave' and redis.call('SREM', KEYS[2], workflow) == 1
-    and redis.call('ZCARD', KEYS[3]) == 0 then
+    and not redis.call('ZRANGE', KEYS[3], 0, 0)[1] then
   return 0
 end
 
