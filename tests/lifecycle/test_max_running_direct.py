@@ -409,3 +409,19 @@ def test_the_lifecycle_acl_of_the_security_doc_allows_every_admission_path(
     finally:
         limited.close()
         harness.client.execute_command("ACL", "DELUSER", name)
+
+
+def test_a_start_and_its_termination_in_one_batch_send_nothing_and_admit_nothing(
+    harness: Harness,
+) -> None:
+    submit(harness, "w0", most=1)
+    harness.client.xadd(
+        KEYS.lifecycle,
+        {name: orjson.dumps(value) for name, value in ev.terminate_workflow("w0").items()},
+    )
+    result = harness.advancer.apply(read_batch(harness.client))
+    assert result.committed == 1
+    assert _states(harness.client, ["w0"]) == ["terminated"]
+    assert started(harness.client) == [] and admissions(harness.client) == []
+    assert harness.client.scard(KEYS.key_running("k")) == 0
+    assert harness.client.zcard(KEYS.key_queue("k")) == 0
