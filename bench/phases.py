@@ -64,6 +64,7 @@ def run(
     allocator: str = "auto",
     idle: float = 0.05,
     commands: dict[str, dict[str, list[int]]] | None = None,
+    max_running: int | None = None,
 ) -> dict[str, dict[str, float]]:
     """``idle``: how long a phase waits for more input before it counts as drained
     (longer under valgrind, where start-up alone takes longer than the default).
@@ -89,7 +90,10 @@ def run(
         receipts = ReceiptsWorker(client, sink, KEYS, trim_every=None)
         receipts._discover()  # joins its groups now, so that it sees every entry
         inputs = [{"n": i} for i in range(workflows)]
-        start_workflows(client, graph, inputs, [f"w{i}" for i in range(workflows)], KEYS)
+        keyed: dict[str, Any] = {}
+        if max_running is not None:  # every workflow under one concurrency key
+            keyed = {"concurrency_key": "bench", "max_running": max_running}
+        start_workflows(client, graph, inputs, [f"w{i}" for i in range(workflows)], KEYS, **keyed)
         settle_process()
 
         def phase(name: str, step: Any) -> int:
@@ -123,6 +127,9 @@ def run(
             "events": events[name],
             "us_per_event": round(cpu[name] / max(events[name], 1) * 1e6, 2),
             "server_us_per_event": round(server_cpu[name] / max(events[name], 1) * 1e6, 2),
+            # per workflow: what compares runs whose workflows cost different event counts
+            "us_per_workflow": round(cpu[name] / workflows * 1e6, 1),
+            "server_us_per_workflow": round(server_cpu[name] / workflows * 1e6, 1),
         }
         for name in ("lifecycle", "noop", "receipts")
     }
@@ -153,13 +160,26 @@ def main(argv: list[str] | None = None) -> int:
         help="also print each phase's Redis commands per event: calls and server µs "
         "(INFO commandstats; of the last run)",
     )
+    parser.add_argument(
+        "--max-running",
+        type=int,
+        metavar="N",
+        help="every workflow under one concurrency key with at most N running (N at least "
+        "--workflows: none waits)",
+    )
     args = parser.parse_args(argv)
     best: dict[str, dict[str, float]] = {}
     commands: dict[str, dict[str, list[int]]] | None = None
     for _ in range(args.repeat):
         commands = defaultdict(dict) if args.commands else None
         for name, figures in run(
-            args.workflows, args.shape, args.server, args.allocator, args.idle, commands
+            args.workflows,
+            args.shape,
+            args.server,
+            args.allocator,
+            args.idle,
+            commands,
+            args.max_running,
         ).items():
             kept = best.setdefault(name, figures)
             for key, value in figures.items():

@@ -21,6 +21,7 @@ from lifecycle.records import FAILED, FINISHED, PAUSED_STATE, QUEUED_STATE, RUNN
 from rqse import fastpipe
 
 __all__ = [
+    "ADMIT_SENT",
     "ADMIT_WORKFLOW",
     "CONTROLS",
     "DELETE_WORKFLOW",
@@ -66,6 +67,7 @@ __all__ = [
     "RECOVERED",
     "sent_again",
     "is_start_task",
+    "admission_sent",
 ]
 
 # Read by the lifecycle worker.
@@ -80,6 +82,10 @@ DELETE_WORKFLOW = "delete-workflow"  # remove an ended workflow's record
 # Written by the concurrency gate (engine/scripts/gate.lua) in the commit that frees a
 # place under a concurrency key: the queued workflow it names starts its tasks.
 ADMIT_WORKFLOW = "admit-workflow"
+# An admit-workflow's field, true when the gate admitted the workflow in the commit that
+# queued it and sent its held start-tasks itself, in that transaction: the lifecycle worker
+# acknowledges it with nothing left to do; replay and recover apply it as any admission.
+ADMIT_SENT = "sent"
 RETRY_TASK = "retry-task"  # a durable timer fired: start the next attempt now
 TIMEOUT_TASK = "timeout-task"  # a durable timer fired: the attempt ran out of time
 # Written by the lifecycle worker.
@@ -500,6 +506,12 @@ def end_task_template(stream: str, worker: str) -> fastpipe.Template:
         b"output", slot,
         b"worker", _dumps(worker),
     )  # fmt: skip
+
+
+def admission_sent(kind: Any, event: dict[str, Any]) -> bool:
+    """Whether a decoded lifecycle event is an admit-workflow whose start-tasks the gate
+    sent itself (:data:`ADMIT_SENT`): already applied live, applied again only by replay."""
+    return kind == ADMIT_WORKFLOW and event.get(ADMIT_SENT) is True
 
 
 def is_start_task(kind_field: bytes | None) -> bool:

@@ -173,6 +173,7 @@ class Advancer:
                     else:
                         commits.append((item, commit, said))
                 if watched:
+                    self._watch_lines([commit for _, commit, _ in commits], send)
                     # Events that change nothing are acknowledged in the same transaction
                     # (not in a round trip of their own) when it wins.
                     extra = result.duplicates + [
@@ -233,8 +234,14 @@ class Advancer:
     ) -> list[Pending]:
         by_workflow: dict[str, Pending] = {}
         parse_end_task, end_task_kind, parse_input = ev.parse_end_task, ev.END_TASK, ev.parse_input
+        admission_sent = ev.admission_sent
         for event_id, event in entries:
             kind = event.get("kind")
+            if admission_sent(kind, event):
+                # The gate carried it out in the commit that wrote it: acknowledged as one
+                # that changes nothing, with no read (replay applies it, to the same effect).
+                result.duplicates.append(event_id)
+                continue
             try:
                 if kind == end_task_kind:
                     parsed: Any = parse_end_task(event_id, event)
@@ -319,6 +326,27 @@ class Advancer:
         if wanted is None:
             item.resends = any(kind in _WHOLE_RECORD for _, kind, _ in item.events)
 
+    def _watch_lines(self, commits: list[Commit], send: fastpipe.Send) -> None:
+        """Workflows that end under a concurrency key with nobody waiting in its line free
+        their place with a plain SREM, not a gate call: the line is watched with the
+        workflows, so a workflow queuing in it meanwhile makes the EXEC fail, and the
+        next round commits through the script path, whose gate admits it. One more
+        round trip for a batch with such ends, instead of a script call for each."""
+        leaving = [commit for commit in commits if commit.only_leaves()]
+        if not leaving:
+            return
+        line_of = self.keys.key_queue
+        lines = sorted({line_of(commit.gate_key[0]) for commit in leaving if commit.gate_key})
+        # ZRANGE, not ZCARD: the lifecycle's ACL (docs/security.md) grants the one only.
+        replies = _raise_errors(
+            send([("WATCH", *lines), *(("ZRANGE", line, 0, 0) for line in lines)])
+        )
+        empty = {line for line, waiting in zip(lines, replies[1:], strict=True) if not waiting}
+        for commit in leaving:
+            commit.plain_leave = (
+                commit.gate_key is not None and line_of(commit.gate_key[0]) in empty
+            )
+
     def _commit_watched(
         self, commits: list[Commit], extra_acks: list[str], send: fastpipe.Send
     ) -> list[bool | redis.ResponseError]:
@@ -372,7 +400,7 @@ class Advancer:
         for item, commit in commits:
             keys, args = commit.script_call(group, item.version)
             call = ("EVALSHA", self.script.sha, len(keys), *keys, *args)
-            gate = commit.gate_command()
+            gate = commit.gate_packed()
             if gate is None:
                 commands.append(call)
                 continue

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
+from functools import cache
 from typing import Any
 
+import hiredis
 import orjson
 
 from flowlang.machine import State
@@ -217,7 +219,7 @@ class Commit:
     __slots__ = (
         "keys", "workflow", "shared", "acks", "fields", "events", "timers", "cancels",
         "created", "outcome", "removed", "expire_at", "stopped", "unstop", "reopened", "deleted",
-        "gate", "gate_key",
+        "gate", "gate_key", "offer", "offer_timers", "offer_admitted", "plain_leave",
     )  # fmt: skip
 
     def __init__(self, keys: Keys, workflow: str, shared: SharedKeys | None = None) -> None:
@@ -246,6 +248,16 @@ class Commit:
         # 'enter' (queued at an order) and 'leave' (ended), flat: op, order, ...
         self.gate_key: tuple[str, int] | None = None
         self.gate: list[Any] = []
+        # Queued by this commit, its start-tasks held: what the gate sends and writes if it
+        # admits the workflow in this commit's own transaction (the common case: nobody
+        # waits, there is room): the start-tasks (as in events), their timeout timers
+        # (score, member, ...) and its CONCURRENCY value once admitted. None: no offer.
+        self.offer: list[tuple[str, Any, Template | None]] | None = None
+        self.offer_timers: list[Any] = []
+        self.offer_admitted = b""
+        # It only leaves its key, whose line a watched transaction found empty and watches:
+        # a plain SREM frees its place (someone queuing meanwhile makes the EXEC fail).
+        self.plain_leave = False
 
     def enter(self, key: str, max_running: int, order: int) -> None:
         """The workflow waits in line for its concurrency key from this commit on."""
@@ -257,31 +269,101 @@ class Commit:
         self.gate_key = (key, max_running)
         self.gate += ("leave", 0)
 
-    def gate_command(self) -> tuple[Any, ...] | None:
+    def only_leaves(self) -> bool:
+        """Whether all this commit does under its concurrency key is leave it."""
+        return self.gate == ["leave", 0]
+
+    def gate_command(self, check: bool = True) -> tuple[Any, ...] | None:
         """The EVAL of ``gate.lua`` that carries out :attr:`gate` after this commit's
-        writes, in the same transaction (it checks the version the commit writes)."""
+        writes, in the same transaction. With ``check`` it does nothing unless the version
+        this commit writes stands (a script call that may lose its race); without, for a
+        watched transaction, whose EXEC runs only when the commit won."""
         if self.gate_key is None:
             return None
         key, most = self.gate_key
-        names = self.fields[::2]
-        at = len(names) - 1 - names[::-1].index(rec.VERSION) if rec.VERSION in names else -1
-        version = self.fields[2 * at + 1] if at >= 0 else ""
+        version = self._written_version() if check else ""
+        keys = self._gate_keys(key)
+        offer: list[Any] = [b""]
+        if self.offer is not None:
+            events: list[Any] = []
+            for stream, fields in _encoded(self.offer):
+                events += (stream, len(fields) // 2, *fields)
+            offer = [
+                self.offer_admitted,
+                rec.CONCURRENCY,
+                rec.PAUSED,
+                len(self.offer),
+                *events,
+                len(self.offer_timers) // 2,
+                *self.offer_timers,
+            ]
         return (
             "EVAL",
-            lua.script_source("gate", _SCRIPTS),
-            4,
-            self.keys.workflow(self.workflow),
-            self.keys.key_running(key),
-            self.keys.key_queue(key),
-            self.shared[0],
+            _gate_body(),
+            len(keys),
+            *keys,
             rec.VERSION,
             str(version),
             self.workflow,
             most,
             _ADMIT_JSON,
+            ev.ADMIT_SENT,
             len(self.gate) // 2,
             *self.gate,
+            *offer,
         )
+
+    def gate_packed(self, check: bool = True) -> bytes | None:
+        """:meth:`gate_command` packed for the wire, cheaper: the script's text packed once
+        per process, the offered start-tasks spliced from their packed templates."""
+        if self.gate_key is None:
+            return None
+        key, most = self.gate_key
+        keys = self._gate_keys(key)
+        offer = self.offer
+        version = self._written_version() if check else ""
+        parts = [
+            _pack(
+                len(keys), *keys, rec.VERSION, str(version), self.workflow, most,
+                _ADMIT_JSON, ev.ADMIT_SENT, len(self.gate) // 2, *self.gate,
+            )
+        ]  # fmt: skip
+        count = 2 + 1 + len(keys) + 7 + len(self.gate)  # EVAL, text, numkeys, keys, args
+        if offer is None:
+            parts.append(_EMPTY)
+            count += 1
+        else:
+            parts.append(_pack(self.offer_admitted, rec.CONCURRENCY, rec.PAUSED, len(offer)))
+            count += 4
+            for stream, values, template in offer:
+                if template is None:
+                    parts.append(_pack(stream, len(values) // 2, *values))
+                    count += 2 + len(values)
+                    continue
+                fields = len(template.arguments) - 3  # after XADD <stream> *
+                parts.append(_pack(stream, fields // 2))
+                parts.append(template.fill(*values)[_xadd_head(stream, fields + 3) :])
+                count += 2 + fields
+            timers = self.offer_timers
+            parts.append(_pack(len(timers) // 2, *timers))
+            count += 1 + len(timers)
+        return b"*%d\r\n%b%b" % (count, _gate_packed_text(), b"".join(parts))
+
+    def _gate_keys(self, key: str) -> list[str]:
+        return [
+            self.keys.workflow(self.workflow),
+            self.keys.key_running(key),
+            self.keys.key_queue(key),
+            self.shared[0],
+            self.shared[1],
+        ]
+
+    def _written_version(self) -> Any:
+        """The version this commit writes ('' when it writes none)."""
+        names = self.fields[::2]
+        if rec.VERSION not in names:
+            return ""
+        return self.fields[2 * (len(names) - 1 - names[::-1].index(rec.VERSION)) + 1]
 
     def set(self, name: str, value: Any) -> None:
         self.fields += (name, value)
@@ -317,8 +399,7 @@ class Commit:
 
     def encoded_events(self) -> Iterator[tuple[str, list[Any]]]:
         """(stream, [name, JSON value, ...]) of every event to append, in order."""
-        for stream, fields, template in self.events:
-            yield stream, (template.unpacked(*fields)[3:] if template else fields)
+        return _encoded(self.events)
 
     def commands(self, shared: SharedWrites | None = None) -> list[Any]:
         """The writes of :meth:`script_call` as plain commands (or packed ones), for a
@@ -353,25 +434,23 @@ class Commit:
                 commands.append(template.fill(*fields))
         if self.reopened:
             commands.append(("ZREM", self.shared[4], self.workflow))
-        gate = self.gate_command()
-        if gate is not None:
-            commands.append(gate)
+        if self.plain_leave:
+            assert self.gate_key is not None
+            commands.append(("SREM", self.keys.key_running(self.gate_key[0]), self.workflow))
+        else:
+            gate = self.gate_packed(check=False)  # the transaction's WATCH checks it
+            if gate is not None:
+                commands.append(gate)
         shared.add(self)
         return commands
 
     def script_call(self, group: str, version: str) -> tuple[list[str], list[Any]]:
-        """KEYS and ARGV of one advance.lua call: the workflow, the shared keys, then each
-        stream an event goes to."""
+        """KEYS and ARGV of one advance.lua call: the workflow and the shared keys; the
+        streams events go to are named with the events (the script's header says why)."""
         keys = [self.keys.workflow(self.workflow), *self.shared]
-        lifecycle = self.shared[0]
-        index_of: dict[str, int] = {}
         events: list[Any] = []
         for stream, fields in self.encoded_events():
-            index = 2 if stream == lifecycle else index_of.get(stream)
-            if index is None:
-                keys.append(stream)
-                index = index_of[stream] = len(keys)
-            events += (index, len(fields) // 2, *fields)
+            events += (stream, len(fields) // 2, *fields)
         return keys, [
             group,
             version,
@@ -397,3 +476,41 @@ class Commit:
             "1" if self.unstop else "",
             "1" if self.reopened else "",
         ]
+
+
+@cache
+def _gate_body() -> str:
+    """gate.lua without comments and indentation, its lines kept where they are (an error
+    names the file's line): sent with every EVAL, and hashed by Redis each time."""
+    lines = (line.strip() for line in lua.script_source("gate", _SCRIPTS).splitlines())
+    return "\n".join("" if line.startswith("--") else line for line in lines) + "\n"
+
+
+_EMPTY = b"$0\r\n\r\n"  # an empty bulk string
+
+
+def _pack(*arguments: Any) -> bytes:
+    """``arguments`` packed as bulk strings, without the command's header."""
+    packed: bytes = hiredis.pack_command(arguments)
+    return packed[packed.index(b"\n") + 1 :]
+
+
+@cache
+def _xadd_head(stream: str, arguments: int) -> int:
+    """How many bytes of a packed ``XADD stream * ...`` of ``arguments`` arguments come
+    before its fields."""
+    return len(b"*%d\r\n" % arguments) + len(_pack("XADD", stream, "*"))
+
+
+@cache
+def _gate_packed_text() -> bytes:
+    """``EVAL`` and gate.lua's text as packed in a command (RESP bulk strings)."""
+    body = _gate_body().encode()
+    return b"$4\r\nEVAL\r\n$%d\r\n%b\r\n" % (len(body), body)
+
+
+def _encoded(
+    events: list[tuple[str, Any, Template | None]],
+) -> Iterator[tuple[str, list[Any]]]:
+    for stream, fields, template in events:
+        yield stream, (template.unpacked(*fields)[3:] if template else fields)

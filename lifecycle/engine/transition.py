@@ -266,6 +266,18 @@ class Transition:
             return None
         if item.held is not None:
             commit.set(rec.PAUSED, _dumps(item.held))
+        if commit.offer is not None:
+            concurrency = item.concurrency
+            if (
+                commit.gate[-2:-1] == ["enter"]
+                and concurrency is not None
+                and concurrency.get("queued") is True
+            ):
+                commit.offer_admitted = _dumps(
+                    {"key": concurrency["key"], "max": concurrency["max"]}
+                )
+            else:  # it left the line again in this batch (terminated, failed, finished)
+                commit.offer = None
         if (
             type(state) is State
             and (len(state.running) > _CHUNK_AT or state.fanin or state.waiting)
@@ -435,6 +447,9 @@ class Transition:
         commit.set(rec.CONCURRENCY, _dumps(item.concurrency))
         item.held = []
         commit.enter(key, most, order)
+        # What the gate sends should it admit the workflow in this commit's transaction:
+        # the start-tasks held from here on, built as they are held (_carry_out).
+        commit.offer, commit.offer_timers = [], []
 
     def _admit(self, machine: Machine, state: State, item: Pending, commit: Commit) -> list[Any]:
         """Its turn under its concurrency key came: the held start-tasks go, in order."""
@@ -455,17 +470,33 @@ class Transition:
         workflow = item.workflow
         workflow_json = None
         salt = item.salt or ""
-        token, instance_id, start_prefix = ev.task_token, ev.task_instance_id, rec.START_PREFIX
+        start_prefix = rec.START_PREFIX
         held = item.held
+        offer = commit.offer
         for action in actions:
             if isinstance(action, StartTask):
                 task = self._task(item, machine, action.node)
                 key, attempt = action.key, action.attempt
                 input_json = _dumps(action.input)
-                if held is not None:  # paused: recorded, sent by the resume
+                if held is not None:  # paused or queued: recorded, sent by resume or admission
                     commit.set(start_prefix + key, b"[%d,%d,%b]" % (attempt, now, input_json))
                     held.append(key)
                     item.note_input(key, action.input)
+                    if offer is None:
+                        continue
+                    # Queued by this commit: sent by its gate if it admits the workflow at
+                    # once, exactly as an admission applied now would send it.
+                    workflow_json = workflow_json or _dumps(workflow)
+                    offer.append(
+                        (
+                            task.stream,
+                            _start_values(workflow, workflow_json, salt, key, attempt, input_json),
+                            task.start_task,
+                        )
+                    )
+                    if task.policy.timeout:
+                        member = ev.timer_member(ev.TIMEOUT_TASK, workflow, key, attempt)
+                        commit.offer_timers += (now + int(task.policy.timeout * 1000), member)
                     continue
                 if item.resends:
                     item.note_input(key, action.input)
@@ -475,14 +506,7 @@ class Transition:
                 commit.append_filled(
                     task.stream,
                     task.start_task,
-                    (
-                        workflow_json,
-                        _dumps(key),
-                        b"%d" % attempt,
-                        _dumps(instance_id(workflow, key, attempt)),
-                        _dumps(token(salt, workflow, key, attempt)),
-                        input_json,
-                    ),
+                    _start_values(workflow, workflow_json, salt, key, attempt, input_json),
                 )
                 if task.policy.timeout:
                     member = ev.timer_member(ev.TIMEOUT_TASK, workflow, key, attempt)
@@ -536,6 +560,20 @@ class Transition:
         """The retry/timeout policy of the node of instance ``key``."""
         node = int(key) if "." not in key else int(key.split(".", 1)[0])
         return self._task(item, machine, node).policy
+
+
+def _start_values(
+    workflow: str, workflow_json: bytes, salt: str, key: str, attempt: int, input_json: bytes
+) -> tuple[bytes, ...]:
+    """The slot values of a start-task's template (lifecycle.events.start_task_template)."""
+    return (
+        workflow_json,
+        _dumps(key),
+        b"%d" % attempt,
+        _dumps(ev.task_instance_id(workflow, key, attempt)),
+        _dumps(ev.task_token(salt, workflow, key, attempt)),
+        input_json,
+    )
 
 
 def _release_held(machine: Machine, state: State, item: Pending, commit: Commit) -> list[Any]:

@@ -15,6 +15,17 @@ def test_phases_prints_each_phase_and_its_commands(capsys: pytest.CaptureFixture
     assert "xadd 1.000 calls" in out  # one end-task per task
 
 
+def test_phases_under_a_concurrency_key_runs_every_task_and_counts_per_workflow(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from bench.phases import main
+
+    assert main(["--workflows", "20", "--max-running", "100"]) == 0
+    out = capsys.readouterr().out
+    noop = next(line for line in out.splitlines() if line.startswith("noop"))
+    assert "events 200 " in noop and "us_per_workflow" in noop
+
+
 def test_answers_prints_every_write_shape(capsys: pytest.CaptureFixture[str]) -> None:
     from bench.answers import SHAPES, main
 

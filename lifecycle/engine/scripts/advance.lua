@@ -7,7 +7,6 @@
 -- KEYS[5]  the outcome counters         ({flow}:outcomes)
 -- KEYS[6]  retention's schedule         ({flow}:expiring)
 -- KEYS[7]  the stop records            ({flow}:stopped: workflow id -> stopped attempts)
--- KEYS[8…] task streams named by the XADD section
 --
 -- ARGV[1]  the lifecycle consumer group
 -- ARGV[2]  the version the transition was computed from ('' = the workflow must not exist)
@@ -19,7 +18,10 @@
 --   acks    n, entry id × n                          XACK on KEYS[2]
 --   fields  n, (field, value) × n                    HSET on KEYS[1] (includes the new version)
 --   removed n, field × n                             HDEL on KEYS[1]
---   events  n, (key index, m, (field, value) × m) × n  XADD key * fields
+--   events  n, (stream, m, (field, value) × m) × n   XADD stream * fields (task streams
+--           and KEYS[2]: named here, not in KEYS, as the lifecycle's ACL grants the task
+--           streams write only, which a key declared to EVALSHA does not satisfy; all
+--           carry KEYS[1]'s hash tag, so they are in its slot on a cluster)
 --   timers  n, (score, member) × n                   ZADD on KEYS[3]
 --   cancels n, member × n                            ZREM on KEYS[3]
 -- and last: the creation time for KEYS[4], or '' when the workflow already exists;
@@ -83,9 +85,8 @@ i = sliced({'HDEL', KEYS[1]}, i, n, 1)
 
 n = tonumber(ARGV[i]); i = i + 1
 for _ = 1, n do
-  local key = KEYS[tonumber(ARGV[i])]
   local m = tonumber(ARGV[i + 1])
-  redis.call('XADD', key, '*', unpack(ARGV, i + 2, i + 1 + 2 * m))
+  redis.call('XADD', ARGV[i], '*', unpack(ARGV, i + 2, i + 1 + 2 * m))
   i = i + 2 + 2 * m
 end
 

@@ -1,0 +1,427 @@
+"""A keyed workflow under its limit starts in the commit that queues it.
+
+The gate admits it in that commit's own transaction and sends its held start-tasks
+itself: no second advance. It still appends an ``admit-workflow`` (``sent`` true) that
+the lifecycle worker acknowledges with nothing to do and replay applies, so the
+receipts show the admission and replay and recover agree with what ran. Past the
+limit, a workflow waits and is admitted by a plain ``admit-workflow`` as before. An
+end with nobody waiting frees its place with a plain SREM, the key's line watched.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import orjson
+import redis
+
+from flowlang.compiler import compile_text
+from flowlang.graph import Graph
+from flowlang.runner import TaskCall
+from lifecycle import events as ev
+from lifecycle import records as rec
+from lifecycle.audit.recover import recover
+from lifecycle.audit.report import audit_archive
+from lifecycle.engine.advance import Advancer
+from lifecycle.engine.commit import Commit
+from lifecycle.keys import TASK_GROUP, Keys
+from lifecycle.submit import graph_task_kinds, start_workflow
+from tests.lifecycle.audit_helpers import archive_all
+from tests.lifecycle.harness import Harness, decode
+
+KEYS = Keys()
+FLOW = compile_text("A → B")
+TIMED = compile_text("A (- $timeout: 3600 -) → B")
+
+
+def ok(call: TaskCall) -> Any:
+    return {"done": call.name}
+
+
+def submit(harness: Harness, workflow_id: str, most: int, graph: Graph = FLOW) -> str:
+    for kind in graph_task_kinds(graph) - harness.kinds:
+        harness._group(KEYS.tasks(kind), TASK_GROUP)
+        harness.kinds.add(kind)
+    return start_workflow(
+        harness.client, graph, None, workflow_id, KEYS, concurrency_key="k", max_running=most
+    )
+
+
+def read_batch(client: redis.Redis) -> list[tuple[str, dict[str, Any]]]:
+    reply = client.xreadgroup(KEYS.lifecycle_group, "t", {KEYS.lifecycle: ">"}, count=500)
+    return [(i.decode(), decode(f)) for _, items in reply or [] for i, f in items]
+
+
+def admissions(client: redis.Redis) -> list[tuple[str, bool]]:
+    """(workflow, sent) of every admit-workflow on the lifecycle stream, in order."""
+    return [
+        (event["workflow"], event.get(ev.ADMIT_SENT) is True)
+        for event in (decode(f) for _, f in client.xrange(KEYS.lifecycle))
+        if event["kind"] == ev.ADMIT_WORKFLOW
+    ]
+
+
+def _ms(entry_id: bytes) -> int:
+    return int(entry_id.split(b"-")[0])
+
+
+def started(client: redis.Redis) -> list[str]:
+    return [decode(f)["workflow"] for _, f in client.xrange(KEYS.tasks("default"))]
+
+
+def test_a_keyed_workflow_under_its_limit_starts_its_first_task_in_one_advance(
+    harness: Harness,
+) -> None:
+    ids = [submit(harness, f"w{n}", most=2) for n in range(2)]
+    first = harness.advancer.apply(read_batch(harness.client))
+    assert first.committed == 2
+    assert started(harness.client) == ids  # sent by the commits that queued them
+    assert admissions(harness.client) == [(w, True) for w in ids]
+    for workflow in ids:
+        record = harness.client.hgetall(KEYS.workflow(workflow))
+        assert orjson.loads(record[rec.CONCURRENCY.encode()]) == {"key": "k", "max": 2}
+        assert rec.PAUSED.encode() not in record
+        assert record[rec.VERSION.encode()] == b"1"  # one commit, no admission advance
+    # The admit-workflow events the gate wrote: acknowledged, nothing read or written.
+    version_before = harness.client.hget(KEYS.workflow("w0"), rec.VERSION)
+    second = harness.advancer.apply(batch := read_batch(harness.client))
+    assert [kind for _, event in batch for kind in [event["kind"]]] == [ev.ADMIT_WORKFLOW] * 2
+    assert second.committed == 0 and len(second.duplicates) == 2
+    assert harness.client.hget(KEYS.workflow("w0"), rec.VERSION) == version_before
+    assert harness.client.xlen(KEYS.tasks("default")) == 2  # nothing sent twice
+
+
+def test_past_its_limit_a_workflow_waits_and_a_plain_admission_starts_it(
+    harness: Harness,
+) -> None:
+    ids = [submit(harness, f"w{n}", most=1) for n in range(3)]
+    harness.advance()
+    assert started(harness.client) == ["w0"]
+    assert admissions(harness.client) == [("w0", True)]
+    harness.pump(ok)
+    # Each next one admitted by the commit that ended the one before: a plain admission,
+    # applied by an advance of its own.
+    assert admissions(harness.client) == [("w0", True), ("w1", False), ("w2", False)]
+    assert started(harness.client) == ["w0", "w0", "w1", "w1", "w2", "w2"]
+    assert harness.client.scard(KEYS.key_running("k")) == 0
+    assert _states(harness.client, ids) == ["finished"] * 3
+
+
+def _states(client: redis.Redis, ids: list[str]) -> list[str]:
+    return [orjson.loads(client.hget(KEYS.workflow(w), rec.STATE))["status"] for w in ids]
+
+
+def test_a_direct_admission_sets_its_timeout_timer_and_replay_and_recover_agree(
+    harness: Harness, tmp_path: Path
+) -> None:
+    workflow = submit(harness, "timed", most=5, graph=TIMED)
+    harness.advance()
+    ((member, due),) = harness.client.zrange(KEYS.timers, 0, -1, withscores=True)
+    timer = orjson.loads(member)
+    assert (timer["kind"], timer["workflow"], timer["attempt"]) == (ev.TIMEOUT_TASK, workflow, 1)
+    t0 = orjson.loads(harness.client.hget(KEYS.workflow(workflow), rec.start_field(timer["key"])))[
+        1
+    ]
+    assert 3_599_000 <= due - t0 <= 3_601_000  # from the start, as an unkeyed workflow's
+    archive_all(harness.client, tmp_path / "archive")
+    report = audit_archive(tmp_path / "archive", KEYS, client=harness.client)
+    assert report.ok, report.first_problem
+    assert {w.live for w in report.workflows} == {"equal"}
+    (replayed,) = report.workflows
+    assert abs(replayed.timers[member.decode()] - due) < 1000
+    # Redis loses it: recover restores it admitted, with its timer, its task not sent twice.
+    harness.client.delete(KEYS.workflow(workflow), KEYS.timers, KEYS.key_running("k"))
+    restored = recover(harness.client, tmp_path / "archive", KEYS)
+    assert restored.restored == [workflow]
+    assert harness.client.smembers(KEYS.key_running("k")) == {workflow.encode()}
+    assert harness.client.zcard(KEYS.timers) == 1
+    harness.pump(ok)
+    assert _states(harness.client, [workflow]) == ["finished"]
+
+
+def test_replay_of_direct_and_waiting_admissions_matches_the_live_records(
+    harness: Harness, tmp_path: Path
+) -> None:
+    ids = [submit(harness, f"w{n}", most=2) for n in range(5)]
+    harness.pump(ok)
+    assert sorted(admissions(harness.client)) == sorted(
+        [("w0", True), ("w1", True), ("w2", False), ("w3", False), ("w4", False)]
+    )
+    archive_all(harness.client, tmp_path / "archive")
+    report = audit_archive(tmp_path / "archive", KEYS, client=harness.client)
+    assert report.ok, report.first_problem
+    assert sorted(w.workflow for w in report.workflows) == ids
+    assert {w.live for w in report.workflows} == {"equal"}
+
+
+class ScriptOnly(Advancer):
+    """Every batch loses its watched transaction: every commit goes through advance.lua
+    with its gate in a MULTI of its own."""
+
+    def _commit_watched(
+        self, commits: list[Commit], extra_acks: list[str], send: Any
+    ) -> list[bool]:
+        send([("UNWATCH",)])
+        return [False] * len(commits)
+
+
+def test_the_script_path_also_admits_directly(harness: Harness) -> None:
+    harness.advancer = ScriptOnly(harness.client, KEYS)
+    ids = [submit(harness, f"w{n}", most=2) for n in range(3)]
+    harness.advance()
+    assert started(harness.client) == ids[:2]
+    assert admissions(harness.client) == [("w0", True), ("w1", True)]
+    harness.pump(ok)
+    assert _states(harness.client, ids) == ["finished"] * 3
+
+
+def test_a_lost_race_sends_no_start_task_and_admits_nothing(
+    redis_client: redis.Redis,
+) -> None:
+    redis_client.hset(KEYS.workflow("w1"), rec.VERSION, "2")  # another worker wrote 2
+    commit = Commit(KEYS, "w1")
+    commit.set(rec.VERSION, 3)  # what its commit would have written, had it won
+    commit.enter("k", 5, 1)
+    held = Commit(KEYS, "w1")
+    held.append(KEYS.tasks("default"), {"kind": ev.START_TASK, "workflow": "w1"})
+    commit.offer, commit.offer_admitted = held.events, orjson.dumps({"key": "k", "max": 5})
+    gate = commit.gate_command()
+    assert gate is not None
+    assert redis_client.execute_command(*gate) == 0
+    assert redis_client.xlen(KEYS.tasks("default")) == 0
+    assert redis_client.scard(KEYS.key_running("k")) == 0
+    assert redis_client.zcard(KEYS.key_queue("k")) == 0
+
+
+def test_two_lifecycle_workers_racing_never_run_more_than_the_limit(
+    redis_client: redis.Redis, pool: redis.ConnectionPool, in_threads: Any
+) -> None:
+    from lifecycle.worker import LifecycleWorker
+    from tests.conftest import wait_until
+    from workers.noop import NoopWorker
+
+    options = {"pool": pool, "handle_signals": False, "block_ms": 20}
+    in_threads(*[LifecycleWorker(batch_size=3, **options) for _ in range(2)])
+    in_threads(NoopWorker(["default"], **options))
+    most, count = 3, 40
+    ids = [
+        start_workflow(
+            redis_client, FLOW, None, f"w{n:02}", KEYS, concurrency_key="k", max_running=most
+        )
+        for n in range(count)
+    ]
+    wait_until(
+        lambda: (
+            redis_client.hlen(KEYS.outcomes) > 0
+            and int(redis_client.hget(KEYS.outcomes, rec.FINISHED) or 0) == count
+        ),
+        timeout=30,
+        what="all to finish",
+    )
+    # The lifecycle stream orders admissions and ends exactly: an end and the admission it
+    # makes room for are written in one transaction, the end first.
+    running: set[str] = set()
+    peak, admitted, ended = 0, [], []
+    for _, fields in redis_client.xrange(KEYS.lifecycle):
+        event = decode(fields)
+        if event["kind"] == ev.ADMIT_WORKFLOW:
+            assert event["workflow"] not in running
+            running.add(event["workflow"])
+            admitted.append(event["workflow"])
+        elif event["kind"] == ev.END_WORKFLOW:
+            running.discard(event["workflow"])
+            ended.append(event["workflow"])
+        peak = max(peak, len(running))
+    assert peak == most
+    assert sorted(admitted) == ids and sorted(ended) == ids  # each exactly once
+    # Every start-task was sent after its workflow's admission: none for one not admitted.
+    admitted_at = {
+        decode(f)["workflow"]: _ms(i)
+        for i, f in redis_client.xrange(KEYS.lifecycle)
+        if decode(f)["kind"] == ev.ADMIT_WORKFLOW
+    }
+    starts = [
+        (decode(f)["workflow"], _ms(i)) for i, f in redis_client.xrange(KEYS.tasks("default"))
+    ]
+    assert len(starts) == 2 * count
+    assert all(at >= admitted_at[workflow] for workflow, at in starts)
+    assert redis_client.scard(KEYS.key_running("k")) == 0
+    assert redis_client.zcard(KEYS.key_queue("k")) == 0
+
+
+def test_a_wide_first_step_is_admitted_at_once_with_every_start_task_and_timer(
+    harness: Harness,
+) -> None:
+    wide = compile_text("* B (- $timeout: 3600 -) → C")
+    for kind in graph_task_kinds(wide) - harness.kinds:
+        harness._group(KEYS.tasks(kind), TASK_GROUP)
+        harness.kinds.add(kind)
+    start_workflow(
+        harness.client, wide, list(range(4500)), "wide", KEYS, concurrency_key="k", max_running=1
+    )
+    harness.advance()
+    # More timers than one unpack() in Lua can take (about 8,000 values).
+    assert harness.client.xlen(KEYS.tasks("default")) == 4500
+    assert harness.client.zcard(KEYS.timers) == 4500
+    assert admissions(harness.client) == [("wide", True)]
+
+
+def test_a_restart_with_room_is_admitted_in_its_own_commit_and_replay_agrees(
+    harness: Harness, tmp_path: Path
+) -> None:
+    from lifecycle.client import Client
+
+    client = Client(harness.client, KEYS)
+    workflow = submit(harness, "w0", most=1)
+    harness.advance()
+    client.terminate(workflow)
+    harness.advance()
+    client.restart(workflow)
+    harness.advance()  # the restart: in line again, admitted at once, its task sent again
+    assert admissions(harness.client) == [(workflow, True), (workflow, True)]
+    assert started(harness.client) == [workflow, workflow]
+    harness.pump(ok)
+    assert _states(harness.client, [workflow]) == ["finished"]
+    archive_all(harness.client, tmp_path / "archive")
+    report = audit_archive(tmp_path / "archive", KEYS, client=harness.client)
+    assert report.ok, report.first_problem
+    assert {w.live for w in report.workflows} == {"equal"}
+
+
+def _evals(client: redis.Redis) -> int:
+    return int(client.info("commandstats").get("cmdstat_eval", {}).get("calls", 0))
+
+
+def test_an_end_with_nobody_waiting_frees_its_place_without_a_gate_call(
+    harness: Harness,
+) -> None:
+    submit(harness, "w0", most=1)
+    harness.advance()
+    harness.work(ok)
+    harness.advance()
+    harness.work(ok)  # B's answer: applying it ends w0
+    before = _evals(harness.client)
+    harness.advance()
+    assert _states(harness.client, ["w0"]) == ["finished"]
+    assert _evals(harness.client) == before
+    assert harness.client.scard(KEYS.key_running("k")) == 0
+
+
+class Racing(Advancer):
+    """Runs ``intrude`` once, between reading its lines and committing."""
+
+    intrude: Any = None
+
+    def _watch_lines(self, commits: list[Commit], send: Any) -> None:
+        super()._watch_lines(commits, send)
+        if self.intrude is not None:
+            intrude, self.intrude = self.intrude, None
+            intrude()
+
+
+def test_a_workflow_queuing_while_an_end_commits_is_admitted_by_that_end(
+    harness: Harness,
+) -> None:
+    racing = harness.advancer = Racing(harness.client, KEYS)
+    submit(harness, "w0", most=1)
+    harness.advance()
+    harness.work(ok)
+    harness.advance()
+    harness.work(ok)  # B's answer is on the stream: applying it ends w0
+    (end,) = read_batch(harness.client)
+    submit(harness, "w1", most=1)
+    (start,) = read_batch(harness.client)
+    # Another worker queues w1 (w0 still holds the only place) after this one found the
+    # line empty: its plain end would strand w1, so its transaction must not go through.
+    other = Advancer(redis.Redis(connection_pool=harness.client.connection_pool), KEYS)
+    racing.intrude = lambda: other.apply([start])
+    result = racing.apply([end])
+    assert result.conflicts == 1 and result.committed == 1
+    assert admissions(harness.client) == [("w0", True), ("w1", False)]
+    harness.pump(ok)
+    assert _states(harness.client, ["w0", "w1"]) == ["finished", "finished"]
+    assert started(harness.client) == ["w0", "w0", "w1", "w1"]
+
+
+def test_the_packed_gate_call_is_the_gate_command_packed() -> None:
+    import hiredis
+
+    from flowlang.machine import Machine
+    from lifecycle.engine.commit import Pending, Said
+    from lifecycle.engine.transition import Transition
+
+    graph = compile_text("{ A (- $timeout: 60 -) B } → C")
+
+    class Graphs:
+        def machine(self, digest: str) -> Machine:
+            return Machine(graph)
+
+    event = ev.parse_input(
+        "1-0",
+        ev.START_WORKFLOW,
+        {
+            "kind": ev.START_WORKFLOW, "workflow": "w", "graph": "g", "input": {"x": "%s\r\n"},
+            "salt": "s", "concurrency_key": "k", "max_running": 3,
+        },
+    )  # fmt: skip
+    commit = Transition(Graphs(), KEYS).compute(
+        Pending("w", [("1-0", ev.START_WORKFLOW, event)]), Said(), 5
+    )
+    assert commit is not None and commit.offer is not None and len(commit.offer) == 2
+    assert commit.offer_timers  # A's timeout
+    for check in (True, False):
+        command = commit.gate_command(check)
+        assert command is not None
+        assert commit.gate_packed(check) == hiredis.pack_command(command)
+
+
+def test_the_lifecycle_acl_of_the_security_doc_allows_every_admission_path(
+    harness: Harness, redis_url: str
+) -> None:
+    import secrets
+    import shlex
+
+    security = Path(__file__).resolve().parents[2] / "docs" / "security.md"
+    line = next(
+        text
+        for text in security.read_text(encoding="utf-8").splitlines()
+        if text.startswith("ACL SETUSER flowstream-lifecycle reset")
+    )
+    name, password = f"test-admit-{secrets.token_hex(4)}", secrets.token_hex(8)
+    rules = [f">{password}" if rule == ">PASSWORD" else rule for rule in shlex.split(line)[3:]]
+    harness.client.execute_command("ACL", "SETUSER", name, *rules)
+    limited = redis.Redis.from_url(redis_url, username=name, password=password)
+    try:
+        ids = [submit(harness, f"w{n}", most=1) for n in range(3)]
+        harness.advancer = Advancer(limited, KEYS)
+        harness.advance()  # w0 admitted at once
+        harness.advancer = ScriptOnly(limited, KEYS)  # then the script path too
+        harness.work(ok)
+        harness.advance()
+        harness.work(ok)
+        harness.advance()  # w0 ends: its gate admits w1
+        harness.advancer = Advancer(limited, KEYS)  # the rest: watched transactions
+        harness.pump(ok)
+        assert _states(harness.client, ids) == ["finished"] * 3
+        refused = [entry for entry in harness.client.acl_log() if entry.get("username") == name]
+        assert refused == []
+    finally:
+        limited.close()
+        harness.client.execute_command("ACL", "DELUSER", name)
+
+
+def test_a_start_and_its_termination_in_one_batch_send_nothing_and_admit_nothing(
+    harness: Harness,
+) -> None:
+    submit(harness, "w0", most=1)
+    harness.client.xadd(
+        KEYS.lifecycle,
+        {name: orjson.dumps(value) for name, value in ev.terminate_workflow("w0").items()},
+    )
+    result = harness.advancer.apply(read_batch(harness.client))
+    assert result.committed == 1
+    assert _states(harness.client, ["w0"]) == ["terminated"]
+    assert started(harness.client) == [] and admissions(harness.client) == []
+    assert harness.client.scard(KEYS.key_running("k")) == 0
+    assert harness.client.zcard(KEYS.key_queue("k")) == 0
