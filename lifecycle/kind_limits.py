@@ -262,7 +262,7 @@ class KindSlots:
         self.consumer = consumer
         self.lease = lease
         self.check_interval = check_interval
-        self._script = lua.load_script(client, SCRIPT, _SCRIPTS)
+        self._script = lua.load_script(self._client, SCRIPT, _SCRIPTS)
         self.renewer = _Renewer(self)
         #: For the listener's ``read_along``: the kind's limit (None: no limit).
         self.along = ("HGET", keys.kind_limits, kind)

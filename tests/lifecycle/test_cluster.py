@@ -6,13 +6,19 @@ its replica and every workflow still ends."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
 
+from flowlang.compiler import compile_text
 from flowstream.cli import main
 from lifecycle.cli import EXIT_OK
 from lifecycle.deployment import Deployment
+from lifecycle.errors import UnknownWorkflow
+from lifecycle.history import inspected
+from lifecycle.keys import Keys
+from lifecycle.kind_limits import set_kind_limit
 from rqse.cluster import Connections
 from rqse.connection import resolve_url
 from rqse.server import LocalCluster
@@ -72,6 +78,56 @@ def test_six_partitions_on_three_masters_run_the_suite_and_replay_it_equal(
     finally:
         processes.stop_all()
         deployment.close()
+
+
+def test_a_kind_limit_and_a_concurrency_key_hold_across_the_clusters_partitions(
+    redis_cluster: LocalCluster, cluster_client: redis.RedisCluster
+) -> None:
+    processes = Processes(redis_cluster.url)
+    deployment = _deployment(redis_cluster.url)
+    try:
+        _start_engine(processes, deployment.client)
+        # The limit lives under {flow}, on another master than most partitions.
+        set_kind_limit(deployment.client, deployment.home, "lim", 2)
+        timed = ("workers", "run", "tests.lifecycle.cluster_tasks:Timed", "--cluster")
+        processes.start(*timed, "--concurrency", "3")
+        graph = compile_text("<[1, 2, 3, 4]> → * lim:work")
+        ids = [f"lim-{n}" for n in range(6)]
+        for workflow in ids:
+            deployment.submit(graph, None, workflow)
+        keyed = [
+            deployment.submit(compile_text("A → B"), {"n": n}, concurrency_key="k", max_running=2)
+            for n in range(8)
+        ]
+        runs = []
+        for workflow in ids + keyed:
+            place = deployment.for_workflow(workflow)
+            output = wait_until(
+                lambda p=place, w=workflow: _output(*p, w), timeout=60, what=workflow
+            )
+            if workflow in ids:
+                runs += output
+        assert len(runs) == 24
+        moments = sorted([(r["start"], 1) for r in runs] + [(r["end"], -1) for r in runs])
+        running = most = 0
+        for _, step in moments:
+            running += step
+            most = max(most, running)
+        assert most == 2  # 18 listeners on six partitions, at most two tasks at once
+    finally:
+        processes.stop_all()
+        deployment.close()
+
+
+def _output(client: redis.Redis, keys: Keys, workflow: str) -> Any:
+    """The workflow's output once it finished (True for an empty one), else None."""
+    try:
+        data = inspected(client, keys, workflow)
+    except UnknownWorkflow:
+        return None  # not advanced yet
+    if data["state"] != "finished":
+        return None
+    return data["output"] or True
 
 
 def test_a_master_killed_mid_run_fails_over_and_every_workflow_ends() -> None:
