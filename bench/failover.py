@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import re
-import signal
 import subprocess
 import sys
 import tempfile
@@ -57,6 +56,8 @@ CHAIN10 = " → ".join(f"T{n}" for n in range(10))
 # every partition's streams.
 WARMUP_PER_PARTITION = 2
 # Redis errors while the cluster fails over (a dead master, CLUSTERDOWN, MOVED).
+# The user a replica cut off (--replica-lag) is made to log in as, turned off.
+_REPLICATION_USER = "bench-failover-replication"
 _WEATHER = (redis.ConnectionError, redis.TimeoutError, redis.ResponseError)
 
 
@@ -167,15 +168,21 @@ def _wait_ended(deployment: Deployment, target: int, stall: float) -> bool:
         time.sleep(0.1)
 
 
-def _pause(node: RedisServer) -> None:
-    """SIGSTOP ``node``: a replica that falls behind its master (as across a slow link)."""
-    assert node.process is not None
-    node.process.send_signal(signal.SIGSTOP)
-
-
-def _resume(node: RedisServer) -> None:
-    assert node.process is not None
-    node.process.send_signal(signal.SIGCONT)
+def _cut_replication(master: RedisServer, replica: RedisServer) -> None:
+    """Cut ``replica`` off ``master``'s replication stream, the cluster bus left alone:
+    a replica behind its master (a slow or broken link). The replica is made to log in
+    as a user the master then turns off, and its link is closed: it cannot come back,
+    while the master goes on accepting writes (``min-replicas-to-write`` is 0)."""
+    source = redis.Redis(port=master.port)
+    target = redis.Redis(port=replica.port)
+    try:
+        source.execute_command("ACL", "SETUSER", _REPLICATION_USER, "off")
+        target.config_set("masteruser", _REPLICATION_USER)
+        target.config_set("masterauth", "unused")
+        source.execute_command("CLIENT", "KILL", "TYPE", "replica")
+    finally:
+        source.close()
+        target.close()
 
 
 def _first_write(client: redis.Redis, keys: Keys, began: float, timeout: float = 60) -> float:
@@ -377,7 +384,7 @@ def run_once(args: argparse.Namespace, run: int, logs: Path | None) -> FailoverF
         ids = [f"w{n}" for n in range(args.workflows)]
         began = time.monotonic()
         if args.replica_lag and not args.kill_at:
-            _pause(replica)
+            _cut_replication(victim, replica)
         acks = _submit(deployment, ids, args.wait_replicas)
         figures.replica_acks = [acks[i] for i in sorted(acks)]
         target = len(warm) + round(args.kill_at * args.workflows)
@@ -385,13 +392,11 @@ def run_once(args: argparse.Namespace, run: int, logs: Path | None) -> FailoverF
             time.sleep(0.01)
         if args.replica_lag:
             if args.kill_at:
-                _pause(replica)
+                _cut_replication(victim, replica)
             time.sleep(args.replica_lag)
         figures.ended_at_kill = (_ended(deployment) or 0) - len(warm)
         cluster.kill(victim)
         killed = time.monotonic()
-        if args.replica_lag:
-            _resume(replica)
         figures.failover_s = _first_write(deployment.client_for(victim_keys), victim_keys, killed)
         _wait_ended(deployment, len(warm) + args.workflows, args.stall)
         figures.wall_s = round(time.monotonic() - began, 2)
@@ -470,7 +475,7 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         default=0.0,
         metavar="S",
-        help="SIGSTOP the victim's replica S seconds before the kill (0: never)",
+        help="cut the victim's replica off its master S seconds before the kill (0: never)",
     )
     parser.add_argument("--runs", type=int, default=1, help="runs, each on a new cluster")
     parser.add_argument("--claim-idle", type=float, default=2.0, help="workers' --claim-idle")
