@@ -44,7 +44,7 @@ from lifecycle.audit.archive import ArchivedEvent, iter_archive
 from lifecycle.deployment import Deployment
 from lifecycle.keys import RECEIPTS_GROUP, Keys
 from lifecycle.partitions import Partitions
-from lifecycle.submit import start_workflows
+from lifecycle.submit import start_workflow_once, start_workflows
 from rqse.cluster import Connections
 from rqse.connection import resolve_url
 from rqse.server import LocalCluster, RedisServer
@@ -79,6 +79,8 @@ class FailoverFigures:
     stuck_by_partition: dict[str, int] = field(default_factory=dict)
     lost: int = 0
     lost_by_partition: dict[str, int] = field(default_factory=dict)
+    resubmitted: int = 0  # submitted again by id (start_workflow_once) when WAIT said 0
+    started_again: int = 0  # of those, the ids the failover had lost
     unapplied: int = 0  # no record, but the start-workflow is still in the stream
     task_runs: int = 0
     runs_twice: int = 0  # task attempts run more than once (run logs)
@@ -140,6 +142,21 @@ def _submit(deployment: Deployment, ids: list[str], wait_replicas: bool) -> dict
         if wait_replicas:
             acks[index] = int(client.wait(1, 1000))
     return acks
+
+
+def _resubmit(deployment: Deployment, ids: list[str], partitions: list[int]) -> tuple[int, int]:
+    """Submit again, each only if its id is unknown, the workflows of ``partitions``;
+    (how many were submitted again, how many of those started)."""
+    graph = compile_text(CHAIN10)
+    by_partition = _partition_ids(deployment.partitions, ids)
+    sent = started = 0
+    for index in partitions:
+        keys = deployment.partitions.keys(index)
+        client = deployment.client_for(keys)
+        for n, workflow in enumerate(by_partition.get(index, [])):
+            sent += 1
+            started += start_workflow_once(client, graph, {"n": n}, workflow, keys)
+    return sent, started
 
 
 def _ended(deployment: Deployment) -> int | None:
@@ -398,6 +415,10 @@ def run_once(args: argparse.Namespace, run: int, logs: Path | None) -> FailoverF
         cluster.kill(victim)
         killed = time.monotonic()
         figures.failover_s = _first_write(deployment.client_for(victim_keys), victim_keys, killed)
+        # A submitter that needs durability resubmits, by id, what no replica
+        # acknowledged: only the ids the failover lost start (start_workflow_once).
+        unsure = [i for i, acked in acks.items() if acked < 1]
+        figures.resubmitted, figures.started_again = _resubmit(deployment, ids, unsure)
         _wait_ended(deployment, len(warm) + args.workflows, args.stall)
         figures.wall_s = round(time.monotonic() - began, 2)
         finished, stuck, lost, unapplied, _ = _census(deployment, ids)
@@ -437,7 +458,12 @@ def _print(row: FailoverFigures) -> None:
         + f"; WAIT acks {row.replica_acks}; failover {row.failover_s} s; "
         f"{row.finished} finished, {row.stuck} stuck {row.stuck_by_partition or ''}, "
         f"{row.lost} lost {row.lost_by_partition or ''} ({row.unapplied} not yet applied); "
-        f"{row.task_runs} task runs, {row.runs_twice} attempts run twice "
+        + (
+            f"{row.resubmitted} resubmitted by id, {row.started_again} of them started; "
+            if row.resubmitted
+            else ""
+        )
+        + f"{row.task_runs} task runs, {row.runs_twice} attempts run twice "
         f"(archive: {row.archived_end_twice} end-tasks, {row.archived_start_twice} start-tasks "
         f"twice); all ended in {row.wall_s} s"
     )
