@@ -332,11 +332,16 @@ class _Engine:
             self.procs.append(spawn(self.url, *command, log=self._log(f"lc{n}")))
             if n == 0:
                 self._wait_count(deployment)
-        runs = ("--runs", str(self.work / "runs"), "--cluster", "--claim-idle", claim)
+        runs = ("--runs", str(self.runs), "--cluster", "--claim-idle", claim)
         self.procs.append(spawn(self.url, "bench.counting_worker", *runs, log=self._log("w0")))
         if receipts:
             command = ("lifecycle", "receipts", "--cluster", "--archive", str(self.archive))
             self.procs.append(spawn(self.url, *command, log=self._log("receipts")))
+
+    @property
+    def runs(self) -> Path:
+        """The task runs' logs: kept in the logs directory when there is one."""
+        return self.logs / "runs" if self.logs else self.work / "runs"
 
     @property
     def archive(self) -> Path:
@@ -428,7 +433,7 @@ def run_once(args: argparse.Namespace, run: int, logs: Path | None) -> FailoverF
 
         time.sleep(2)  # the receipts worker archives the last events
         engine.stop()
-        runs = Counter(read_runs(work / "runs"))
+        runs = Counter(read_runs(engine.runs))
         figures.task_runs = sum(runs.values())
         figures.runs_twice = sum(n > 1 for n in runs.values())
         figures.archived_end_twice, figures.archived_start_twice = _archive_twice(
@@ -440,10 +445,14 @@ def run_once(args: argparse.Namespace, run: int, logs: Path | None) -> FailoverF
             engine.start(deployment, receipts=False)
             _wait_ended(deployment, len(warm) + args.workflows, args.stall)
             finished, stuck, lost, _, _ = _census(deployment, ids)
+            engine.stop()
+            runs = Counter(read_runs(engine.runs))
             recovered["after"] = {
                 "finished": finished,
                 "stuck": sum(stuck.values()),
                 "lost": sum(lost.values()),
+                "task_runs": sum(runs.values()),
+                "runs_twice": sum(n > 1 for n in runs.values()),
             }
         figures.recover = recovered
     return figures
