@@ -311,8 +311,8 @@ def _recover(url: str, archive: Path, log: Path | None) -> dict[str, Any]:
 class _Engine:
     """The worker processes of one run, started and stopped together."""
 
-    def __init__(self, url: str, args: argparse.Namespace, work: Path, logs: Path | None):
-        self.url, self.args, self.work, self.logs = url, args, work, logs
+    def __init__(self, url: str, args: argparse.Namespace, work: Path, logs: Path | None, run: int):
+        self.url, self.args, self.work, self.logs, self.run = url, args, work, logs, run
         self.procs: list[subprocess.Popen[bytes]] = []
 
     def _log(self, name: str) -> Path | None:
@@ -341,11 +341,12 @@ class _Engine:
     @property
     def runs(self) -> Path:
         """The task runs' logs: kept in the logs directory when there is one."""
-        return self.logs / "runs" if self.logs else self.work / "runs"
+        return self.logs / f"runs{self.run}" if self.logs else self.work / "runs"
 
     @property
     def archive(self) -> Path:
-        return self.work / "archive"
+        """The receipts archive: kept in the logs directory when there is one."""
+        return self.logs / f"archive{self.run}" if self.logs else self.work / "archive"
 
     def _wait_count(self, deployment: Deployment) -> None:
         """The first lifecycle worker stores the count the others check."""
@@ -383,7 +384,7 @@ def run_once(args: argparse.Namespace, run: int, logs: Path | None) -> FailoverF
         # Every process (those started after the kill too) reaches the cluster through
         # a node that survives.
         url = f"redis://127.0.0.1:{cluster.nodes[1].port}"
-        engine = _Engine(url, args, work, logs)
+        engine = _Engine(url, args, work, logs, run)
         stack.callback(engine.stop)
         engine.start(deployment)
         partitions = deployment.partitions
@@ -405,7 +406,10 @@ def run_once(args: argparse.Namespace, run: int, logs: Path | None) -> FailoverF
         replica = cluster.replicas_of(0)[0]
         ids = [f"w{n}" for n in range(args.workflows)]
         began = time.monotonic()
-        if args.replica_lag and not args.kill_at:
+        # With --kill-at 0 the replica is cut off before the submissions (they are the
+        # tail it misses), or with --cut-after-submit after them (the first advances are).
+        cut_first = args.replica_lag and not args.kill_at and not args.cut_after_submit
+        if cut_first:
             _cut_replication(victim, replica)
         acks = _submit(deployment, ids, args.wait_replicas)
         figures.replica_acks = [acks[i] for i in sorted(acks)]
@@ -413,7 +417,7 @@ def run_once(args: argparse.Namespace, run: int, logs: Path | None) -> FailoverF
         while args.kill_at > 0 and (_ended(deployment) or 0) < target:
             time.sleep(0.01)
         if args.replica_lag:
-            if args.kill_at:
+            if not cut_first:
                 _cut_replication(victim, replica)
             time.sleep(args.replica_lag)
         figures.ended_at_kill = (_ended(deployment) or 0) - len(warm)
@@ -511,6 +515,11 @@ def build_parser() -> argparse.ArgumentParser:
         default=0.0,
         metavar="S",
         help="cut the victim's replica off its master S seconds before the kill (0: never)",
+    )
+    parser.add_argument(
+        "--cut-after-submit",
+        action="store_true",
+        help="with --kill-at 0: cut the replica off after the submissions, not before",
     )
     parser.add_argument("--runs", type=int, default=1, help="runs, each on a new cluster")
     parser.add_argument("--claim-idle", type=float, default=2.0, help="workers' --claim-idle")
