@@ -443,6 +443,8 @@ def run_once(args: argparse.Namespace, run: int, logs: Path | None) -> FailoverF
         figures.archived_end_twice, figures.archived_start_twice = _archive_twice(
             engine.archive, partitions
         )
+        if args.no_audit:
+            return figures
         figures.replay = _replay(url, engine.archive, logs and logs / f"replay{run}.txt")
         recovered = _recover(url, engine.archive, logs and logs / f"recover{run}.txt")
         if recovered["restored"] or figures.stuck or figures.lost:
@@ -481,6 +483,8 @@ def _print(row: FailoverFigures) -> None:
         f"twice); all ended in {row.wall_s} s"
     )
     replay = row.replay
+    if not replay:
+        return
     print(
         f"  replay: {replay.get('workflows')} replayed, {replay.get('diverged')} diverged, "
         f"{replay.get('lost_in_redis')} lost in Redis; live {replay.get('live')}"
@@ -520,6 +524,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--cut-after-submit",
         action="store_true",
         help="with --kill-at 0: cut the replica off after the submissions, not before",
+    )
+    parser.add_argument(
+        "--no-audit", action="store_true", help="without running replay and recover after"
     )
     parser.add_argument("--runs", type=int, default=1, help="runs, each on a new cluster")
     parser.add_argument("--claim-idle", type=float, default=2.0, help="workers' --claim-idle")
