@@ -32,7 +32,7 @@ from collections import Counter
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import orjson
 import redis
@@ -45,7 +45,7 @@ from lifecycle.deployment import Deployment
 from lifecycle.keys import RECEIPTS_GROUP, Keys
 from lifecycle.partitions import Partitions
 from lifecycle.submit import start_workflow_once, start_workflows
-from rqse.cluster import Connections
+from rqse.cluster import Connections, SlotPool
 from rqse.connection import resolve_url
 from rqse.server import LocalCluster, RedisServer
 
@@ -107,6 +107,13 @@ def _wait_archiving(deployment: Deployment, archive: Path, timeout: float = 30) 
             if time.monotonic() > deadline:
                 raise RuntimeError(f"the receipts worker did not start in {timeout:g} s")
             time.sleep(0.1)
+
+
+def _master_of(connections: Connections, keys: Keys) -> tuple[str, int]:
+    """(host, port) of the master holding a partition now."""
+    pool = connections.pool_for(keys.prefix)
+    assert isinstance(pool, SlotPool), "bench.failover runs on a Redis Cluster"
+    return pool.address
 
 
 def _partition_ids(partitions: Partitions, ids: list[str]) -> dict[int, list[str]]:
@@ -234,9 +241,10 @@ def _census(
                 finished += 1
         if not missing:
             continue
+        entries = client.xrange(keys.lifecycle)
         waiting = {
             orjson.loads(fields[b"workflow"])
-            for _, fields in client.xrange(keys.lifecycle)
+            for _, fields in cast(list[tuple[bytes, dict[bytes, bytes]]], entries)
             if fields.get(b"kind") == b'"start-workflow"' and b"workflow" in fields
         }
         for workflow in missing:
@@ -321,7 +329,7 @@ class _Engine:
     def start(self, deployment: Deployment, receipts: bool = True) -> None:
         claim = str(self.args.claim_idle)
         for n in range(2):
-            command = (
+            command: tuple[str, ...] = (
                 "lifecycle",
                 "worker",
                 "--cluster",
@@ -396,12 +404,10 @@ def run_once(args: argparse.Namespace, run: int, logs: Path | None) -> FailoverF
             raise RuntimeError("the warm-up workflows did not end: the engine is not up")
 
         victim_keys = partitions.keys(0)
-        address = connections.pool_for(victim_keys.prefix).address
+        address = _master_of(connections, victim_keys)
         assert address[1] == victim.port, f"partition 0 is on {address}, not on nodes[0]"
         figures.killed_partitions = [
-            i
-            for i, keys in enumerate(partitions.all)
-            if connections.pool_for(keys.prefix).address == address
+            i for i, keys in enumerate(partitions.all) if _master_of(connections, keys) == address
         ]
         replica = cluster.replicas_of(0)[0]
         ids = [f"w{n}" for n in range(args.workflows)]
@@ -464,6 +470,13 @@ def run_once(args: argparse.Namespace, run: int, logs: Path | None) -> FailoverF
     return figures
 
 
+def _by(partitions: dict[str, int]) -> str:
+    """`` (partition 0: 3, ...)`` when any; nothing when none."""
+    if not partitions:
+        return ""
+    return " (" + ", ".join(f"partition {i}: {n}" for i, n in sorted(partitions.items())) + ")"
+
+
 def _print(row: FailoverFigures) -> None:
     wait = "WAIT" if row.wait_replicas else "no WAIT"
     print(
@@ -471,8 +484,8 @@ def _print(row: FailoverFigures) -> None:
         f"{row.killed_partitions} at {row.ended_at_kill} ended"
         + (f" (its replica {row.replica_lag:g} s behind)" if row.replica_lag else "")
         + f"; WAIT acks {row.replica_acks}; failover {row.failover_s} s; "
-        f"{row.finished} finished, {row.stuck} stuck {row.stuck_by_partition or ''}, "
-        f"{row.lost} lost {row.lost_by_partition or ''} ({row.unapplied} not yet applied); "
+        f"{row.finished} finished, {row.stuck} stuck{_by(row.stuck_by_partition)}, "
+        f"{row.lost} lost{_by(row.lost_by_partition)} ({row.unapplied} not yet applied); "
         + (
             f"{row.resubmitted} resubmitted by id, {row.started_again} of them started; "
             if row.resubmitted
