@@ -69,6 +69,7 @@ from rqse.fastpipe import execute
 from rqse.keys import DEAD_LETTER_SUFFIX, dead_letter_key
 from rqse.shutdown import SignalHandlers
 from rqse.trim import trim_acknowledged
+from rqse.weather import describe, is_weather
 
 __all__ = ["ReceiptsStats", "ReceiptsWorker"]
 
@@ -211,12 +212,15 @@ class ReceiptsWorker:
                     self.streams = []
                     self._stopping.wait(1.0)
                     next_rescan = 0.0
-                except Exception:  # noqa: BLE001 - logged; the loop is the last line
+                except Exception as error:  # noqa: BLE001 - logged; the loop is the last line
                     # Whatever went wrong, nothing unflushed was acknowledged: rejoin the
                     # streams (positions from the archive) and try again, backing off.
                     delay = backoff.next_delay()
-                    self.stats.errors += 1
-                    log.exception("receipts: unexpected error; retrying in %.1fs", delay)
+                    if is_weather(error):  # a cluster failing over (CLUSTERDOWN), OOM, ...
+                        log.warning("receipts: %s; retrying in %.1fs", describe(error), delay)
+                    else:
+                        self.stats.errors += 1
+                        log.exception("receipts: unexpected error; retrying in %.1fs", delay)
                     self._discard()
                     self.streams = []
                     self._stopping.wait(delay)

@@ -61,6 +61,12 @@ DELETED = "deleted"  # its last archived event is a delete-workflow
 REMOVED = "removed after it ended"  # it had ended: retention (or Redis) removed its record
 
 _START_FIELDS = ("name", "index", "key", "attempt", "token", "role", "input", "parameters")
+_END_FIELDS = ("kind", "output", "reason")
+
+
+def _same(first: dict[str, Any], second: dict[str, Any], names: tuple[str, ...]) -> bool:
+    """Whether two archived events say the same in ``names``."""
+    return all(first.get(name) == second.get(name) for name in names)
 
 
 class ArchiveGraphs:
@@ -147,11 +153,19 @@ def replay_workflow(item: WorkflowReplay, graphs: ArchiveGraphs, keys: Keys) -> 
     ends: list[Entry] = []
     for entry in item.emitted:
         if entry[2].get("kind") == ev.START_TASK:
-            if entry[2].get(ev.RECOVERED) and entry[2].get("id") in starts:
+            first = starts.get(str(entry[2].get("id")))
+            if entry[2].get(ev.RECOVERED) and first is not None:
                 continue  # sent again by recover: checked as the original
-            if entry[2].get("id") in starts:
+            if first is not None and _same(first[2], entry[2], _START_FIELDS):
+                # Sent again, the same: Redis lost the first (a failover to a replica
+                # behind its master, a lost AOF tail) after it was archived, and the
+                # engine redid the advance that sent it.
+                continue
+            if first is not None:
                 item.diverge(entry[1], entry[0], f"start-task {entry[2]['id']} archived twice")
             starts[str(entry[2].get("id"))] = entry
+        elif any(_same(end[2], entry[2], _END_FIELDS) for end in ends):
+            continue  # an end redone after Redis lost the first, as above
         else:
             ends.append(entry)
     matched: set[str] = set()
