@@ -94,6 +94,12 @@ class Transition:
         self._shared = shared_keys(self.keys)
         # (graph hash, priority) -> per node
         self._tasks: dict[tuple[str, int], list[_TaskFacts | None]] = {}
+        # (workflow, key, attempt) -> (salt, token) of start-tasks sent: its end-task is
+        # checked against the token derived then, not derived a second time. Equal to what
+        # deriving gives, so only a cost saved: a miss derives it. Two generations: a token
+        # is kept for at least _TOKENS_KEPT more starts, one never answered goes after two.
+        self._tokens: dict[tuple[str, str, int], tuple[str, str]] = {}
+        self._older_tokens: dict[tuple[str, str, int], tuple[str, str]] = {}
 
     def compute(self, item: Pending, result: BatchResult | Said, now: int) -> Commit | None:
         """Apply ``item.events`` to ``item.state``; return what to commit, or None when
@@ -490,7 +496,14 @@ class Transition:
                     offer.append(
                         (
                             task.stream,
-                            _start_values(workflow, workflow_json, salt, key, attempt, input_json),
+                            _start_values(
+                                workflow,
+                                workflow_json,
+                                self._token(salt, workflow, key, attempt),
+                                key,
+                                attempt,
+                                input_json,
+                            ),
                             task.start_task,
                         )
                     )
@@ -506,7 +519,14 @@ class Transition:
                 commit.append_filled(
                     task.stream,
                     task.start_task,
-                    _start_values(workflow, workflow_json, salt, key, attempt, input_json),
+                    _start_values(
+                        workflow,
+                        workflow_json,
+                        self._token(salt, workflow, key, attempt),
+                        key,
+                        attempt,
+                        input_json,
+                    ),
                 )
                 if task.policy.timeout:
                     member = ev.timer_member(ev.TIMEOUT_TASK, workflow, key, attempt)
@@ -552,9 +572,24 @@ class Transition:
     def _answers(self, item: Pending, event: Any, attempt: int) -> bool:
         """Whether an end-task carries the token of ``attempt``'s start-task (workflows
         started before tokens existed have no salt: every answer is taken)."""
-        if item.salt is None or (event.token is None and self.untokened_answers):
+        salt = item.salt
+        if salt is None or (event.token is None and self.untokened_answers):
             return True
-        return bool(event.token == ev.task_token(item.salt, item.workflow, event.key, attempt))
+        attempt_of = (item.workflow, event.key, attempt)
+        sent = self._tokens.pop(attempt_of, None) or self._older_tokens.pop(attempt_of, None)
+        if sent is not None and sent[0] == salt:
+            return bool(event.token == sent[1])
+        return bool(event.token == ev.task_token(salt, item.workflow, event.key, attempt))
+
+    def _token(self, salt: str, workflow: str, key: str, attempt: int) -> str:
+        """The token of a start-task sent now, kept for its end-task's check."""
+        token = ev.task_token(salt, workflow, key, attempt)
+        tokens = self._tokens
+        if len(tokens) >= _TOKENS_KEPT:
+            self._older_tokens, self._tokens = tokens, {}
+            tokens = self._tokens
+        tokens[workflow, key, attempt] = (salt, token)
+        return token
 
     def _policy(self, item: Pending, machine: Machine, key: str) -> Policy:
         """The retry/timeout policy of the node of instance ``key``."""
@@ -563,7 +598,7 @@ class Transition:
 
 
 def _start_values(
-    workflow: str, workflow_json: bytes, salt: str, key: str, attempt: int, input_json: bytes
+    workflow: str, workflow_json: bytes, token: str, key: str, attempt: int, input_json: bytes
 ) -> tuple[bytes, ...]:
     """The slot values of a start-task's template (lifecycle.events.start_task_template)."""
     return (
@@ -571,7 +606,7 @@ def _start_values(
         _dumps(key),
         b"%d" % attempt,
         _dumps(ev.task_instance_id(workflow, key, attempt)),
-        _dumps(ev.task_token(salt, workflow, key, attempt)),
+        _dumps(token),
         input_json,
     )
 
@@ -599,6 +634,9 @@ def _order(event_id: str) -> int:
         return 0
 
 
+# Tokens of start-tasks kept per generation for their end-tasks' checks (two generations:
+# at most about 20 MB)
+_TOKENS_KEPT = 1 << 15
 _CHUNK_AT = 64  # entries of one table (or one iteration's items) past which it is chunked
 
 
