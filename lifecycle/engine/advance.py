@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
+from itertools import repeat
 from typing import Any
 
 import orjson
@@ -93,18 +94,23 @@ class _LoadedGraphs:
     def __init__(self, cache: GraphCache) -> None:
         self.cache = cache
         self.errors: dict[str, Exception] = {}
+        self.machines: dict[str, Machine] = {}  # those loaded for the batch: one lookup each
 
     def load(self, digests: set[str]) -> None:
         self.errors.clear()
+        self.machines = {}
         for digest in digests:
             try:
-                self.cache.machine(digest)
+                self.machines[digest] = self.cache.machine(digest)
             except redis.RedisError:
                 raise
             except Exception as error:  # noqa: BLE001 - the workflows using it fail with it
                 self.errors[digest] = error
 
     def machine(self, digest: str) -> Machine:
+        found = self.machines.get(digest)
+        if found is not None:
+            return found
         if self.errors:
             error = self.errors.get(digest)
             if error is not None:
@@ -387,7 +393,7 @@ class Advancer:
         if replies is None:
             return [False] * len(commits)
         outcome: list[bool | redis.ResponseError] = [True] * len(commits)
-        if not any(isinstance(reply, BaseException) for reply in replies):
+        if not any(map(isinstance, replies, repeat(BaseException))):
             return outcome
         owners = [n for n, size in enumerate(sizes) for _ in range(size)]
         for n, reply in enumerate(replies):
