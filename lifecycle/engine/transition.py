@@ -299,8 +299,12 @@ class Transition:
         if commit.removed:  # a field removed then set again in this batch (resume, pause) stays
             written = set(commit.fields[::2])
             commit.removed = [name for name in commit.removed if name not in written]
-        commit.set(rec.STATE, _dumps(state.to_dict()))
-        commit.set(rec.VERSION, int(item.version or 0) + 1)
+        commit.fields += (
+            rec.STATE,
+            _dumps(state.to_dict()),
+            rec.VERSION,
+            int(item.version or 0) + 1,
+        )
         return commit
 
     def _apply(
@@ -345,7 +349,8 @@ class Transition:
                 )
             )
             return None
-        policy = self._policy(item, machine, key)
+        # the node's retry/timeout policy (inline: once per event)
+        policy = self._task(item, machine, int(key.partition(".")[0])).policy
         if kind == ev.RETRY_TASK:
             return [machine.task_action(key, attempt, item.inputs.get(key))]
         if policy.timeout:
@@ -367,7 +372,7 @@ class Transition:
                 raise LifecycleError(
                     f"task {key}: output nests deeper than {self.limits.depth} levels"
                 )
-            commit.set(rec.end_field(key), record)
+            commit.fields += (_END_PREFIX + key, record)
             return machine.task_ended(state, key, attempt, output)
         if end_task:
             reason, worker = event.error or "failed", event.worker
@@ -515,18 +520,21 @@ class Transition:
                     item.note_input(key, action.input)
                 workflow_json = workflow_json or _dumps(workflow)
                 # n:<key> = [attempt, started ms, input], spliced: the input is encoded once
-                commit.set(start_prefix + key, b"[%d,%d,%b]" % (attempt, now, input_json))
-                commit.append_filled(
-                    task.stream,
-                    task.start_task,
-                    _start_values(
-                        workflow,
-                        workflow_json,
-                        self._token(salt, workflow, key, attempt),
-                        key,
-                        attempt,
-                        input_json,
-                    ),
+                commit.fields += (start_prefix + key, b"[%d,%d,%b]" % (attempt, now, input_json))
+                # (Commit.append_filled, inline: once per task)
+                commit.events.append(
+                    (
+                        task.stream,
+                        _start_values(
+                            workflow,
+                            workflow_json,
+                            self._token(salt, workflow, key, attempt),
+                            key,
+                            attempt,
+                            input_json,
+                        ),
+                        task.start_task,
+                    )
                 )
                 if task.policy.timeout:
                     member = ev.timer_member(ev.TIMEOUT_TASK, workflow, key, attempt)
@@ -591,11 +599,6 @@ class Transition:
         tokens[workflow, key, attempt] = (salt, token)
         return token
 
-    def _policy(self, item: Pending, machine: Machine, key: str) -> Policy:
-        """The retry/timeout policy of the node of instance ``key``."""
-        node = int(key) if "." not in key else int(key.split(".", 1)[0])
-        return self._task(item, machine, node).policy
-
 
 def _start_values(
     workflow: str, workflow_json: bytes, token: str, key: str, attempt: int, input_json: bytes
@@ -637,6 +640,7 @@ def _order(event_id: str) -> int:
 # Tokens of start-tasks kept per generation for their end-tasks' checks (two generations:
 # at most about 20 MB)
 _TOKENS_KEPT = 1 << 15
+_END_PREFIX = rec.END_PREFIX
 _CHUNK_AT = 64  # entries of one table (or one iteration's items) past which it is chunked
 
 
