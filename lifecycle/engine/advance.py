@@ -241,10 +241,10 @@ class Advancer:
     ) -> list[Pending]:
         by_workflow: dict[str, Pending] = {}
         parse_end_task, end_task_kind, parse_input = ev.parse_end_task, ev.END_TASK, ev.parse_input
-        admission_sent = ev.admission_sent
+        admission_sent, admit = ev.admission_sent, ev.ADMIT_WORKFLOW
         for event_id, event in entries:
             kind = event.get("kind")
-            if admission_sent(kind, event):
+            if kind == admit and admission_sent(kind, event):  # (no call for the others)
                 # The gate carried it out in the commit that wrote it: acknowledged as one
                 # that changes nothing, with no read (replay applies it, to the same effect).
                 result.duplicates.append(event_id)
