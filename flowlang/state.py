@@ -122,16 +122,21 @@ class State:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> State:
-        return cls(
-            status=data.get("status", RUNNING),
-            waiting=data.get("waiting", {}),
-            running=data.get("running", {}),
-            fanin=data.get("fanin", {}),
-            attempts=data.get("attempts", {}),
-            output=data.get("output"),
-            error=data.get("error"),
-            started=data.get("started", 0),
-            stopped=data.get("stopped", {}),
+        get = data.get
+        if len(data) == 2 and "running" in data and "status" in data:
+            # A workflow with tasks running and nothing else (a chain's every state): its
+            # empty tables are made here, not looked up (decoded once per event).
+            return cls(data["status"], {}, data["running"], {}, {}, None, None, 0, {})
+        return cls(  # positional, in field order: cheaper than by name
+            get("status", RUNNING),
+            get("waiting", {}),
+            get("running", {}),
+            get("fanin", {}),
+            get("attempts", {}),
+            get("output"),
+            get("error"),
+            get("started", 0),
+            get("stopped", {}),
         )
 
     def to_whole_dict(self) -> dict[str, Any]:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
+from itertools import repeat
 from typing import Any
 
 import orjson
@@ -32,7 +33,7 @@ from lifecycle.engine.store import GraphCache
 from lifecycle.engine.transition import Transition
 from lifecycle.errors import BadEvent, LifecycleError
 from lifecycle.keys import Keys
-from lifecycle.stored_state import entry_field, is_chunked, partial_state
+from lifecycle.stored_state import CHUNKED, entry_field, partial_state
 from rqse import fastpipe, lua
 from rqse.weather import is_weather
 
@@ -50,6 +51,7 @@ _LOADED = (rec.VERSION, rec.STATE, rec.GRAPH, rec.SALT, rec.PAUSED, rec.PRIORITY
 # Events that send start-tasks again (or held ones), with the inputs recorded: the whole
 # record is read.
 _WHOLE_RECORD = frozenset({ev.RESUME_WORKFLOW, ev.RESTART_WORKFLOW, ev.ADMIT_WORKFLOW})
+_LOADED_COUNT = len(_LOADED)
 _LOAD = fastpipe.Template("HMGET", fastpipe.SLOT, *_LOADED)
 
 
@@ -92,18 +94,23 @@ class _LoadedGraphs:
     def __init__(self, cache: GraphCache) -> None:
         self.cache = cache
         self.errors: dict[str, Exception] = {}
+        self.machines: dict[str, Machine] = {}  # those loaded for the batch: one lookup each
 
     def load(self, digests: set[str]) -> None:
         self.errors.clear()
+        self.machines = {}
         for digest in digests:
             try:
-                self.cache.machine(digest)
+                self.machines[digest] = self.cache.machine(digest)
             except redis.RedisError:
                 raise
             except Exception as error:  # noqa: BLE001 - the workflows using it fail with it
                 self.errors[digest] = error
 
     def machine(self, digest: str) -> Machine:
+        found = self.machines.get(digest)
+        if found is not None:
+            return found
         if self.errors:
             error = self.errors.get(digest)
             if error is not None:
@@ -234,10 +241,10 @@ class Advancer:
     ) -> list[Pending]:
         by_workflow: dict[str, Pending] = {}
         parse_end_task, end_task_kind, parse_input = ev.parse_end_task, ev.END_TASK, ev.parse_input
-        admission_sent = ev.admission_sent
+        admission_sent, admit = ev.admission_sent, ev.ADMIT_WORKFLOW
         for event_id, event in entries:
             kind = event.get("kind")
-            if admission_sent(kind, event):
+            if kind == admit and admission_sent(kind, event):  # (no call for the others)
                 # The gate carried it out in the commit that wrote it: acknowledged as one
                 # that changes nothing, with no read (replay applies it, to the same effect).
                 result.duplicates.append(event_id)
@@ -265,8 +272,18 @@ class Advancer:
         names = [workflow_key(item.workflow) for item in pending]
         commands: list[Any] = [("WATCH", *names)] if watch else []
         chunked = self._chunked
+        end_task, load = ev.END_TASK, _LOAD.fill
         for item, key in zip(pending, names, strict=True):
-            item.resends = any(kind in _WHOLE_RECORD for _, kind, _ in item.events)
+            events = item.events
+            if len(events) == 1 and chunked.get(item.workflow) is None:
+                # The common case, one answer that succeeded: the record's core alone, as
+                # _read_command would say, without its general walk over the events.
+                _, kind, event = events[0]
+                if kind == end_task and event.success and "." not in event.key:
+                    item.resends, item.entries, item.input_keys = False, [], []
+                    commands.append(load(key.encode()))
+                    continue
+            item.resends = any(kind in _WHOLE_RECORD for _, kind, _ in events)
             item.entries = _entries_touched(item, chunked.get(item.workflow))
             commands.append(self._read_command(item, key))
         replies = _raise_errors(send(commands))[1 if watch else 0 :]
@@ -376,7 +393,7 @@ class Advancer:
         if replies is None:
             return [False] * len(commits)
         outcome: list[bool | redis.ResponseError] = [True] * len(commits)
-        if not any(isinstance(reply, BaseException) for reply in replies):
+        if not any(map(isinstance, replies, repeat(BaseException))):
             return outcome
         owners = [n for n, size in enumerate(sizes) for _ in range(size)]
         for n, reply in enumerate(replies):
@@ -451,12 +468,12 @@ def _read_record(
 ) -> None:
     """Fill ``item`` from the HMGET of its record: ``_LOADED``, then the inputs asked for,
     then the entries of a chunked state."""
-    version, state, digest, salt, paused, priority, concurrency = values[: len(_LOADED)]
+    version, state, digest, salt, paused, priority, concurrency = values[:_LOADED_COUNT]
     item.version = version.decode() if version else ""
     core = orjson.loads(state) if state else None
     if core is None:
         item.state = None
-    elif is_chunked(core):
+    elif CHUNKED in core:
         loaded = values[len(_LOADED) + len(inputs) :]
         item.state = partial_state(core, zip(entries, loaded, strict=True), max_items)
     else:
@@ -467,6 +484,9 @@ def _read_record(
     item.priority = int(priority) if priority is not None else 0
     item.concurrency = orjson.loads(concurrency) if concurrency is not None else None
     item.corrupt = None
+    if not inputs:
+        item.inputs = {}
+        return
     loads = orjson.loads
     item.inputs = {
         key: loads(raw)[2]

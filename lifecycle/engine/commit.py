@@ -428,16 +428,15 @@ class Commit:
         if self.removed:
             commands.append(("HDEL", key, *self.removed))
         for stream, fields, template in self.events:
-            if template is None:
-                commands.append(("XADD", stream, "*", *fields))
-            else:
-                commands.append(template.fill(*fields))
+            commands.append(
+                ("XADD", stream, "*", *fields) if template is None else template.fill(*fields)
+            )
         if self.reopened:
             commands.append(("ZREM", self.shared[4], self.workflow))
         if self.plain_leave:
             assert self.gate_key is not None
             commands.append(("SREM", self.keys.key_running(self.gate_key[0]), self.workflow))
-        else:
+        elif self.gate_key is not None:  # (most commits have no gate: no call for them)
             gate = self.gate_packed(check=False)  # the transaction's WATCH checks it
             if gate is not None:
                 commands.append(gate)

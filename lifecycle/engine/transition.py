@@ -94,6 +94,12 @@ class Transition:
         self._shared = shared_keys(self.keys)
         # (graph hash, priority) -> per node
         self._tasks: dict[tuple[str, int], list[_TaskFacts | None]] = {}
+        # (workflow, key, attempt) -> (salt, token) of start-tasks sent: its end-task is
+        # checked against the token derived then, not derived a second time. Equal to what
+        # deriving gives, so only a cost saved: a miss derives it. Two generations: a token
+        # is kept for at least _TOKENS_KEPT more starts, one never answered goes after two.
+        self._tokens: dict[tuple[str, str, int], tuple[str, str]] = {}
+        self._older_tokens: dict[tuple[str, str, int], tuple[str, str]] = {}
 
     def compute(self, item: Pending, result: BatchResult | Said, now: int) -> Commit | None:
         """Apply ``item.events`` to ``item.state``; return what to commit, or None when
@@ -293,8 +299,12 @@ class Transition:
         if commit.removed:  # a field removed then set again in this batch (resume, pause) stays
             written = set(commit.fields[::2])
             commit.removed = [name for name in commit.removed if name not in written]
-        commit.set(rec.STATE, _dumps(state.to_dict()))
-        commit.set(rec.VERSION, int(item.version or 0) + 1)
+        commit.fields += (
+            rec.STATE,
+            _dumps(state.to_dict()),
+            rec.VERSION,
+            int(item.version or 0) + 1,
+        )
         return commit
 
     def _apply(
@@ -339,7 +349,8 @@ class Transition:
                 )
             )
             return None
-        policy = self._policy(item, machine, key)
+        # the node's retry/timeout policy (inline: once per event)
+        policy = self._task(item, machine, int(key.partition(".")[0])).policy
         if kind == ev.RETRY_TASK:
             return [machine.task_action(key, attempt, item.inputs.get(key))]
         if policy.timeout:
@@ -361,7 +372,7 @@ class Transition:
                 raise LifecycleError(
                     f"task {key}: output nests deeper than {self.limits.depth} levels"
                 )
-            commit.set(rec.end_field(key), record)
+            commit.fields += (_END_PREFIX + key, record)
             return machine.task_ended(state, key, attempt, output)
         if end_task:
             reason, worker = event.error or "failed", event.worker
@@ -490,7 +501,14 @@ class Transition:
                     offer.append(
                         (
                             task.stream,
-                            _start_values(workflow, workflow_json, salt, key, attempt, input_json),
+                            _start_values(
+                                workflow,
+                                workflow_json,
+                                self._token(salt, workflow, key, attempt),
+                                key,
+                                attempt,
+                                input_json,
+                            ),
                             task.start_task,
                         )
                     )
@@ -502,11 +520,21 @@ class Transition:
                     item.note_input(key, action.input)
                 workflow_json = workflow_json or _dumps(workflow)
                 # n:<key> = [attempt, started ms, input], spliced: the input is encoded once
-                commit.set(start_prefix + key, b"[%d,%d,%b]" % (attempt, now, input_json))
-                commit.append_filled(
-                    task.stream,
-                    task.start_task,
-                    _start_values(workflow, workflow_json, salt, key, attempt, input_json),
+                commit.fields += (start_prefix + key, b"[%d,%d,%b]" % (attempt, now, input_json))
+                # (Commit.append_filled, inline: once per task)
+                commit.events.append(
+                    (
+                        task.stream,
+                        _start_values(
+                            workflow,
+                            workflow_json,
+                            self._token(salt, workflow, key, attempt),
+                            key,
+                            attempt,
+                            input_json,
+                        ),
+                        task.start_task,
+                    )
                 )
                 if task.policy.timeout:
                     member = ev.timer_member(ev.TIMEOUT_TASK, workflow, key, attempt)
@@ -552,18 +580,28 @@ class Transition:
     def _answers(self, item: Pending, event: Any, attempt: int) -> bool:
         """Whether an end-task carries the token of ``attempt``'s start-task (workflows
         started before tokens existed have no salt: every answer is taken)."""
-        if item.salt is None or (event.token is None and self.untokened_answers):
+        salt = item.salt
+        if salt is None or (event.token is None and self.untokened_answers):
             return True
-        return bool(event.token == ev.task_token(item.salt, item.workflow, event.key, attempt))
+        attempt_of = (item.workflow, event.key, attempt)
+        sent = self._tokens.pop(attempt_of, None) or self._older_tokens.pop(attempt_of, None)
+        if sent is not None and sent[0] == salt:
+            return bool(event.token == sent[1])
+        return bool(event.token == ev.task_token(salt, item.workflow, event.key, attempt))
 
-    def _policy(self, item: Pending, machine: Machine, key: str) -> Policy:
-        """The retry/timeout policy of the node of instance ``key``."""
-        node = int(key) if "." not in key else int(key.split(".", 1)[0])
-        return self._task(item, machine, node).policy
+    def _token(self, salt: str, workflow: str, key: str, attempt: int) -> str:
+        """The token of a start-task sent now, kept for its end-task's check."""
+        token = ev.task_token(salt, workflow, key, attempt)
+        tokens = self._tokens
+        if len(tokens) >= _TOKENS_KEPT:
+            self._older_tokens, self._tokens = tokens, {}
+            tokens = self._tokens
+        tokens[workflow, key, attempt] = (salt, token)
+        return token
 
 
 def _start_values(
-    workflow: str, workflow_json: bytes, salt: str, key: str, attempt: int, input_json: bytes
+    workflow: str, workflow_json: bytes, token: str, key: str, attempt: int, input_json: bytes
 ) -> tuple[bytes, ...]:
     """The slot values of a start-task's template (lifecycle.events.start_task_template)."""
     return (
@@ -571,7 +609,7 @@ def _start_values(
         _dumps(key),
         b"%d" % attempt,
         _dumps(ev.task_instance_id(workflow, key, attempt)),
-        _dumps(ev.task_token(salt, workflow, key, attempt)),
+        _dumps(token),
         input_json,
     )
 
@@ -599,6 +637,10 @@ def _order(event_id: str) -> int:
         return 0
 
 
+# Tokens of start-tasks kept per generation for their end-tasks' checks (two generations:
+# at most about 20 MB)
+_TOKENS_KEPT = 1 << 15
+_END_PREFIX = rec.END_PREFIX
 _CHUNK_AT = 64  # entries of one table (or one iteration's items) past which it is chunked
 
 
