@@ -16,7 +16,7 @@ from flowlang.graph import Graph
 from flowlang.limits import DEFAULT_LIMITS, Limits
 from lifecycle.client import Client
 from lifecycle.keys import Keys
-from lifecycle.partitions import Partitions, stored_partitions
+from lifecycle.partitions import Partitions, check_unchanged, stored_partitions
 from lifecycle.submit import new_workflow_id
 from rqse.cluster import Connections
 
@@ -96,7 +96,7 @@ class Deployment:
             workflow_id = partitions.place(new_workflow_id(graph), concurrency_key)
         else:
             partitions.check_placed(workflow_id, concurrency_key)
-        return self.workflow_client(workflow_id).submit(
+        submitted = self.workflow_client(workflow_id).submit(
             graph,
             input,
             workflow_id,
@@ -105,6 +105,8 @@ class Deployment:
             concurrency_key=concurrency_key,
             max_running=max_running,
         )
+        check_unchanged(self.client, partitions)
+        return submitted
 
     def workflow_client(self, workflow_id: str) -> Client:
         """The operator's :class:`~lifecycle.client.Client` on the workflow's partition:

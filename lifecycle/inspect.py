@@ -36,6 +36,7 @@ from lifecycle import records as rec
 from lifecycle.engine.store import GraphCache
 from lifecycle.errors import LifecycleError, UnknownWorkflow, unknown_workflow
 from lifecycle.keys import Keys
+from lifecycle.partitions import archive_root
 from lifecycle.stored_state import is_chunked, state_from_fields
 
 __all__ = [
@@ -242,7 +243,8 @@ def archive_record(client: redis.Redis, keys: Keys) -> ArchiveRecord | None:
 def replay_command(workflow_id: str, archive: ArchiveRecord | None) -> str:
     """The command that shows a workflow's history from the archive: with the recorded
     archive's path (and host, when not this one), else the ``ARCHIVE`` placeholder."""
-    path = shlex.quote(archive.path) if archive else "ARCHIVE"
+    # A partition's folder: replay takes the receipts directory and finds the folder.
+    path = shlex.quote(archive_root(archive.path)) if archive else "ARCHIVE"
     command = f"python -m lifecycle replay {path} --workflow {shlex.quote(workflow_id)} --offline"
     if archive and archive.host != socket.gethostname():
         command += f" (on host {archive.host})"

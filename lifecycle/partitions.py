@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import re
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -45,7 +46,9 @@ __all__ = [
     "MAX_PARTITIONS",
     "CountWatch",
     "PartitionMismatch",
+    "archive_root",
     "archived_partitions",
+    "check_unchanged",
     "Partitions",
     "partition_tag",
     "routing_part",
@@ -187,11 +190,43 @@ class Partitions:
         return tagged
 
 
-def archived_partitions(root: str | Path, base: str) -> Partitions:
-    """The partitions an archive directory holds, from its ``partition-<i>`` folders
-    (none: one partition, the directory itself): replay needs no Redis for it."""
-    count = sum(1 for path in Path(root).glob("partition-*") if path.is_dir())
-    return Partitions(base, max(count, 1))
+_ARCHIVE_FOLDER = re.compile(r"partition-(\d+)")
+
+
+def archived_partitions(root: str | Path, base: str, count: int | None = None) -> Partitions:
+    """The partitions of the deployment an archive directory belongs to: ``count`` when
+    known (``--partitions``, the stored count), else from its ``partition-<i>`` folders
+    (one past the highest; none: one partition, the directory itself). Several receipts
+    workers may each archive some partitions (``--partition``): a folder may be missing."""
+    if count is None:
+        found = [
+            int(match.group(1))
+            for path in Path(root).iterdir()
+            if path.is_dir() and (match := _ARCHIVE_FOLDER.fullmatch(path.name))
+        ]
+        count = max(found, default=0) + 1
+    return Partitions(base, count)
+
+
+def archive_root(path: str) -> str:
+    """The receipts directory a partition's archive folder is in (``path`` itself when it
+    is no partition's folder)."""
+    folder = Path(path)
+    return str(folder.parent) if _ARCHIVE_FOLDER.fullmatch(folder.name) else path
+
+
+def check_unchanged(client: redis.Redis, partitions: Partitions) -> None:
+    """After writing with the default of one partition (none was stored): refuse if a
+    lifecycle worker stored another count meanwhile (what was written sits where no
+    worker reads it)."""
+    if partitions.stored:
+        return
+    raw = client.get(Keys(partitions.base).partitions)
+    if raw is not None and int(raw) != partitions.count:
+        raise PartitionMismatch(
+            f"the deployment was set up for {int(raw)} partitions while this was written "
+            f"for {partitions.count}: nothing will read it; send it again"
+        )
 
 
 def stored_partitions(
@@ -208,6 +243,14 @@ def stored_partitions(
         log.warning("cannot read %s (%s): running with one partition", key, error)
         return Partitions(base, 1)
     if raw is None and create and count is not None:
+        home = Keys(base)
+        if count > 1 and client.exists(home.lifecycle, home.workflows):
+            # A deployment of one partition in use: partitions would strand its work.
+            raise PartitionMismatch(
+                f"--partitions {count}: this Redis holds a deployment of one partition under "
+                f"{base} ({home.lifecycle} exists); the count is fixed when a deployment is "
+                "created: keep one partition, or give the new deployment its own --prefix"
+            )
         # NX: of two workers started together with different counts, one wins and the
         # other is refused below, rather than both believing their own.
         client.set(key, count, nx=True)

@@ -97,7 +97,6 @@ def add_commands(commands: Any, common: argparse.ArgumentParser) -> None:
 def _replay_command(args: argparse.Namespace, context: Context) -> int:
     if not Path(args.archive).is_dir():  # said before anything about Redis
         raise CliError(f"{args.archive}: no such archive directory")
-    partitions = archived_partitions(args.archive, args.prefix)
     live: Context | None = None
     if not args.offline:
         try:
@@ -107,12 +106,18 @@ def _replay_command(args: argparse.Namespace, context: Context) -> int:
             log.warning(
                 "not comparing with live data: cannot reach Redis at %s: %s", context.where, error
             )
+    # The count: as given, else as stored, else from the archive's folders.
+    count = args.partitions if live is None else context.partitions.count
+    partitions = archived_partitions(args.archive, args.prefix, count)
     code = EXIT_OK
     try:
         for index, keys in _chosen(partitions, args.workflow):
+            archive = partitions.archive(args.archive, index)
+            if not archive.is_dir():  # another receipts worker's (--partition), elsewhere
+                print(f"partition {index} ({keys.prefix}): no archive at {archive}")
+                continue
             client = live.client_for(keys) if live is not None else None
-            found = _replay(args, partitions.archive(args.archive, index), client, keys)
-            code = max(code, found)
+            code = max(code, _replay(args, archive, client, keys))
     except ValueError as error:  # a graph record whose text does not parse
         raise CliError(f"{args.archive}: {error}") from None
     return code
@@ -130,6 +135,9 @@ def _recover(args: argparse.Namespace, context: Context) -> int:
     code = EXIT_OK
     for index, keys in _chosen(context.partitions, args.workflow):
         archive = context.partitions.archive(args.archive, index)
+        if not archive.is_dir():  # another receipts worker's (--partition), elsewhere
+            print(f"partition {index} ({keys.prefix}): no archive at {archive}")
+            continue
         code = max(code, _recover_partition(args, context.client_for(keys), keys, archive))
     return code
 

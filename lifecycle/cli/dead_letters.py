@@ -86,14 +86,23 @@ def add_commands(commands: Any, common: argparse.ArgumentParser) -> None:
     )
     listing.set_defaults(func=_list)
 
-    show = actions.add_parser("show", parents=[common, kind], help="one in full")
+    # An entry id is unique in its stream only: with several partitions, the same id may
+    # name a dead letter in more than one.
+    which = argparse.ArgumentParser(add_help=False)
+    which.add_argument(
+        "--partition",
+        type=int,
+        metavar="I",
+        help="look only in partition I (when the id names dead letters in several)",
+    )
+    show = actions.add_parser("show", parents=[common, kind, which], help="one in full")
     show.add_argument("id", help="the dead letter's id (from list)")
     show.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="print JSON")
     show.set_defaults(func=_show)
 
     again = actions.add_parser(
         "requeue",
-        parents=[common, kind],
+        parents=[common, kind, which],
         help="deliver to its stream again (once: the dead letter goes in the same step)",
         description=REQUEUE_HELP,
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -150,7 +159,7 @@ def _list(args: argparse.Namespace, context: Context) -> int:
 
 
 def _show(args: argparse.Namespace, context: Context) -> int:
-    _, letter = _find(context, args.id, args.kind)
+    _, letter = _find(context, args.id, args.kind, args.partition)
     if args.json:
         print_json(letter.summary())
         return EXIT_OK
@@ -180,17 +189,32 @@ def _print_letter(letter: DeadLetter) -> None:
             print(f"    {line}")
 
 
-def _find(context: Context, dead_id: str, kind: str | None) -> tuple[redis.Redis, DeadLetter]:
+def _find(
+    context: Context, dead_id: str, kind: str | None, partition: int | None = None
+) -> tuple[redis.Redis, DeadLetter]:
     """The dead letter ``dead_id`` and its partition's client: looked for in every
-    partition (an entry id does not say which)."""
+    partition (an entry id does not say which), or in ``partition`` alone."""
     places = context.each_partition()
-    for client, keys in places[:-1]:
+    if partition is not None:
+        if not 0 <= partition < len(places):
+            raise CliError(f"--partition {partition}: the deployment has 0 to {len(places) - 1}")
+        places = [places[partition]]
+    found = []
+    for client, keys in places:
         try:
-            return client, find_dead_letter(client, keys, dead_id, kind)
+            found.append((client, keys, find_dead_letter(client, keys, dead_id, kind)))
         except UnknownDeadLetter:
-            continue
-    client, keys = places[-1]
-    return client, find_dead_letter(client, keys, dead_id, kind)
+            if len(places) == 1:
+                raise
+    if not found:
+        raise UnknownDeadLetter(f"no dead letter {dead_id!r} in any partition")
+    if len(found) > 1:
+        where = ", ".join(str(context.partitions.all.index(keys)) for _, keys, _ in found)
+        raise CliError(
+            f"dead letter {dead_id!r} is in several partitions ({where}): add --partition I"
+        )
+    client, _, letter = found[0]
+    return client, letter
 
 
 def _requeue(args: argparse.Namespace, context: Context) -> int:
@@ -203,7 +227,7 @@ def _requeue(args: argparse.Namespace, context: Context) -> int:
             for letter in list_dead_letters(client, keys, args.kind)
         ]
     else:  # every id checked first: a typo requeues none of them
-        letters = [_find(context, dead_id, args.kind) for dead_id in args.ids]
+        letters = [_find(context, dead_id, args.kind, args.partition) for dead_id in args.ids]
     again = 0
     for client, letter in letters:
         done = requeue(client, letter)
@@ -226,7 +250,8 @@ def _purge(args: argparse.Namespace, context: Context) -> int:
         raise CliError(f"purge deletes {count} dead letters for good: add --yes to do it")
     removed: dict[str, int] = {}
     for client, keys in places:
-        removed.update(purge(client, keys, args.kind))
+        for source, count in purge(client, keys, args.kind).items():
+            removed[source] = removed.get(source, 0) + count
     for source, count in removed.items():
         print(f"{source}: {count} deleted")
     print(f"{sum(removed.values())} deleted")

@@ -60,6 +60,7 @@ def _set(args: argparse.Namespace, context: Context) -> int:
         raise CliError(
             f"limit set {args.kind}: N {args.limit!r}, expected a whole number from 1"
         ) from None
+    context.partitions  # noqa: B018 - checks --partitions against the stored count
     try:
         set_kind_limit(context.client, context.keys, args.kind, limit)
     except BadKindLimit as error:
@@ -69,6 +70,7 @@ def _set(args: argparse.Namespace, context: Context) -> int:
 
 
 def _remove(args: argparse.Namespace, context: Context) -> int:
+    context.partitions  # noqa: B018 - checks --partitions against the stored count
     try:
         had = remove_kind_limit(context.client, context.keys, args.kind)
     except BadKindLimit as error:
@@ -78,6 +80,7 @@ def _remove(args: argparse.Namespace, context: Context) -> int:
 
 
 def _list(args: argparse.Namespace, context: Context) -> int:
+    context.partitions  # noqa: B018 - checks --partitions against the stored count
     limits = list_kind_limits(context.client, context.keys)
     if args.json:
         print_json([limit.summary() for limit in limits])

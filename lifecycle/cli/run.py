@@ -29,6 +29,7 @@ from lifecycle.cli.support import (
 )
 from lifecycle.errors import NotAllowed
 from lifecycle.keys import Keys
+from lifecycle.partitions import check_unchanged
 from lifecycle.priorities import MAX_PRIORITY, MIN_PRIORITY, BadPriority, check_priority
 from lifecycle.submit import (
     BadConcurrency,
@@ -208,6 +209,7 @@ def _run(args: argparse.Namespace, context: Context) -> int:
         workflow_id = args.id
     else:
         workflow_id = start_workflow(client, graph, value, chosen, keys, priority=priority, **gate)
+    check_unchanged(context.client, partitions)
     if since is None:  # a submitter need not read the lifecycle stream (docs/security.md)
         print(workflow_id)
         return EXIT_OK

@@ -22,6 +22,9 @@ from lifecycle.keys import Keys
 from lifecycle.partitions import (
     PartitionMismatch,
     Partitions,
+    archive_root,
+    archived_partitions,
+    check_unchanged,
     partition_tag,
     routing_part,
     stored_partitions,
@@ -260,3 +263,48 @@ def test_deployment_submit_places_a_keyed_workflow_in_its_keys_partition(
             deployment.submit(graph, None, outside, concurrency_key="nightly", max_running=2)
     finally:
         deployment.close()
+
+
+def test_partitions_are_refused_on_a_redis_holding_a_one_partition_deployment(
+    redis_client: redis.Redis,
+) -> None:
+    start_workflow(redis_client, compile_text("A"), None, "early")  # {flow}: one partition
+    with pytest.raises(PartitionMismatch, match="holds a deployment of one partition"):
+        stored_partitions(redis_client, "{flow}", 3, create=True)
+    assert redis_client.get("{flow}:partitions") is None
+    assert stored_partitions(redis_client, "{flow}", 1, create=True).count == 1
+
+
+def test_a_submission_that_a_new_count_overtook_is_refused(redis_client: redis.Redis) -> None:
+    taken = stored_partitions(redis_client, "{flow}", None)  # none stored: one partition
+    redis_client.set("{flow}:partitions", 3)  # a lifecycle worker stored it meanwhile
+    with pytest.raises(PartitionMismatch, match="nothing will read it; send it again"):
+        check_unchanged(redis_client, taken)
+    check_unchanged(redis_client, stored_partitions(redis_client, "{flow}", None))
+
+
+def test_an_archive_missing_some_partitions_folders_replays_with_the_stored_count(
+    redis_client: redis.Redis, redis_url: str, tmp_path: Path
+) -> None:
+    stored_partitions(redis_client, "{flow}", 4, create=True)
+    (tmp_path / "partition-1").mkdir()  # partitions 0, 2, 3 archived elsewhere
+    assert archived_partitions(tmp_path, "{flow}").count == 2  # the folders alone
+    assert archived_partitions(tmp_path, "{flow}", 4).count == 4
+    assert archive_root(str(tmp_path / "partition-1")) == str(tmp_path)
+    assert archive_root(str(tmp_path)) == str(tmp_path)
+
+
+def test_a_dead_letter_id_in_two_partitions_asks_which_and_purge_counts_them_all(
+    redis_client: redis.Redis, redis_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    partitions = stored_partitions(redis_client, "{flow}", 3, create=True)
+    for keys in partitions.all[:2]:
+        fields = {"kind": orjson.dumps("end-task"), "workflow": orjson.dumps("w")}
+        redis_client.xadd(f"{keys.lifecycle}:dead", fields, id="1-1")
+    url = ["--redis-url", redis_url]
+    assert main(["dead-letters", "show", "1-1", *url]) == EXIT_ERROR
+    assert "is in several partitions (0, 1): add --partition I" in capsys.readouterr().err
+    assert main(["dead-letters", "show", "1-1", "--partition", "1", "--json", *url]) == EXIT_OK
+    capsys.readouterr()
+    assert main(["dead-letters", "purge", "--yes", *url]) == EXIT_OK
+    assert "2 deleted" in capsys.readouterr().out
