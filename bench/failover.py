@@ -42,6 +42,7 @@ from bench.rig import spawn, stop_processes
 from flowlang.compiler import compile_text
 from lifecycle.audit.archive import ArchivedEvent, iter_archive
 from lifecycle.deployment import Deployment
+from lifecycle.events import END_TASK, START_TASK, START_WORKFLOW
 from lifecycle.keys import RECEIPTS_GROUP, Keys
 from lifecycle.partitions import Partitions
 from lifecycle.submit import start_workflow_once, start_workflows
@@ -52,6 +53,7 @@ from rqse.server import LocalCluster, RedisServer
 __all__ = ["FailoverFigures", "main", "run_once"]
 
 CHAIN10 = " → ".join(f"T{n}" for n in range(10))
+_START_WORKFLOW_JSON = orjson.dumps(START_WORKFLOW)  # how the kind field is stored
 # Before the load, a few workflows in every partition prove every worker listens on
 # every partition's streams.
 WARMUP_PER_PARTITION = 2
@@ -245,7 +247,7 @@ def _census(
         waiting = {
             orjson.loads(fields[b"workflow"])
             for _, fields in cast(list[tuple[bytes, dict[bytes, bytes]]], entries)
-            if fields.get(b"kind") == b'"start-workflow"' and b"workflow" in fields
+            if fields.get(b"kind") == _START_WORKFLOW_JSON and b"workflow" in fields
         }
         for workflow in missing:
             if workflow in waiting:
@@ -266,9 +268,9 @@ def _archive_twice(archive: Path, partitions: Partitions) -> tuple[int, int]:
             if not isinstance(read, ArchivedEvent) or read.event is None:
                 continue
             event = read.event
-            if event.get("kind") == "end-task":
+            if event.get("kind") == END_TASK:
                 ends[(event.get("workflow"), event.get("key"), event.get("attempt"))] += 1
-            elif event.get("kind") == "start-task":
+            elif event.get("kind") == START_TASK:
                 starts[event.get("id")] += 1
     return sum(n > 1 for n in ends.values()), sum(n > 1 for n in starts.values())
 
