@@ -94,12 +94,6 @@ class Transition:
         self._shared = shared_keys(self.keys)
         # (graph hash, priority) -> per node
         self._tasks: dict[tuple[str, int], list[_TaskFacts | None]] = {}
-        # (workflow, key, attempt) -> (salt, token) of start-tasks sent: its end-task is
-        # checked against the token derived then, not derived a second time. Equal to what
-        # deriving gives, so only a cost saved: a miss derives it. Two generations: a token
-        # is kept for at least _TOKENS_KEPT more starts, one never answered goes after two.
-        self._tokens: dict[tuple[str, str, int], tuple[str, str]] = {}
-        self._older_tokens: dict[tuple[str, str, int], tuple[str, str]] = {}
 
     def compute(self, item: Pending, result: BatchResult | Said, now: int) -> Commit | None:
         """Apply ``item.events`` to ``item.state``; return what to commit, or None when
@@ -504,7 +498,7 @@ class Transition:
                             _start_values(
                                 workflow,
                                 workflow_json,
-                                self._token(salt, workflow, key, attempt),
+                                ev.task_token(salt, workflow, key, attempt),
                                 key,
                                 attempt,
                                 input_json,
@@ -528,7 +522,7 @@ class Transition:
                         _start_values(
                             workflow,
                             workflow_json,
-                            self._token(salt, workflow, key, attempt),
+                            ev.task_token(salt, workflow, key, attempt),
                             key,
                             attempt,
                             input_json,
@@ -583,21 +577,10 @@ class Transition:
         salt = item.salt
         if salt is None or (event.token is None and self.untokened_answers):
             return True
-        attempt_of = (item.workflow, event.key, attempt)
-        sent = self._tokens.pop(attempt_of, None) or self._older_tokens.pop(attempt_of, None)
-        if sent is not None and sent[0] == salt:
-            return bool(event.token == sent[1])
+        # Derived again rather than remembered from the start: under load the end-task
+        # often reaches another lifecycle worker, and a cache of tokens in flight cost
+        # more (misses, and the collector walking it) than the hash it saves.
         return bool(event.token == ev.task_token(salt, item.workflow, event.key, attempt))
-
-    def _token(self, salt: str, workflow: str, key: str, attempt: int) -> str:
-        """The token of a start-task sent now, kept for its end-task's check."""
-        token = ev.task_token(salt, workflow, key, attempt)
-        tokens = self._tokens
-        if len(tokens) >= _TOKENS_KEPT:
-            self._older_tokens, self._tokens = tokens, {}
-            tokens = self._tokens
-        tokens[workflow, key, attempt] = (salt, token)
-        return token
 
 
 def _start_values(
@@ -637,9 +620,6 @@ def _order(event_id: str) -> int:
         return 0
 
 
-# Tokens of start-tasks kept per generation for their end-tasks' checks (two generations:
-# at most about 20 MB)
-_TOKENS_KEPT = 1 << 15
 _END_PREFIX = rec.END_PREFIX
 _CHUNK_AT = 64  # entries of one table (or one iteration's items) past which it is chunked
 
