@@ -18,11 +18,11 @@ made with ``redis-cli --cluster create`` splits the 16,384 slots into equal
 contiguous ranges per master, so P partitions on M masters (P a multiple of M)
 give each master P / M of them.
 
-An id's partition is a hash (BLAKE2b, 64 bits) of its *routing part* modulo P; the routing part is
-what stands between the first ``{`` and the next ``}`` when that is not empty, else
-the whole id: the convention of Redis hash tags. Runs that must share a partition
-(a schedule's runs with their schedule, the runs of one concurrency key) carry the
-same ``{...}`` in their ids.
+An id's partition is a hash (BLAKE2b, 64 bits) of its *routing part* modulo P;
+the routing part is what stands between the first ``{`` and the next ``}`` when
+that is not empty, else the whole id: the convention of Redis hash tags. Runs
+that must share a partition (a schedule's runs with their schedule, the runs of
+one concurrency key) carry the same ``{...}`` in their ids.
 """
 
 from __future__ import annotations
