@@ -36,6 +36,8 @@ if TYPE_CHECKING:
     from rqse import EventListener
 
 __all__ = [
+    "PARTITION_LABEL",
+    "PartitionsCollector",
     "ADVANCE_BUCKETS",
     "CONTENT_TYPE",
     "PREFIX",
@@ -275,3 +277,28 @@ def metrics_text(client: redis.Redis, keys: Keys) -> bytes:
             registry.register(StatusCollector(client, keys))
             _api_registries[key] = registry
     return generate_latest(registry)
+
+
+PARTITION_LABEL = "partition"  # the label of every sample of one partition's figures
+
+
+class PartitionsCollector(Collector):
+    """The :class:`StatusCollector` of each partition, their families merged: one family
+    per name (the text format allows no other), each sample with its partition's prefix
+    as the ``partition`` label."""
+
+    def __init__(self, places: Sequence[tuple[redis.Redis, Keys]]) -> None:
+        self.collectors = [(keys.prefix, StatusCollector(client, keys)) for client, keys in places]
+
+    def collect(self) -> Iterator[Metric]:
+        merged: dict[str, Metric] = {}
+        for prefix, collector in self.collectors:
+            for family in collector.collect():
+                into = merged.get(family.name)
+                if into is None:
+                    into = Metric(family.name, family.documentation, family.type, family.unit)
+                    merged[family.name] = into
+                for sample in family.samples:
+                    labels = {**sample.labels, PARTITION_LABEL: prefix}
+                    into.samples.append(sample._replace(labels=labels))
+        yield from merged.values()

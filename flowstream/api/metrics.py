@@ -11,48 +11,21 @@ names hold it already; workflows by state and ``status_up`` need it).
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator, Sequence
 
 import redis
 from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.core import Metric
-from prometheus_client.registry import Collector
 
 from flowstream.api.context import Api
 from lifecycle.keys import Keys
-from lifecycle.metrics import CONTENT_TYPE, StatusCollector
+from lifecycle.metrics import CONTENT_TYPE, PartitionsCollector
 from lifecycle.metrics import metrics_text as engine_text
 
-__all__ = ["PARTITION_LABEL", "PartitionsCollector", "metrics_text", "served_metrics"]
-
-PARTITION_LABEL = "partition"
+__all__ = ["metrics_text", "served_metrics"]
 
 
 def metrics_text(client: redis.Redis, keys: Keys) -> tuple[bytes, str]:
     """The exposition text of one partition and its content type."""
     return engine_text(client, keys), CONTENT_TYPE
-
-
-class PartitionsCollector(Collector):
-    """The :class:`StatusCollector` of each partition, their families merged: one family
-    per name (the text format allows no other), each sample with its partition's prefix
-    as the ``partition`` label."""
-
-    def __init__(self, places: Sequence[tuple[redis.Redis, Keys]]) -> None:
-        self.collectors = [(keys.prefix, StatusCollector(client, keys)) for client, keys in places]
-
-    def collect(self) -> Iterator[Metric]:
-        merged: dict[str, Metric] = {}
-        for prefix, collector in self.collectors:
-            for family in collector.collect():
-                into = merged.get(family.name)
-                if into is None:
-                    into = Metric(family.name, family.documentation, family.type, family.unit)
-                    merged[family.name] = into
-                for sample in family.samples:
-                    labels = {**sample.labels, PARTITION_LABEL: prefix}
-                    into.samples.append(sample._replace(labels=labels))
-        yield from merged.values()
 
 
 _lock = threading.Lock()

@@ -166,12 +166,16 @@ def _worker(args: argparse.Namespace, context: Context, companions: Sequence[Com
     partitions = stored_partitions(context.client, args.prefix, args.partitions, create=True)
     metrics = None
     if args.metrics_port is not None:
-        from lifecycle.metrics import ProcessMetrics, StatusCollector
+        from lifecycle.metrics import PartitionsCollector, ProcessMetrics, StatusCollector
 
         # Before the workers are built: round trips are counted by the pool's connections.
         metrics = ProcessMetrics(context.client.connection_pool)
-        if not args.no_metrics_status and partitions.count == 1:
+        if args.no_metrics_status:
+            pass
+        elif partitions.count == 1:
             metrics.register(StatusCollector(context.client, context.keys))
+        else:  # each sample labelled with its partition
+            metrics.register(PartitionsCollector(context.each_partition()))
     workers = []
     for keys in partitions.all:
         pool = context.client_for(keys).connection_pool

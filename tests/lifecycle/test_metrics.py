@@ -203,3 +203,27 @@ def test_receipts_worker_serves_what_it_archived(
     assert samples[("flowstream_receipts_archived_total", ())] == 3
     assert samples[("flowstream_receipts_batches_total", ())] >= 1
     assert samples[("flowstream_redis_round_trips_total", ())] > 0
+
+
+def test_a_worker_of_several_partitions_serves_each_partitions_state_labelled(
+    processes: Processes, redis_client: redis.Redis
+) -> None:
+    from lifecycle.partitions import Partitions
+
+    partitions = Partitions("{flow}", 3)
+    port = free_port()
+    processes.start(
+        "lifecycle", "worker", "--no-wait", "--partitions", "3", "--metrics-port", str(port)
+    )
+    third = partitions.keys(2)
+    redis_client.xadd(f"{third.lifecycle}:dead", {"kind": "not json"})
+    dead = f"{third.lifecycle}"
+    engine = scrape_until(
+        port,
+        lambda s: (
+            s.get(("flowstream_dead_letters", labels(partition=third.prefix, stream=dead))) == 1
+        ),
+    )
+    assert engine[("flowstream_dead_letters", labels(partition=third.prefix, stream=dead))] == 1
+    ups = {key for key in engine if key[0] == "flowstream_status_up"}
+    assert ups == {("flowstream_status_up", labels(partition=k.prefix)) for k in partitions.all}
