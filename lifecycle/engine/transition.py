@@ -483,40 +483,26 @@ class Transition:
                 task = self._task(item, machine, action.node)
                 key, attempt = action.key, action.attempt
                 input_json = _dumps(action.input)
+                # n:<key> = [attempt, started ms, input], spliced: the input is encoded once
+                record = b"[%d,%d,%b]" % (attempt, now, input_json)
+                queued = held is not None
                 if held is not None:  # paused or queued: recorded, sent by resume or admission
-                    commit.set(start_prefix + key, b"[%d,%d,%b]" % (attempt, now, input_json))
+                    commit.set(start_prefix + key, record)
                     held.append(key)
                     item.note_input(key, action.input)
                     if offer is None:
                         continue
                     # Queued by this commit: sent by its gate if it admits the workflow at
                     # once, exactly as an admission applied now would send it.
-                    workflow_json = workflow_json or _dumps(workflow)
-                    offer.append(
-                        (
-                            task.stream,
-                            _start_values(
-                                workflow,
-                                workflow_json,
-                                ev.task_token(salt, workflow, key, attempt),
-                                key,
-                                attempt,
-                                input_json,
-                            ),
-                            task.start_task,
-                        )
-                    )
-                    if task.policy.timeout:
-                        member = ev.timer_member(ev.TIMEOUT_TASK, workflow, key, attempt)
-                        commit.offer_timers += (now + int(task.policy.timeout * 1000), member)
-                    continue
-                if item.resends:
-                    item.note_input(key, action.input)
+                    sent = offer
+                else:
+                    if item.resends:
+                        item.note_input(key, action.input)
+                    commit.fields += (start_prefix + key, record)
+                    sent = commit.events
                 workflow_json = workflow_json or _dumps(workflow)
-                # n:<key> = [attempt, started ms, input], spliced: the input is encoded once
-                commit.fields += (start_prefix + key, b"[%d,%d,%b]" % (attempt, now, input_json))
                 # (Commit.append_filled, inline: once per task)
-                commit.events.append(
+                sent.append(
                     (
                         task.stream,
                         _start_values(
@@ -532,7 +518,11 @@ class Transition:
                 )
                 if task.policy.timeout:
                     member = ev.timer_member(ev.TIMEOUT_TASK, workflow, key, attempt)
-                    commit.timers += (now + int(task.policy.timeout * 1000), member)
+                    due = (now + int(task.policy.timeout * 1000), member)
+                    if queued:
+                        commit.offer_timers += due
+                    else:
+                        commit.timers += due
             elif isinstance(action, Finished):
                 if item.held is not None:  # paused with nothing left to hold: it is done
                     commit.removed.append(rec.PAUSED)
