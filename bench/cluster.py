@@ -62,26 +62,19 @@ def _masters(connections: Connections) -> list[redis.Redis]:
 
 
 def _ended(deployment: Deployment) -> tuple[int, int]:
-    finished = failed = 0
-    for client, keys in deployment.each_partition():
-        done, bad, terminated = client.hmget(keys.outcomes, "finished", "failed", "terminated")
-        finished += int(done or 0)
-        failed += int(bad or 0) + int(terminated or 0)
-    return finished, failed
+    """(finished, failed or terminated) workflows in every partition."""
+    outcomes = deployment.outcomes()
+    failed = outcomes.get("failed", 0) + outcomes.get("terminated", 0)
+    return outcomes.get("finished", 0), failed
 
 
-def _submit(deployment: Deployment, ids: list[str], inputs: list[Any]) -> None:
+def _submit(deployment: Deployment, ids: list[str]) -> None:
     """Each partition's workflows in one call to its master."""
     graph = compile_text(CHAIN10)
-    partitions = deployment.partitions
-    by_partition: dict[int, tuple[list[str], list[Any]]] = {}
-    for workflow, value in zip(ids, inputs, strict=True):
-        group = by_partition.setdefault(partitions.index_of(workflow), ([], []))
-        group[0].append(workflow)
-        group[1].append(value)
-    for index, (chosen, values) in by_partition.items():
-        keys = partitions.keys(index)
-        start_workflows(deployment.client_for(keys), graph, values, chosen, keys)
+    for index, chosen in deployment.partitions.group(ids).items():
+        keys = deployment.partitions.keys(index)
+        inputs = [{"n": n} for n in range(len(chosen))]
+        start_workflows(deployment.client_for(keys), graph, inputs, chosen, keys)
 
 
 def run_once(url: str, args: argparse.Namespace, masters: int, logs: Path | None) -> ClusterFigures:
@@ -121,7 +114,7 @@ def run_once(url: str, args: argparse.Namespace, masters: int, logs: Path | None
         stack.callback(stop_processes, [p for group in procs.values() for p in group])
 
         warm = [f"warm-{n}" for n in range(WARMUP)]
-        _submit(deployment, warm, [{"n": n} for n in range(WARMUP)])
+        _submit(deployment, warm)
         while sum(_ended(deployment)) < WARMUP:
             time.sleep(0.05)
         servers = _masters(connections)
@@ -129,7 +122,7 @@ def run_once(url: str, args: argparse.Namespace, masters: int, logs: Path | None
         redis_before = [redis_cpu_seconds(server) for server in servers]
         started = time.perf_counter()
         ids = [f"w{n}" for n in range(args.workflows)]
-        _submit(deployment, ids, [{"n": n} for n in range(args.workflows)])
+        _submit(deployment, ids)
         last, seen, stalled = time.perf_counter(), 0, False
         while (done := sum(_ended(deployment)) - WARMUP) < args.workflows:
             time.sleep(0.05)

@@ -118,13 +118,6 @@ def _master_of(connections: Connections, keys: Keys) -> tuple[str, int]:
     return pool.address
 
 
-def _partition_ids(partitions: Partitions, ids: list[str]) -> dict[int, list[str]]:
-    by_partition: dict[int, list[str]] = {}
-    for workflow in ids:
-        by_partition.setdefault(partitions.index_of(workflow), []).append(workflow)
-    return by_partition
-
-
 def _warm_ids(partitions: Partitions) -> list[str]:
     """Ids giving every partition WARMUP_PER_PARTITION workflows."""
     ids: list[str] = []
@@ -144,7 +137,7 @@ def _submit(deployment: Deployment, ids: list[str], wait_replicas: bool) -> dict
     ``WAIT 1 1000`` after it. Returns the replicas that acknowledged, by partition."""
     graph = compile_text(CHAIN10)
     acks = {}
-    for index, chosen in sorted(_partition_ids(deployment.partitions, ids).items()):
+    for index, chosen in sorted(deployment.partitions.group(ids).items()):
         keys = deployment.partitions.keys(index)
         client = deployment.client_for(keys)
         start_workflows(client, graph, [{"n": n} for n in range(len(chosen))], chosen, keys)
@@ -157,7 +150,7 @@ def _resubmit(deployment: Deployment, ids: list[str], partitions: list[int]) -> 
     """Submit again, each only if its id is unknown, the workflows of ``partitions``;
     (how many were submitted again, how many of those started)."""
     graph = compile_text(CHAIN10)
-    by_partition = _partition_ids(deployment.partitions, ids)
+    by_partition = deployment.partitions.group(ids)
     sent = started = 0
     for index in partitions:
         keys = deployment.partitions.keys(index)
@@ -170,14 +163,11 @@ def _resubmit(deployment: Deployment, ids: list[str], partitions: list[int]) -> 
 
 def _ended(deployment: Deployment) -> int | None:
     """Workflows ended in every partition (outcome counters); None while one fails over."""
-    total = 0
     try:
-        for client, keys in deployment.each_partition():
-            counts = client.hmget(keys.outcomes, "finished", "failed", "terminated")
-            total += sum(int(n or 0) for n in counts)
+        outcomes = deployment.outcomes()
     except _WEATHER:
         return None
-    return total
+    return sum(outcomes.get(s, 0) for s in ("finished", "failed", "terminated"))
 
 
 def _wait_ended(deployment: Deployment, target: int, stall: float) -> bool:
@@ -227,7 +217,7 @@ def _census(
 ) -> tuple[int, dict[str, int], dict[str, int], int, list[str]]:
     """(finished, stuck by partition, lost by partition, unapplied, some lost ids)."""
     finished, stuck, lost, unapplied, lost_ids = 0, Counter[str](), Counter[str](), 0, []
-    for index, chosen in _partition_ids(deployment.partitions, ids).items():
+    for index, chosen in deployment.partitions.group(ids).items():
         keys = deployment.partitions.keys(index)
         client = deployment.client_for(keys)
         pipe = client.pipeline(transaction=False)

@@ -76,6 +76,17 @@ class Deployment:
         """Every partition's client and keys, by index."""
         return [(self.client_for(keys), keys) for keys in self.partitions.all]
 
+    def outcomes(self) -> dict[str, int]:
+        """How many workflows ended, by status, in every partition together
+        (``Keys.outcomes``)."""
+        total: dict[str, int] = {}
+        for client, keys in self.each_partition():
+            counts: dict[bytes, bytes] = client.hgetall(keys.outcomes)  # type: ignore[assignment]
+            for status, count in counts.items():
+                name = status.decode()
+                total[name] = total.get(name, 0) + int(count)
+        return total
+
     def submit(
         self,
         graph: Graph,

@@ -31,7 +31,7 @@ import hashlib
 import logging
 import re
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -143,6 +143,13 @@ class Partitions:
             return 0
         digest = hashlib.blake2b(routing_part(workflow_id).encode(), digest_size=8).digest()
         return int.from_bytes(digest, "big") % self.count
+
+    def group(self, workflow_ids: Iterable[str]) -> dict[int, list[str]]:
+        """``workflow_ids`` by the partition each belongs to, in their order."""
+        grouped: dict[int, list[str]] = {}
+        for workflow_id in workflow_ids:
+            grouped.setdefault(self.index_of(workflow_id), []).append(workflow_id)
+        return grouped
 
     def keys_for(self, workflow_id: str) -> Keys:
         """The keys of the partition that holds ``workflow_id``."""

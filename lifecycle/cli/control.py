@@ -149,14 +149,9 @@ def _command(kind: str) -> Any:
         reason = getattr(args, "reason", "")
         if args.ids:
             wait = 0.0 if args.no_wait else args.timeout
-            by_partition: dict[int, list[str]] = {}
-            for workflow_id in args.ids:
-                by_partition.setdefault(context.partitions.index_of(workflow_id), []).append(
-                    workflow_id
-                )
             return max(
                 _ids(_client(context, index), kind, ids, selection, reason, wait)
-                for index, ids in by_partition.items()
+                for index, ids in context.partitions.group(args.ids).items()
             )
         return max(
             _filtered(_client(context, index), kind, selection, reason)

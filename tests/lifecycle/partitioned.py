@@ -100,9 +100,7 @@ def check_suite(
     exactly once there; no task instance started twice; ``everywhere``: the ids reached
     every partition."""
     partitions = deployment.partitions
-    by_partition: dict[int, list[str]] = {}
-    for workflow in expected:
-        by_partition.setdefault(partitions.index_of(workflow), []).append(workflow)
+    by_partition = partitions.group(expected)
     assert len(by_partition) == partitions.count or not everywhere
     for index, ids in by_partition.items():
         keys = partitions.keys(index)

@@ -144,9 +144,7 @@ def check_each_partition(
 ) -> None:
     """Every workflow finished with the runner's output in its own partition, ended
     exactly once there, and each task instance started once."""
-    by_partition: dict[int, list[str]] = {}
-    for workflow in expected:
-        by_partition.setdefault(partitions.index_of(workflow), []).append(workflow)
+    by_partition = partitions.group(expected)
     assert len(by_partition) == partitions.count  # the ids reached every partition
     for index, ids in by_partition.items():
         keys = partitions.keys(index)
@@ -308,3 +306,13 @@ def test_a_dead_letter_id_in_two_partitions_asks_which_and_purge_counts_them_all
     capsys.readouterr()
     assert main(["dead-letters", "purge", "--yes", *url]) == EXIT_OK
     assert "2 deleted" in capsys.readouterr().out
+
+
+def test_ids_grouped_by_partition_keep_their_order() -> None:
+    partitions = Partitions("{flow}", 4)
+    ids = [f"w{n}" for n in range(40)]
+    grouped = partitions.group(ids)
+    assert sorted(w for group in grouped.values() for w in group) == sorted(ids)
+    for index, group in grouped.items():
+        assert all(partitions.index_of(w) == index for w in group)
+        assert group == [w for w in ids if partitions.index_of(w) == index]
