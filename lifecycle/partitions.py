@@ -242,6 +242,8 @@ def stored_partitions(
     """The deployment's partitions as stored under ``base``; ``count`` (from
     ``--partitions``), when given, must equal the stored count. ``create``: store
     ``count`` when none is stored yet (a lifecycle worker, the first to start)."""
+    if count is not None:
+        Partitions(base, count)  # a count out of range, or no hash tag: said first
     key = Keys(base).partitions
     try:
         raw = client.get(key)

@@ -316,3 +316,8 @@ def test_ids_grouped_by_partition_keep_their_order() -> None:
     for index, group in grouped.items():
         assert all(partitions.index_of(w) == index for w in group)
         assert group == [w for w in ids if partitions.index_of(w) == index]
+
+
+def test_a_count_out_of_range_is_said_before_what_is_stored(redis_client: redis.Redis) -> None:
+    with pytest.raises(LifecycleError, match="--partitions 0: expected 1 to 1,024"):
+        stored_partitions(redis_client, "{flow}", 0)
