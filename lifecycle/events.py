@@ -21,6 +21,7 @@ from lifecycle.records import FAILED, FINISHED, PAUSED_STATE, QUEUED_STATE, RUNN
 from rqse import fastpipe
 
 __all__ = [
+    "ADMITTED",
     "ADMIT_SENT",
     "ADMIT_WORKFLOW",
     "CONTROLS",
@@ -85,6 +86,7 @@ ADMIT_WORKFLOW = "admit-workflow"
 # An admit-workflow's field, true when the gate admitted the workflow in the commit that
 # queued it and sent its held start-tasks itself, in that transaction: the lifecycle worker
 # acknowledges it with nothing left to do; replay and recover apply it as any admission.
+# The gate writes one only for an offer without start-tasks (see ADMITTED).
 ADMIT_SENT = "sent"
 RETRY_TASK = "retry-task"  # a durable timer fired: start the next attempt now
 TIMEOUT_TASK = "timeout-task"  # a durable timer fired: the attempt ran out of time
@@ -480,6 +482,12 @@ def start_task_template(
 # On a start-task sent again: by recover (lifecycle.audit.recover), or put back on its
 # stream by a worker that stopped before running it. Replay checks it as the original.
 RECOVERED = "recovered"
+
+
+# On a start-task the concurrency gate sent itself, admitting its workflow in the commit
+# that queued it (engine/scripts/gate.lua): that admission is written nowhere else, and
+# replay applies it where the archive shows these start-tasks.
+ADMITTED = "admitted"
 
 
 def sent_again(start: dict[str, Any]) -> dict[str, Any]:

@@ -171,7 +171,11 @@ def replay_workflow(item: WorkflowReplay, graphs: ArchiveGraphs, keys: Keys) -> 
     matched: set[str] = set()
     version = 0
     last_output = max((id_order(entry[1]) for entry in item.emitted), default=(-1, -1))
-    for stream, entry_id, event in item.inputs:
+    inputs = list(item.inputs)
+    position = 0
+    while position < len(inputs):
+        stream, entry_id, event = inputs[position]
+        position += 1
         kind = str(event.get("kind"))
         try:
             parsed = ev.parse_input(entry_id, kind, event)
@@ -201,6 +205,9 @@ def replay_workflow(item: WorkflowReplay, graphs: ArchiveGraphs, keys: Keys) -> 
         if commit is None:
             continue  # a duplicate or stale event: live ignored it too
         version += 1
+        if _admitted_in_commit(commit, starts):
+            # The gate admitted it in this commit's transaction: applied next, as live.
+            inputs.insert(position, (stream, entry_id, _admission(item.workflow)))
         if isinstance(parsed, ev.TaskTimer):  # it fired: no longer pending
             item.timers.pop(ev.timer_member(kind, item.workflow, parsed.key, parsed.attempt), None)
         for member in commit.cancels:
@@ -286,6 +293,23 @@ def replay_workflow(item: WorkflowReplay, graphs: ArchiveGraphs, keys: Keys) -> 
     for stream, entry_id, event in ends:
         item.diverge(entry_id, stream, f"archived {event.get('kind')} {entry_id} never happened")
     return item
+
+
+def _admitted_in_commit(commit: Any, starts: dict[str, Entry]) -> bool:
+    """Whether the gate admitted the workflow this commit queued in the commit's own
+    transaction: the start-tasks it offered are archived as the gate sends them
+    (events.ADMITTED). An empty offer is archived as an admit-workflow instead."""
+    for _, fields in commit.offered_events():
+        names = [name.decode() if isinstance(name, bytes) else name for name in fields[::2]]
+        task_id = orjson.loads(fields[1 + 2 * names.index("id")])
+        archived = starts.get(task_id)
+        return archived is not None and archived[2].get(ev.ADMITTED) is True
+    return False
+
+
+def _admission(workflow: str) -> dict[str, Any]:
+    """The admit-workflow the gate's own admission stands for (see gate.lua)."""
+    return {"kind": ev.ADMIT_WORKFLOW, "workflow": workflow, ev.ADMIT_SENT: True}
 
 
 def _emitted(commit: Any) -> Iterable[tuple[str, dict[str, Any]]]:

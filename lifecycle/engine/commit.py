@@ -33,6 +33,8 @@ _NO_INPUTS: dict[str, Any] = {}  # shared, never written: Pending.inputs is repl
 # Sent with EVAL, not EVALSHA: it runs inside MULTI, where a NOSCRIPT could not be retried.
 _SCRIPTS = lua.scripts_dir(__file__)
 _ADMIT_JSON = _dumps(ev.ADMIT_WORKFLOW)
+# What the gate's own start-tasks carry besides the held ones' fields (events.ADMITTED).
+_ADMITTED = (ev.ADMITTED, b"true")
 
 
 @dataclass
@@ -286,7 +288,7 @@ class Commit:
         offer: list[Any] = [b""]
         if self.offer is not None:
             events: list[Any] = []
-            for stream, fields in _encoded(self.offer):
+            for stream, fields in self.offered_events():
                 events += (stream, len(fields) // 2, *fields)
             offer = [
                 self.offer_admitted,
@@ -337,13 +339,14 @@ class Commit:
             count += 4
             for stream, values, template in offer:
                 if template is None:
-                    parts.append(_pack(stream, len(values) // 2, *values))
-                    count += 2 + len(values)
+                    parts.append(_pack(stream, len(values) // 2 + 1, *values, *_ADMITTED))
+                    count += 4 + len(values)
                     continue
                 fields = len(template.arguments) - 3  # after XADD <stream> *
-                parts.append(_pack(stream, fields // 2))
+                parts.append(_pack(stream, fields // 2 + 1))
                 parts.append(template.fill(*values)[_xadd_head(stream, fields + 3) :])
-                count += 2 + fields
+                parts.append(_ADMITTED_PACKED)
+                count += 4 + fields
             timers = self.offer_timers
             parts.append(_pack(len(timers) // 2, *timers))
             count += 1 + len(timers)
@@ -400,6 +403,12 @@ class Commit:
     def encoded_events(self) -> Iterator[tuple[str, list[Any]]]:
         """(stream, [name, JSON value, ...]) of every event to append, in order."""
         return _encoded(self.events)
+
+    def offered_events(self) -> Iterator[tuple[str, list[Any]]]:
+        """(stream, [name, JSON value, ...]) of each start-task the gate sends should it
+        admit the workflow in this commit's transaction (none without an offer)."""
+        for stream, fields in _encoded(self.offer or []):
+            yield stream, [*fields, *_ADMITTED]
 
     def commands(self, shared: SharedWrites | None = None) -> list[Any]:
         """The writes of :meth:`script_call` as plain commands (or packed ones), for a
@@ -492,6 +501,9 @@ def _pack(*arguments: Any) -> bytes:
     """``arguments`` packed as bulk strings, without the command's header."""
     packed: bytes = hiredis.pack_command(arguments)
     return packed[packed.index(b"\n") + 1 :]
+
+
+_ADMITTED_PACKED = _pack(*_ADMITTED)
 
 
 @cache

@@ -14,6 +14,7 @@ import redis
 
 from flowlang.graph import Graph
 from flowlang.runner import TaskCall
+from lifecycle import events as ev
 from lifecycle.engine.advance import Advancer
 from lifecycle.engine.store import GraphCache, WorkflowRecord, load_workflow
 from lifecycle.events import end_task
@@ -23,6 +24,28 @@ from lifecycle.submit import graph_task_kinds, start_workflow
 
 def decode(fields: dict[bytes, bytes]) -> dict[str, Any]:
     return {k.decode(): orjson.loads(v) for k, v in fields.items()}
+
+
+def direct_admissions(client: redis.Redis, keys: Keys, kind: str = "default") -> list[str]:
+    """The workflows the concurrency gate admitted in their own commits, in order: those
+    of the start-tasks it marked admitted (each such admission sends at least one)."""
+    found: list[str] = []
+    for _, fields in client.xrange(keys.tasks(kind)):
+        event = decode(fields)
+        if event.get(ev.ADMITTED) is True and event["workflow"] not in found[-1:]:
+            found.append(event["workflow"])
+    return found
+
+
+def admitted_workflows(client: redis.Redis, keys: Keys, kind: str = "default") -> list[str]:
+    """Every admission under a concurrency key: those the gate carried out in a
+    workflow's own commit, then those written as admit-workflow events."""
+    plain = [
+        event["workflow"]
+        for event in (decode(fields) for _, fields in client.xrange(keys.lifecycle))
+        if event["kind"] == ev.ADMIT_WORKFLOW
+    ]
+    return direct_admissions(client, keys, kind) + plain
 
 
 class Harness:

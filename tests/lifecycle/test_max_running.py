@@ -26,7 +26,7 @@ from lifecycle.errors import NotAllowed
 from lifecycle.keys import TASK_GROUP, Keys
 from lifecycle.submit import BadConcurrency, graph_task_kinds, start_workflow
 from tests.lifecycle.audit_helpers import archive_all
-from tests.lifecycle.harness import Harness, decode
+from tests.lifecycle.harness import Harness, admitted_workflows, decode
 
 KEYS = Keys()
 FLOW = compile_text("A → B")
@@ -226,11 +226,7 @@ def test_two_lifecycle_workers_admit_every_workflow_exactly_once(
     wait_until(
         lambda: states(redis_client, *ids) == ["finished"] * 30, timeout=30, what="all to finish"
     )
-    admitted = [
-        decode(fields)["workflow"]
-        for _, fields in redis_client.xrange(KEYS.lifecycle)
-        if decode(fields)["kind"] == "admit-workflow"
-    ]
+    admitted = admitted_workflows(redis_client, KEYS)
     # Each exactly once. (Not quite in submission order: two workers apply starts in
     # parallel, and a place free goes to the first start applied; the order of those
     # waiting is the harness tests'.)

@@ -1,11 +1,11 @@
 """A keyed workflow under its limit starts in the commit that queues it.
 
 The gate admits it in that commit's own transaction and sends its held start-tasks
-itself: no second advance. It still appends an ``admit-workflow`` (``sent`` true) that
-the lifecycle worker acknowledges with nothing to do and replay applies, so the
-receipts show the admission and replay and recover agree with what ran. Past the
-limit, a workflow waits and is admitted by a plain ``admit-workflow`` as before. An
-end with nobody waiting frees its place with a plain SREM, the key's line watched.
+itself, each marked ``admitted``: no second advance, and nothing on the lifecycle stream
+(replay applies the admission where the archive shows those start-tasks, so replay and
+recover agree with what ran). Past the limit, a workflow waits and is admitted by a
+plain ``admit-workflow``. An end with nobody waiting frees its place with a plain SREM,
+the key's line watched.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from lifecycle.engine.commit import Commit
 from lifecycle.keys import TASK_GROUP, Keys
 from lifecycle.submit import graph_task_kinds, start_workflow
 from tests.lifecycle.audit_helpers import archive_all
-from tests.lifecycle.harness import Harness, decode
+from tests.lifecycle.harness import Harness, admitted_workflows, decode, direct_admissions
 
 KEYS = Keys()
 FLOW = compile_text("A → B")
@@ -62,6 +62,10 @@ def admissions(client: redis.Redis) -> list[tuple[str, bool]]:
     ]
 
 
+def direct(client: redis.Redis) -> list[str]:
+    return direct_admissions(client, KEYS)
+
+
 def _ms(entry_id: bytes) -> int:
     return int(entry_id.split(b"-")[0])
 
@@ -77,19 +81,48 @@ def test_a_keyed_workflow_under_its_limit_starts_its_first_task_in_one_advance(
     first = harness.advancer.apply(read_batch(harness.client))
     assert first.committed == 2
     assert started(harness.client) == ids  # sent by the commits that queued them
-    assert admissions(harness.client) == [(w, True) for w in ids]
+    assert direct(harness.client) == ids
     for workflow in ids:
         record = harness.client.hgetall(KEYS.workflow(workflow))
         assert orjson.loads(record[rec.CONCURRENCY.encode()]) == {"key": "k", "max": 2}
         assert rec.PAUSED.encode() not in record
         assert record[rec.VERSION.encode()] == b"1"  # one commit, no admission advance
-    # The admit-workflow events the gate wrote: acknowledged, nothing read or written.
-    version_before = harness.client.hget(KEYS.workflow("w0"), rec.VERSION)
-    second = harness.advancer.apply(batch := read_batch(harness.client))
-    assert [kind for _, event in batch for kind in [event["kind"]]] == [ev.ADMIT_WORKFLOW] * 2
-    assert second.committed == 0 and len(second.duplicates) == 2
-    assert harness.client.hget(KEYS.workflow("w0"), rec.VERSION) == version_before
-    assert harness.client.xlen(KEYS.tasks("default")) == 2  # nothing sent twice
+    # Nothing left for a lifecycle worker to read: no admit-workflow was written.
+    assert admissions(harness.client) == []
+    assert read_batch(harness.client) == []
+
+
+def test_an_admit_workflow_already_carried_out_is_acknowledged_with_nothing_done(
+    harness: Harness,
+) -> None:
+    # As the gate wrote them for every admission in its commit before its start-tasks
+    # carried the mark, and still does for an offer without start-tasks: still on the
+    # stream after an upgrade, they must change nothing.
+    submit(harness, "w0", most=2)
+    harness.advance()
+    version = harness.client.hget(KEYS.workflow("w0"), rec.VERSION)
+    harness.client.xadd(
+        KEYS.lifecycle,
+        {"kind": b'"admit-workflow"', "workflow": b'"w0"', ev.ADMIT_SENT: b"true"},
+    )
+    result = harness.advancer.apply(read_batch(harness.client))
+    assert result.committed == 0 and len(result.duplicates) == 1
+    assert harness.client.hget(KEYS.workflow("w0"), rec.VERSION) == version
+    assert harness.client.xlen(KEYS.tasks("default")) == 1  # nothing sent twice
+
+
+def test_an_offer_without_start_tasks_is_written_as_an_admit_workflow_sent(
+    redis_client: redis.Redis,
+) -> None:
+    commit = Commit(KEYS, "w1")
+    commit.enter("k", 5, 1)
+    commit.offer, commit.offer_admitted = [], orjson.dumps({"key": "k", "max": 5})
+    gate = commit.gate_command(check=False)
+    assert gate is not None
+    assert redis_client.execute_command(*gate) == 1
+    (entry,) = [decode(f) for _, f in redis_client.xrange(KEYS.lifecycle)]
+    assert entry == {"kind": ev.ADMIT_WORKFLOW, "workflow": "w1", ev.ADMIT_SENT: True}
+    assert redis_client.smembers(KEYS.key_running("k")) == {b"w1"}
 
 
 def test_past_its_limit_a_workflow_waits_and_a_plain_admission_starts_it(
@@ -98,11 +131,12 @@ def test_past_its_limit_a_workflow_waits_and_a_plain_admission_starts_it(
     ids = [submit(harness, f"w{n}", most=1) for n in range(3)]
     harness.advance()
     assert started(harness.client) == ["w0"]
-    assert admissions(harness.client) == [("w0", True)]
+    assert direct(harness.client) == ["w0"] and admissions(harness.client) == []
     harness.pump(ok)
     # Each next one admitted by the commit that ended the one before: a plain admission,
     # applied by an advance of its own.
-    assert admissions(harness.client) == [("w0", True), ("w1", False), ("w2", False)]
+    assert admissions(harness.client) == [("w1", False), ("w2", False)]
+    assert direct(harness.client) == ["w0"]
     assert started(harness.client) == ["w0", "w0", "w1", "w1", "w2", "w2"]
     assert harness.client.scard(KEYS.key_running("k")) == 0
     assert _states(harness.client, ids) == ["finished"] * 3
@@ -145,9 +179,8 @@ def test_replay_of_direct_and_waiting_admissions_matches_the_live_records(
 ) -> None:
     ids = [submit(harness, f"w{n}", most=2) for n in range(5)]
     harness.pump(ok)
-    assert sorted(admissions(harness.client)) == sorted(
-        [("w0", True), ("w1", True), ("w2", False), ("w3", False), ("w4", False)]
-    )
+    assert direct(harness.client) == ["w0", "w1"]
+    assert sorted(admissions(harness.client)) == [("w2", False), ("w3", False), ("w4", False)]
     archive_all(harness.client, tmp_path / "archive")
     report = audit_archive(tmp_path / "archive", KEYS, client=harness.client)
     assert report.ok, report.first_problem
@@ -171,7 +204,7 @@ def test_the_script_path_also_admits_directly(harness: Harness) -> None:
     ids = [submit(harness, f"w{n}", most=2) for n in range(3)]
     harness.advance()
     assert started(harness.client) == ids[:2]
-    assert admissions(harness.client) == [("w0", True), ("w1", True)]
+    assert direct(harness.client) == ["w0", "w1"] and admissions(harness.client) == []
     harness.pump(ok)
     assert _states(harness.client, ids) == ["finished"] * 3
 
@@ -201,41 +234,48 @@ def test_two_lifecycle_workers_racing_never_run_more_than_the_limit(
     from tests.conftest import wait_until
     from workers.noop import NoopWorker
 
-    options = {"pool": pool, "handle_signals": False, "block_ms": 20}
-    in_threads(*[LifecycleWorker(batch_size=3, **options) for _ in range(2)])
-    in_threads(NoopWorker(["default"], **options))
-    most, count = 3, 40
-    ids = [
-        start_workflow(
-            redis_client, FLOW, None, f"w{n:02}", KEYS, concurrency_key="k", max_running=most
+    # Redis reports every change of the key's running set in the order it makes them,
+    # inside scripts and transactions too: the exact count of workflows admitted and
+    # not yet ended at every moment.
+    redis_client.config_set("notify-keyspace-events", "Ks")
+    watcher = redis_client.pubsub()
+    watcher.subscribe(f"__keyspace@0__:{KEYS.key_running('k')}")
+    try:
+        options = {"pool": pool, "handle_signals": False, "block_ms": 20}
+        in_threads(*[LifecycleWorker(batch_size=3, **options) for _ in range(2)])
+        in_threads(NoopWorker(["default"], **options))
+        most, count = 3, 40
+        ids = [
+            start_workflow(
+                redis_client, FLOW, None, f"w{n:02}", KEYS, concurrency_key="k", max_running=most
+            )
+            for n in range(count)
+        ]
+        wait_until(
+            lambda: (
+                redis_client.hlen(KEYS.outcomes) > 0
+                and int(redis_client.hget(KEYS.outcomes, rec.FINISHED) or 0) == count
+            ),
+            timeout=30,
+            what="all to finish",
         )
-        for n in range(count)
-    ]
-    wait_until(
-        lambda: (
-            redis_client.hlen(KEYS.outcomes) > 0
-            and int(redis_client.hget(KEYS.outcomes, rec.FINISHED) or 0) == count
-        ),
-        timeout=30,
-        what="all to finish",
-    )
-    # The lifecycle stream orders admissions and ends exactly: an end and the admission it
-    # makes room for are written in one transaction, the end first.
-    running: set[str] = set()
-    peak, admitted, ended = 0, [], []
-    for _, fields in redis_client.xrange(KEYS.lifecycle):
-        event = decode(fields)
-        if event["kind"] == ev.ADMIT_WORKFLOW:
-            assert event["workflow"] not in running
-            running.add(event["workflow"])
-            admitted.append(event["workflow"])
-        elif event["kind"] == ev.END_WORKFLOW:
-            running.discard(event["workflow"])
-            ended.append(event["workflow"])
-        peak = max(peak, len(running))
-    assert peak == most
-    assert sorted(admitted) == ids and sorted(ended) == ids  # each exactly once
-    # Every start-task was sent after its workflow's admission: none for one not admitted.
+        changes = []
+        while (message := watcher.get_message(timeout=0.5)) is not None:
+            if message["type"] == "message":
+                changes.append(message["data"])
+    finally:
+        watcher.close()
+        redis_client.config_set("notify-keyspace-events", "")
+    running = peak = 0
+    for change in changes:  # one sadd per admission, one srem per end
+        running += {b"sadd": 1, b"srem": -1}[change]
+        assert running >= 0
+        peak = max(peak, running)
+    assert peak == most and running == 0
+    assert changes.count(b"sadd") == count
+    # Each admitted exactly once, in its own commit or by an admit-workflow; every
+    # start-task of one admitted by an admit-workflow sent after it.
+    assert sorted(admitted_workflows(redis_client, KEYS)) == ids
     admitted_at = {
         decode(f)["workflow"]: _ms(i)
         for i, f in redis_client.xrange(KEYS.lifecycle)
@@ -245,7 +285,7 @@ def test_two_lifecycle_workers_racing_never_run_more_than_the_limit(
         (decode(f)["workflow"], _ms(i)) for i, f in redis_client.xrange(KEYS.tasks("default"))
     ]
     assert len(starts) == 2 * count
-    assert all(at >= admitted_at[workflow] for workflow, at in starts)
+    assert all(at >= admitted_at.get(workflow, 0) for workflow, at in starts)
     assert redis_client.scard(KEYS.key_running("k")) == 0
     assert redis_client.zcard(KEYS.key_queue("k")) == 0
 
@@ -264,7 +304,9 @@ def test_a_wide_first_step_is_admitted_at_once_with_every_start_task_and_timer(
     # More timers than one unpack() in Lua can take (about 8,000 values).
     assert harness.client.xlen(KEYS.tasks("default")) == 4500
     assert harness.client.zcard(KEYS.timers) == 4500
-    assert admissions(harness.client) == [("wide", True)]
+    assert direct(harness.client) == ["wide"] and admissions(harness.client) == []
+    marked = [decode(f).get(ev.ADMITTED) for _, f in harness.client.xrange(KEYS.tasks("default"))]
+    assert marked == [True] * 4500
 
 
 def test_a_restart_with_room_is_admitted_in_its_own_commit_and_replay_agrees(
@@ -279,7 +321,8 @@ def test_a_restart_with_room_is_admitted_in_its_own_commit_and_replay_agrees(
     harness.advance()
     client.restart(workflow)
     harness.advance()  # the restart: in line again, admitted at once, its task sent again
-    assert admissions(harness.client) == [(workflow, True), (workflow, True)]
+    marked = [decode(f).get(ev.ADMITTED) for _, f in harness.client.xrange(KEYS.tasks("default"))]
+    assert marked == [True, True] and admissions(harness.client) == []
     assert started(harness.client) == [workflow, workflow]
     harness.pump(ok)
     assert _states(harness.client, [workflow]) == ["finished"]
@@ -338,7 +381,7 @@ def test_a_workflow_queuing_while_an_end_commits_is_admitted_by_that_end(
     racing.intrude = lambda: other.apply([start])
     result = racing.apply([end])
     assert result.conflicts == 1 and result.committed == 1
-    assert admissions(harness.client) == [("w0", True), ("w1", False)]
+    assert direct(harness.client) == ["w0"] and admissions(harness.client) == [("w1", False)]
     harness.pump(ok)
     assert _states(harness.client, ["w0", "w1"]) == ["finished", "finished"]
     assert started(harness.client) == ["w0", "w0", "w1", "w1"]
@@ -425,3 +468,63 @@ def test_a_start_and_its_termination_in_one_batch_send_nothing_and_admit_nothing
     assert started(harness.client) == [] and admissions(harness.client) == []
     assert harness.client.scard(KEYS.key_running("k")) == 0
     assert harness.client.zcard(KEYS.key_queue("k")) == 0
+
+
+def test_an_archive_written_before_start_tasks_carried_the_mark_replays_equal(
+    harness: Harness, tmp_path: Path
+) -> None:
+    from lifecycle.audit.archive import read_archive
+    from lifecycle.audit.replay import ArchiveGraphs, WorkflowReplay, replay_workflow
+
+    ids = [submit(harness, f"w{n}", most=2) for n in range(4)]
+    harness.pump(ok)
+    archive_all(harness.client, tmp_path / "archive")
+    graphs, items = ArchiveGraphs(), {w: WorkflowReplay(w) for w in ids}
+    for _, record in read_archive(tmp_path / "archive"):
+        if "graph" in record:
+            graphs.add(record["graph"], record["text"])
+            continue
+        event, stream = record.get("event"), record.get("stream")
+        if not isinstance(event, dict) or event.get("workflow") not in items:
+            continue
+        item, entry = items[event["workflow"]], (stream, record["id"], event)
+        if stream == KEYS.lifecycle and event["kind"] in ev.LIFECYCLE_INPUTS:
+            item.inputs.append(entry)
+            if event["kind"] == ev.START_WORKFLOW and event["workflow"] in ("w0", "w1"):
+                # How the gate wrote a direct admission then: an admit-workflow, sent.
+                admit = {"kind": ev.ADMIT_WORKFLOW, "workflow": event["workflow"]}
+                item.inputs.append((stream, record["id"], {**admit, ev.ADMIT_SENT: True}))
+        elif event["kind"] in (ev.START_TASK, ev.END_WORKFLOW):
+            unmarked = {name: value for name, value in event.items() if name != ev.ADMITTED}
+            item.emitted.append((stream, record["id"], unmarked))
+    for workflow in ids:
+        replayed = replay_workflow(items[workflow], graphs, KEYS)
+        assert replayed.divergence is None, replayed.divergence
+        assert replayed.state is not None and replayed.state.status == "finished"
+
+
+def test_replay_without_the_marked_start_tasks_says_where_it_diverges(
+    harness: Harness, tmp_path: Path
+) -> None:
+    from lifecycle.audit.archive import read_archive
+    from lifecycle.audit.replay import ArchiveGraphs, WorkflowReplay, replay_workflow
+
+    submit(harness, "w0", most=1)
+    harness.pump(ok)
+    archive_all(harness.client, tmp_path / "archive")
+    graphs, item = ArchiveGraphs(), WorkflowReplay("w0")
+    for _, record in read_archive(tmp_path / "archive"):
+        if "graph" in record:
+            graphs.add(record["graph"], record["text"])
+            continue
+        event, stream = record.get("event"), record.get("stream")
+        if not isinstance(event, dict) or event.get("workflow") != "w0":
+            continue
+        entry = (stream, record["id"], event)
+        if stream == KEYS.lifecycle and event["kind"] in ev.LIFECYCLE_INPUTS:
+            item.inputs.append(entry)
+        elif event["kind"] in (ev.START_TASK, ev.END_WORKFLOW):
+            # The mark taken away: nothing says it was admitted, so its tasks never ran.
+            item.emitted.append((stream, record["id"], {**event, ev.ADMITTED: False}))
+    replayed = replay_workflow(item, graphs, KEYS)
+    assert replayed.divergence is not None

@@ -21,6 +21,7 @@
 --   the workflow's CONCURRENCY value once admitted ('' = no offer: nothing follows),
 --   the CONCURRENCY field name, the held-list field name (PAUSED),
 --   m, (stream, f, (field, value) × f) × m      its held start-tasks, as XADD stream * fields
+--                                                (each with admitted = true)
 --   (the task streams are named here, not in KEYS: the lifecycle's ACL grants them write
 --   only, which a key declared to EVAL does not satisfy; they carry KEYS[1]'s hash tag,
 --   so they are in its slot on a cluster)
@@ -29,10 +30,13 @@
 -- Then, while fewer than max run and someone waits, the first in line is admitted:
 -- added to KEYS[2] and an admit-workflow for it appended to KEYS[4]. When the first is
 -- this commit's own workflow and an offer came, the admission is carried out here, so
--- no second advance is needed: its admit-workflow (with sent = true, which the lifecycle
--- worker acknowledges as done and replay applies), its start-tasks and timers written,
--- its CONCURRENCY set and held list removed, exactly what applying the admit-workflow
--- would write (the start records n:<key> stand as the commit wrote them). Writes
+-- no second advance is needed: its start-tasks and timers written, its CONCURRENCY set
+-- and held list removed, exactly what applying an admit-workflow would write (the start
+-- records n:<key> stand as the commit wrote them). Nothing goes to the lifecycle stream
+-- then, as no lifecycle worker has anything left to do: the offered start-tasks carry
+-- admitted = true, which is how replay knows the admission happened here. Only an offer
+-- without start-tasks, which nothing in the archive would show, still writes an
+-- admit-workflow with sent = true (acknowledged as done, applied by replay). Writes
 -- KEYS[1..5] and the task streams. Returns how many were admitted.
 --
 -- (A watched transaction whose commit only leaves, with nobody in the key's line,
@@ -49,9 +53,11 @@ local offered = n > 0 and ARGV[i] ~= '' and ARGV[i - 2] == 'enter'
 local function admit_sent()
   local admitted_value, concurrency, held = ARGV[i], ARGV[i + 1], ARGV[i + 2]
   local j = i + 3
-  redis.call('XADD', KEYS[4], '*', 'kind', ARGV[5], 'workflow', cjson.encode(workflow),
-    ARGV[6], 'true')
   local m = tonumber(ARGV[j]); j = j + 1
+  if m == 0 then
+    redis.call('XADD', KEYS[4], '*', 'kind', ARGV[5], 'workflow', cjson.encode(workflow),
+      ARGV[6], 'true')
+  end
   for _ = 1, m do
     local f = tonumber(ARGV[j + 1])
     redis.call('XADD', ARGV[j], '*', unpack(ARGV, j + 2, j + 1 + 2 * f))
