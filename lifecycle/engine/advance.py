@@ -381,7 +381,7 @@ class Advancer:
         sizes = []  # commands per commit: which commit a failed command belongs to
         shared = SharedWrites(self._shared)
         for commit in commits:
-            own = commit.commands(shared)
+            own = commit.plain_commands() if commit.plain else commit.commands(shared)
             commands += own
             sizes.append(len(own))
         # Then the index, counters and schedules of them all: one command each. A refusal

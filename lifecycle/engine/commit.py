@@ -219,7 +219,7 @@ class Commit:
     __slots__ = (
         "keys", "workflow", "shared", "acks", "fields", "events", "timers", "cancels",
         "created", "outcome", "removed", "expire_at", "stopped", "unstop", "reopened", "deleted",
-        "gate", "gate_key", "offer", "offer_timers", "offer_admitted", "plain_leave",
+        "gate", "gate_key", "offer", "offer_timers", "offer_admitted", "plain_leave", "plain",
     )  # fmt: skip
 
     def __init__(self, keys: Keys, workflow: str, shared: SharedKeys | None = None) -> None:
@@ -258,6 +258,10 @@ class Commit:
         # It only leaves its key, whose line a watched transaction found empty and watches:
         # a plain SREM frees its place (someone queuing meanwhile makes the EXEC fail).
         self.plain_leave = False
+        # All it writes is its record's fields and start-tasks from their templates (the
+        # transition's plain step says so): a watched transaction packs it without the
+        # general walk of :meth:`commands`.
+        self.plain = False
 
     def enter(self, key: str, max_running: int, order: int) -> None:
         """The workflow waits in line for its concurrency key from this commit on."""
@@ -411,6 +415,13 @@ class Commit:
             return self._own_commands(shared)
         mine = SharedWrites(self.shared)
         return self._own_commands(mine) + mine.commands()
+
+    def plain_commands(self) -> list[Any]:
+        """:meth:`commands` of a :attr:`plain` commit: one HSET, then its start-tasks."""
+        commands: list[Any] = [("HSET", self.keys.workflow(self.workflow), *self.fields)]
+        for _, values, template in self.events:
+            commands.append(template.fill(*values))  # type: ignore[union-attr]
+        return commands
 
     def _own_commands(self, shared: SharedWrites) -> list[Any]:
         key = self.keys.workflow(self.workflow)

@@ -104,6 +104,10 @@ class Transition:
         if item.corrupt is not None or item.refused is not None:
             reason = item.corrupt or item.refused or ""
             return self.failure(item, result, now, item.events[0][0], reason)
+        if len(item.events) == 1 and item.held is None and item.concurrency is None:
+            commit = self._plain_step(item, now)
+            if commit is not None:
+                return commit
         ended = item.state is not None and item.state.status != rec.RUNNING
         try:
             return self._compute(item, result, now)
@@ -185,6 +189,97 @@ class Transition:
             commit.expire_at = str(now + keep)
 
     # -- one workflow ------------------------------------------------------------
+
+    def _plain_step(self, item: Pending, now: int) -> Commit | None:
+        """The commit of the common batch item, computed without the general walk: one
+        successful end-task, with its token, of the attempt running now in a whole state
+        without joins or iterations, whose node only starts plain tasks with its output
+        (``Machine.plain_next``), the workflow neither paused nor under a concurrency key.
+        None for anything else, before anything is changed: the general path then
+        computes it. What it returns is what the general path would (the equivalence
+        tests compare them)."""
+        event_id, kind, event = item.events[0]
+        state = item.state
+        if (
+            kind != ev.END_TASK
+            or type(event) is not ev.EndTask
+            or not event.success
+            or type(state) is not State
+            or state.status != rec.RUNNING
+            or state.fanin
+            or state.waiting
+            or item.digest is None
+        ):
+            return None
+        key, attempt = event.key, event.attempt
+        running = state.running
+        if attempt is None or running.get(key) != attempt or "." in key:
+            return None
+        try:
+            machine = self.graphs.machine(item.digest)
+            node = int(key)
+            plain = machine.plain_next[node] if 0 <= node < len(machine.plain_next) else None
+            if plain is None or machine.limits.task_starts is not None:
+                return None
+            if len(running) - 1 + len(plain) > _CHUNK_AT:  # it would be stored chunked
+                return None
+            policy = self._task(item, machine, node).policy
+            starts = [(str(successor), self._task(item, machine, successor)) for successor in plain]
+            output = event.output
+            record = _dumps([now, True, output, None, event.worker])
+        except Exception:  # noqa: BLE001 - the general path says what is wrong, and fails it
+            return None
+        if (
+            self._walk_depth
+            and (type(output) is dict or type(output) is list)
+            and not depth_within(output, self.limits.depth)
+        ):
+            return None
+        workflow, salt = item.workflow, item.salt
+        tokens = ev.task_tokens(
+            salt or "", workflow, [(key, attempt)] + [(start, 1) for start, _ in starts]
+        )
+        if (
+            salt is not None
+            and tokens[0] != event.token
+            and (event.token is not None or not self.untokened_answers)
+        ):
+            return None  # refused by the general path, with the reason
+        # The successors' input: the output as the record encodes it (None starts them
+        # with {}), cut out of the record rather than encoded again.
+        if output is None:
+            input_json = b"{}"
+        else:
+            head = len(b"[%d,true," % now)
+            input_json = record[head : len(record) - len(_dumps(event.worker)) - 7]
+        commit = Commit(self.keys, workflow, self._shared)
+        if policy.timeout:
+            commit.cancels.append(ev.timer_member(ev.TIMEOUT_TASK, workflow, key, attempt))
+        fields = commit.fields
+        fields += (_END_PREFIX + key, record)
+        commit.acks.append(event_id)
+        del running[key]
+        workflow_json = _dumps(workflow)
+        start_record = b"[1,%d,%b]" % (now, input_json)
+        events = commit.events
+        for (start, task), token in zip(starts, tokens[1:], strict=True):
+            running[start] = 1
+            fields += (_START_PREFIX + start, start_record)
+            values = (
+                workflow_json,
+                _dumps(start),
+                b"1",
+                _dumps(ev.task_instance_id(workflow, start, 1)),
+                _dumps(token),
+                input_json,
+            )
+            events.append((task.stream, values, task.start_task))
+            if task.policy.timeout:
+                member = ev.timer_member(ev.TIMEOUT_TASK, workflow, start, 1)
+                commit.timers += (now + int(task.policy.timeout * 1000), member)
+        fields += (rec.STATE, _dumps(state.to_dict()), rec.VERSION, int(item.version or 0) + 1)
+        commit.plain = not (commit.timers or commit.cancels)
+        return commit
 
     def _compute(self, item: Pending, result: BatchResult | Said, now: int) -> Commit | None:
         commit = Commit(self.keys, item.workflow, self._shared)
@@ -611,6 +706,7 @@ def _order(event_id: str) -> int:
 
 
 _END_PREFIX = rec.END_PREFIX
+_START_PREFIX = rec.START_PREFIX
 _CHUNK_AT = 64  # entries of one table (or one iteration's items) past which it is chunked
 
 
