@@ -28,7 +28,15 @@ from flowlang.machine import ChunkedState, Machine, Missing, State
 from flowlang.state import FANIN, WAITING, Entry
 from lifecycle import events as ev
 from lifecycle import records as rec
-from lifecycle.engine.commit import BatchResult, Commit, Pending, Said, SharedWrites, shared_keys
+from lifecycle.engine.commit import (
+    NO_INPUTS,
+    BatchResult,
+    Commit,
+    Pending,
+    Said,
+    SharedWrites,
+    shared_keys,
+)
 from lifecycle.engine.store import GraphCache
 from lifecycle.engine.transition import Transition
 from lifecycle.errors import BadEvent, LifecycleError
@@ -206,7 +214,8 @@ class Advancer:
                         result.rejected += [(i, item.refused) for i, _, _ in item.events]
                     continue
                 if won:
-                    said.into(result)
+                    if said.duplicates or said.rejected:
+                        said.into(result)
                     result.acknowledged += commit.acks
                     result.committed += 1
                 else:
@@ -280,7 +289,8 @@ class Advancer:
                 # _read_command would say, without its general walk over the events.
                 _, kind, event = events[0]
                 if kind == end_task and event.success and "." not in event.key:
-                    item.resends, item.entries, item.input_keys = False, [], []
+                    if item.resends or item.entries or item.input_keys:  # (a round before)
+                        item.resends, item.entries, item.input_keys = False, [], []
                     commands.append(load(key.encode()))
                     continue
             item.resends = any(kind in _WHOLE_RECORD for _, kind, _ in events)
@@ -485,7 +495,7 @@ def _read_record(
     item.concurrency = orjson.loads(concurrency) if concurrency is not None else None
     item.corrupt = None
     if not inputs:
-        item.inputs = {}
+        item.inputs = NO_INPUTS
         return
     loads = orjson.loads
     item.inputs = {

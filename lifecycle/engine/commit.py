@@ -29,7 +29,7 @@ __all__ = [
 ]  # fmt: skip
 
 _dumps = orjson.dumps
-_NO_INPUTS: dict[str, Any] = {}  # shared, never written: Pending.inputs is replaced
+NO_INPUTS: dict[str, Any] = {}  # shared, never written: Pending.inputs is replaced
 # Sent with EVAL, not EVALSHA: it runs inside MULTI, where a NOSCRIPT could not be retried.
 _SCRIPTS = lua.scripts_dir(__file__)
 _ADMIT_JSON = _dumps(ev.ADMIT_WORKFLOW)
@@ -80,7 +80,7 @@ class Pending:
         self.version = version
         self.state: State | None = None
         self.digest: str | None = None
-        self.inputs: dict[str, Any] = _NO_INPUTS  # task inputs loaded for retries
+        self.inputs: dict[str, Any] = NO_INPUTS  # task inputs loaded for retries
         # the secret of its attempt tokens (lifecycle.events.task_token); None for workflows
         # stored before tokens, whose end-tasks are not checked
         self.salt: str | None = None
@@ -100,7 +100,7 @@ class Pending:
     def note_input(self, key: str, value: Any) -> None:
         """The input of a start-task held or sent in this batch: a resume or restart later
         in the same batch sends it (what was loaded before the batch does not have it)."""
-        if self.inputs is _NO_INPUTS:
+        if self.inputs is NO_INPUTS:
             self.inputs = {}
         self.inputs[key] = value
 
@@ -260,8 +260,9 @@ class Commit:
         self.plain_leave = False
         # All it writes is its record's fields and start-tasks from their templates (the
         # transition's plain step says so): a watched transaction packs it without the
-        # general walk of :meth:`commands`.
-        self.plain = False
+        # general walk of :meth:`commands`, its fields as an HSET template (packed but for
+        # the key and the values) and the values to fill it with.
+        self.plain: tuple[Template, tuple[bytes, ...]] | None = None
 
     def enter(self, key: str, max_running: int, order: int) -> None:
         """The workflow waits in line for its concurrency key from this commit on."""
@@ -418,7 +419,9 @@ class Commit:
 
     def plain_commands(self) -> list[Any]:
         """:meth:`commands` of a :attr:`plain` commit: one HSET, then its start-tasks."""
-        commands: list[Any] = [("HSET", self.keys.workflow(self.workflow), *self.fields)]
+        assert self.plain is not None
+        hset, values = self.plain
+        commands: list[Any] = [hset.fill(*values)]
         for _, values, template in self.events:
             commands.append(template.fill(*values))  # type: ignore[union-attr]
         return commands

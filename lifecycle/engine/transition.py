@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from itertools import repeat
 from typing import Any, Protocol
 
 import orjson
@@ -32,6 +33,7 @@ from lifecycle.engine.commit import BatchResult, Commit, Pending, Said, shared_k
 from lifecycle.errors import LifecycleError
 from lifecycle.keys import Keys, task_kind
 from lifecycle.stored_state import write_changes
+from rqse.fastpipe import SLOT, Template
 
 __all__ = ["GraphSource", "Transition"]
 
@@ -50,6 +52,21 @@ class _TaskFacts:
     stream: str
     start_task: Any  # fastpipe.Template of its start-task (lifecycle.events.start_task_template)
     policy: Policy
+
+
+@dataclass(frozen=True, slots=True)
+class _Step:
+    """What the plain step of one node needs (Transition._plain_step)."""
+
+    end_field: str  # the node's end record's field
+    # per successor: its key, its start record's field, its key as JSON, its stream and
+    # its start-task's template
+    starts: tuple[tuple[str, str, bytes, str, Any], ...]
+    attempts: tuple[tuple[str, int], ...]  # the successors' first attempts
+    hset: Template  # the HSET of the step's fields (_plain_hset)
+
+
+_NOT_PLAIN = _Step("", (), (), Template("HSET"))  # a node the plain step leaves alone
 
 
 class _EventFailed(Exception):
@@ -94,6 +111,9 @@ class Transition:
         self._shared = shared_keys(self.keys)
         # (graph hash, priority) -> per node
         self._tasks: dict[tuple[str, int], list[_TaskFacts | None]] = {}
+        # (graph hash, priority) -> instance key -> what its node's plain step needs
+        self._steps: dict[tuple[str | None, int], dict[str, _Step]] = {}
+        self._now, self._head = 0, 0  # the time of the records, and its length in one
 
     def compute(self, item: Pending, result: BatchResult | Said, now: int) -> Commit | None:
         """Apply ``item.events`` to ``item.state``; return what to commit, or None when
@@ -194,10 +214,10 @@ class Transition:
         """The commit of the common batch item, computed without the general walk: one
         successful end-task, with its token, of the attempt running now in a whole state
         without joins or iterations, whose node only starts plain tasks with its output
-        (``Machine.plain_next``), the workflow neither paused nor under a concurrency key.
-        None for anything else, before anything is changed: the general path then
-        computes it. What it returns is what the general path would (the equivalence
-        tests compare them)."""
+        (``Machine.plain_next``) and neither it nor they have a timeout, the workflow
+        neither paused nor under a concurrency key. None for anything else, before
+        anything is changed: the general path then computes it. What it returns is what
+        the general path would (tests/lifecycle/test_plain_step.py compares them)."""
         event_id, kind, event = item.events[0]
         state = item.state
         if (
@@ -208,26 +228,26 @@ class Transition:
             or state.status != rec.RUNNING
             or state.fanin
             or state.waiting
-            or item.digest is None
+            or type(now) is not int  # (the record's time is cut out below as %d writes it)
         ):
             return None
-        key, attempt = event.key, event.attempt
-        running = state.running
+        key, attempt, running = event.key, event.attempt, state.running
+        # A key running now is one of the graph's: the cache below grows with nodes only.
         if attempt is None or running.get(key) != attempt or "." in key:
             return None
+        steps = self._steps.get((item.digest, item.priority))
+        step = steps.get(key) if steps is not None else None
+        if step is None:
+            step = self._plain_facts(item, key)
+            if step is None:
+                return None
+        starts = step.starts
+        if step is _NOT_PLAIN or len(running) - 1 + len(starts) > _CHUNK_AT:
+            return None  # (past _CHUNK_AT it would be stored chunked)
+        output, worker = event.output, event.worker
         try:
-            machine = self.graphs.machine(item.digest)
-            node = int(key)
-            plain = machine.plain_next[node] if 0 <= node < len(machine.plain_next) else None
-            if plain is None or machine.limits.task_starts is not None:
-                return None
-            if len(running) - 1 + len(plain) > _CHUNK_AT:  # it would be stored chunked
-                return None
-            policy = self._task(item, machine, node).policy
-            starts = [(str(successor), self._task(item, machine, successor)) for successor in plain]
-            output = event.output
-            record = _dumps([now, True, output, None, event.worker])
-        except Exception:  # noqa: BLE001 - the general path says what is wrong, and fails it
+            record = _dumps([now, True, output, None, worker])
+        except orjson.JSONEncodeError:
             return None
         if (
             self._walk_depth
@@ -236,9 +256,7 @@ class Transition:
         ):
             return None
         workflow, salt = item.workflow, item.salt
-        tokens = ev.task_tokens(
-            salt or "", workflow, [(key, attempt)] + [(start, 1) for start, _ in starts]
-        )
+        tokens = ev.task_tokens(salt or "", workflow, [(key, attempt), *step.attempts])
         if (
             salt is not None
             and tokens[0] != event.token
@@ -250,36 +268,82 @@ class Transition:
         if output is None:
             input_json = b"{}"
         else:
-            head = len(b"[%d,true," % now)
-            input_json = record[head : len(record) - len(_dumps(event.worker)) - 7]
-        commit = Commit(self.keys, workflow, self._shared)
-        if policy.timeout:
-            commit.cancels.append(ev.timer_member(ev.TIMEOUT_TASK, workflow, key, attempt))
-        fields = commit.fields
-        fields += (_END_PREFIX + key, record)
-        commit.acks.append(event_id)
+            if now != self._now:
+                self._now, self._head = now, len(b"[%d,true," % now)
+            tail = 7 + (4 if worker is None else len(_dumps(worker)))  # ,null,<worker>]
+            input_json = record[self._head : len(record) - tail]
         del running[key]
-        workflow_json = _dumps(workflow)
         start_record = b"[1,%d,%b]" % (now, input_json)
+        workflow_json = _dumps(workflow)
+        commit = Commit(self.keys, workflow, self._shared)
+        fields = commit.fields
+        fields += (step.end_field, record)
         events = commit.events
-        for (start, task), token in zip(starts, tokens[1:], strict=True):
+        for (start, field, start_json, stream, template), token in zip(
+            starts, tokens[1:], strict=True
+        ):
             running[start] = 1
-            fields += (_START_PREFIX + start, start_record)
+            fields += (field, start_record)
             values = (
                 workflow_json,
-                _dumps(start),
+                start_json,
                 b"1",
                 _dumps(ev.task_instance_id(workflow, start, 1)),
                 _dumps(token),
                 input_json,
             )
-            events.append((task.stream, values, task.start_task))
-            if task.policy.timeout:
-                member = ev.timer_member(ev.TIMEOUT_TASK, workflow, start, 1)
-                commit.timers += (now + int(task.policy.timeout * 1000), member)
-        fields += (rec.STATE, _dumps(state.to_dict()), rec.VERSION, int(item.version or 0) + 1)
-        commit.plain = not (commit.timers or commit.cancels)
+            events.append((stream, values, template))
+        if (
+            state.attempts
+            or state.output is not None
+            or state.error is not None
+            or state.started
+            or state.stopped
+        ):
+            state_json = _dumps(state.to_dict())
+        else:  # what to_dict() gives, without its walk
+            state_json = _dumps({"status": rec.RUNNING, "running": running})
+        version = int(item.version or 0) + 1
+        fields += (rec.STATE, state_json, rec.VERSION, version)
+        commit.acks.append(event_id)
+        key_bytes = self.keys.workflow(workflow).encode()
+        hset: tuple[bytes, ...] = (key_bytes, record, *repeat(start_record, len(starts)))
+        commit.plain = (step.hset, (*hset, state_json, b"%d" % version))
         return commit
+
+    def _plain_facts(self, item: Pending, key: str) -> _Step | None:
+        """What the plain step of ``key``'s node needs, cached per graph and priority:
+        its successors' start-tasks and the HSET of its fields, or :data:`_NOT_PLAIN`.
+        None (not cached) when the graph cannot be had: the general path says why."""
+        try:
+            machine = self.graphs.machine(item.digest or "")
+            node = int(key)
+            if not 0 <= node < len(machine.nodes) or str(node) != key:
+                return None
+            plain = machine.plain_next[node]
+            facts = [self._task(item, machine, n) for n in (node, *(plain or ()))]
+        except Exception:  # noqa: BLE001 - the general path says what is wrong, and fails it
+            return None
+        steps = self._steps.setdefault((item.digest or "", item.priority), {})
+        if (
+            plain is None
+            or machine.limits.task_starts is not None
+            or any(fact.policy.timeout for fact in facts)
+        ):
+            step = steps[key] = _NOT_PLAIN
+            return step
+        starts = tuple(
+            (str(n), _START_PREFIX + str(n), _dumps(str(n)), fact.stream, fact.start_task)
+            for n, fact in zip(plain, facts[1:], strict=True)
+        )
+        names = [_END_PREFIX + key, *(field for _, field, _, _, _ in starts)]
+        step = steps[key] = _Step(
+            _END_PREFIX + key,
+            starts,
+            tuple((start, 1) for start, _, _, _, _ in starts),
+            _plain_hset([*names, rec.STATE, rec.VERSION]),
+        )
+        return step
 
     def _compute(self, item: Pending, result: BatchResult | Said, now: int) -> Commit | None:
         commit = Commit(self.keys, item.workflow, self._shared)
@@ -680,6 +744,15 @@ def _start_values(
         _dumps(token),
         input_json,
     )
+
+
+def _plain_hset(names: list[str]) -> Template:
+    """``HSET <key> <name> <value> ...`` of a plain step's fields, packed but for the key
+    and the values."""
+    arguments: list[Any] = ["HSET", SLOT]
+    for name in names:
+        arguments += (name, SLOT)
+    return Template(*arguments)
 
 
 def _release_held(machine: Machine, state: State, item: Pending, commit: Commit) -> list[Any]:
