@@ -61,6 +61,7 @@ _LOADED = (rec.VERSION, rec.STATE, rec.GRAPH, rec.SALT, rec.PAUSED, rec.PRIORITY
 _WHOLE_RECORD = frozenset({ev.RESUME_WORKFLOW, ev.RESTART_WORKFLOW, ev.ADMIT_WORKFLOW})
 _LOADED_COUNT = len(_LOADED)
 _LOAD = fastpipe.Template("HMGET", fastpipe.SLOT, *_LOADED)
+_NOTHING_SAID = Said()  # what a plain step says of its event besides its commit (never written)
 
 
 def _ms() -> int:
@@ -179,7 +180,12 @@ class Advancer:
                 self._load(pending, send, watch=watched)
                 commits = []
                 now = self.clock()  # one reading per round: its records share a time
+                plain_step = self.transition.plain_step
                 for item in pending:
+                    commit = plain_step(item, now)  # the common item, at its least cost
+                    if commit is not None:
+                        commits.append((item, commit, _NOTHING_SAID))
+                        continue
                     # A workflow that loses the race is recomputed from fresh state: what
                     # this round said of its events counts only if the round's commit wins.
                     commit, said = self._compute(item, now, send)
@@ -291,7 +297,8 @@ class Advancer:
                 if kind == end_task and event.success and "." not in event.key:
                     if item.resends or item.entries or item.input_keys:  # (a round before)
                         item.resends, item.entries, item.input_keys = False, [], []
-                    commands.append(load(key.encode()))
+                    item.key = encoded = key.encode()
+                    commands.append(load(encoded))
                     continue
             item.resends = any(kind in _WHOLE_RECORD for _, kind, _ in events)
             item.entries = _entries_touched(item, chunked.get(item.workflow))
@@ -359,7 +366,7 @@ class Advancer:
         workflows, so a workflow queuing in it meanwhile makes the EXEC fail, and the
         next round commits through the script path, whose gate admits it. One more
         round trip for a batch with such ends, instead of a script call for each."""
-        leaving = [commit for commit in commits if commit.only_leaves()]
+        leaving = [commit for commit in commits if commit.gate and commit.only_leaves()]
         if not leaving:
             return
         line_of = self.keys.key_queue

@@ -69,7 +69,7 @@ class Pending:
 
     __slots__ = (
         "workflow", "events", "version", "state", "digest", "inputs", "salt", "corrupt", "refused",
-        "held", "resends", "entries", "input_keys", "priority", "concurrency",
+        "held", "resends", "entries", "input_keys", "priority", "concurrency", "key",
     )  # fmt: skip
 
     def __init__(
@@ -96,6 +96,8 @@ class Pending:
         self.input_keys: list[str] = []  # task instances whose inputs are loaded with it
         # under a concurrency key: its record's CONCURRENCY field, decoded
         self.concurrency: dict[str, Any] | None = None
+        # its record's key, encoded, when the advancer read it: its plain step writes there
+        self.key: bytes | None = None
 
     def note_input(self, key: str, value: Any) -> None:
         """The input of a start-task held or sent in this batch: a resume or restart later

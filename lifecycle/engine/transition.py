@@ -56,7 +56,7 @@ class _TaskFacts:
 
 @dataclass(frozen=True, slots=True)
 class _Step:
-    """What the plain step of one node needs (Transition._plain_step)."""
+    """What the plain step of one node needs (Transition.plain_step)."""
 
     end_field: str  # the node's end record's field
     # per successor: its key, its start record's field, its key as JSON, its stream and
@@ -113,21 +113,22 @@ class Transition:
         self._tasks: dict[tuple[str, int], list[_TaskFacts | None]] = {}
         # (graph hash, priority) -> instance key -> what its node's plain step needs
         self._steps: dict[tuple[str | None, int], dict[str, _Step]] = {}
-        self._now, self._head = 0, 0  # the time of the records, and its length in one
+        # The time of the records, the length of an end record's head, and a start
+        # record's head (first attempts): written once per time (a batch shares one).
+        self._now, self._head, self._started = -1, 0, b""
 
     def compute(self, item: Pending, result: BatchResult | Said, now: int) -> Commit | None:
         """Apply ``item.events`` to ``item.state``; return what to commit, or None when
         nothing changes. Events that change nothing go to ``result.duplicates``, events
         refused (with the reason) to ``result.rejected``."""
+        commit = self.plain_step(item, now)
+        if commit is not None:
+            return commit
         if item.corrupt is not None and any(k == ev.DELETE_WORKFLOW for _, k, _ in item.events):
             return self._delete_corrupt(item, result)
         if item.corrupt is not None or item.refused is not None:
             reason = item.corrupt or item.refused or ""
             return self.failure(item, result, now, item.events[0][0], reason)
-        if len(item.events) == 1 and item.held is None and item.concurrency is None:
-            commit = self._plain_step(item, now)
-            if commit is not None:
-                return commit
         ended = item.state is not None and item.state.status != rec.RUNNING
         try:
             return self._compute(item, result, now)
@@ -210,15 +211,26 @@ class Transition:
 
     # -- one workflow ------------------------------------------------------------
 
-    def _plain_step(self, item: Pending, now: int) -> Commit | None:
+    def plain_step(self, item: Pending, now: int) -> Commit | None:
         """The commit of the common batch item, computed without the general walk: one
         successful end-task, with its token, of the attempt running now in a whole state
         without joins or iterations, whose node only starts plain tasks with its output
         (``Machine.plain_next``) and neither it nor they have a timeout, the workflow
         neither paused nor under a concurrency key. None for anything else, before
-        anything is changed: the general path then computes it. What it returns is what
-        the general path would (tests/lifecycle/test_plain_step.py compares them)."""
-        event_id, kind, event = item.events[0]
+        anything is changed: :meth:`compute` (which tries this first) then takes the
+        general path. A plain step says nothing of its event but its commit (no
+        duplicate, no refusal). What it returns is what the general path would
+        (tests/lifecycle/test_plain_step.py compares them)."""
+        events = item.events
+        if (
+            len(events) != 1
+            or item.held is not None
+            or item.concurrency is not None
+            or item.corrupt is not None
+            or item.refused is not None
+        ):
+            return None
+        event_id, kind, event = events[0]
         state = item.state
         if (
             kind != ev.END_TASK
@@ -269,16 +281,18 @@ class Transition:
             input_json = b"{}"
         else:
             if now != self._now:
-                self._now, self._head = now, len(b"[%d,true," % now)
+                self._set_now(now)
             tail = 7 + (4 if worker is None else len(_dumps(worker)))  # ,null,<worker>]
             input_json = record[self._head : len(record) - tail]
+        if now != self._now:
+            self._set_now(now)
         del running[key]
-        start_record = b"[1,%d,%b]" % (now, input_json)
+        start_record = b"%b%b]" % (self._started, input_json)  # [1, now, input]
         workflow_json = _dumps(workflow)
         commit = Commit(self.keys, workflow, self._shared)
         fields = commit.fields
         fields += (step.end_field, record)
-        events = commit.events
+        sent = commit.events
         for (start, field, start_json, stream, template), token in zip(
             starts, tokens[1:], strict=True
         ):
@@ -292,7 +306,7 @@ class Transition:
                 _dumps(token),
                 input_json,
             )
-            events.append((stream, values, template))
+            sent.append((stream, values, template))
         if (
             state.attempts
             or state.output is not None
@@ -306,10 +320,13 @@ class Transition:
         version = int(item.version or 0) + 1
         fields += (rec.STATE, state_json, rec.VERSION, version)
         commit.acks.append(event_id)
-        key_bytes = self.keys.workflow(workflow).encode()
+        key_bytes = item.key or self.keys.workflow(workflow).encode()
         hset: tuple[bytes, ...] = (key_bytes, record, *repeat(start_record, len(starts)))
         commit.plain = (step.hset, (*hset, state_json, b"%d" % version))
         return commit
+
+    def _set_now(self, now: int) -> None:
+        self._now, self._head, self._started = now, len(b"[%d,true," % now), b"[1,%d," % now
 
     def _plain_facts(self, item: Pending, key: str) -> _Step | None:
         """What the plain step of ``key``'s node needs, cached per graph and priority:
