@@ -21,7 +21,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from flowlang.compiler import compile_text
-from flowlang.limits import DEFAULT_LIMITS, Limits
+from flowlang.limits import DEFAULT_LIMITS, Limits, depth_within
 from flowlang.machine import Machine, State
 from lifecycle import events as ev
 from lifecycle.engine.commit import Commit, Pending, Said
@@ -170,17 +170,9 @@ def test_the_plain_step_commits_what_the_general_path_commits(drawn: Any) -> Non
         and not any(timeouts)
         and answers
         and limits.task_starts is None
-        and _depth(event.output) <= limits.depth
+        and depth_within(event.output, limits.depth)
     )
     assert (commit is not None and commit.plain is not None) == taken
-
-
-def _depth(value: Any) -> int:
-    if isinstance(value, dict):
-        return 1 + max(map(_depth, value.values()), default=0)
-    if isinstance(value, list):
-        return 1 + max(map(_depth, value), default=0)
-    return 0
 
 
 def test_a_plain_commit_packs_as_the_general_commands_do() -> None:
