@@ -327,11 +327,40 @@ class Advancer:
         return _LOAD.fill(key.encode())
 
     def _read(self, item: Pending, values: Any) -> None:
+        """Fill ``item`` from the read of its record: an HGETALL (resends), or the HMGET
+        of ``_LOADED``, then the inputs asked for, then the entries of a chunked state."""
         try:
             if item.resends:
                 item.read_fields(_pairs(values))
             else:
-                _read_record(item, item.input_keys, item.entries, values, self._max_items)
+                version, state, digest, salt, paused, priority, concurrency = values[:_LOADED_COUNT]
+                item.version = version.decode() if version else ""
+                core = orjson.loads(state) if state else None
+                if core is None:
+                    item.state = None
+                elif CHUNKED in core:
+                    loaded = values[_LOADED_COUNT + len(item.input_keys) :]
+                    item.state = partial_state(
+                        core, zip(item.entries, loaded, strict=True), self._max_items
+                    )
+                else:
+                    item.state = State.from_dict(core)
+                item.digest = digest.decode() if digest else None
+                item.salt = salt.decode() if salt is not None else None
+                item.held = orjson.loads(paused) if paused is not None else None
+                item.priority = int(priority) if priority is not None else 0
+                item.concurrency = orjson.loads(concurrency) if concurrency is not None else None
+                item.corrupt = None
+                inputs = item.input_keys
+                if not inputs:
+                    item.inputs = NO_INPUTS
+                else:
+                    raws = values[_LOADED_COUNT : _LOADED_COUNT + len(inputs)]
+                    item.inputs = {
+                        key: orjson.loads(raw)[2]
+                        for key, raw in zip(inputs, raws, strict=True)
+                        if raw is not None
+                    }
         except Exception as error:  # noqa: BLE001 - a record no reader can use
             item.state, item.corrupt = None, f"its stored record is corrupt: {error}"
             return
@@ -394,11 +423,19 @@ class Advancer:
                 send([("UNWATCH",), (*xack, *extra_acks)] if extra_acks else [("UNWATCH",)])
             )
             return []
-        commands: list[tuple[Any, ...]] = []
+        commands: list[Any] = []
         sizes = []  # commands per commit: which commit a failed command belongs to
         shared = SharedWrites(self._shared)
+        append = commands.append
         for commit in commits:
-            own = commit.plain_commands() if commit.plain else commit.commands(shared)
+            if commit.plain is not None:  # (Commit.plain_commands, inline: once per event)
+                hset, values = commit.plain
+                append(hset.fill(*values))
+                for _, values, template in commit.events:
+                    append(template.fill(*values))  # type: ignore[union-attr]
+                sizes.append(1 + len(commit.events))
+                continue
+            own = commit.commands(shared)
             commands += own
             sizes.append(len(own))
         # Then the index, counters and schedules of them all: one command each. A refusal
@@ -478,38 +515,6 @@ def _pairs(reply: Any) -> dict[Any, Any]:
     if isinstance(reply, dict):
         return reply
     return dict(zip(reply[::2], reply[1::2], strict=True))
-
-
-def _read_record(
-    item: Pending, inputs: list[str], entries: list[str], values: list[Any], max_items: int
-) -> None:
-    """Fill ``item`` from the HMGET of its record: ``_LOADED``, then the inputs asked for,
-    then the entries of a chunked state."""
-    version, state, digest, salt, paused, priority, concurrency = values[:_LOADED_COUNT]
-    item.version = version.decode() if version else ""
-    core = orjson.loads(state) if state else None
-    if core is None:
-        item.state = None
-    elif CHUNKED in core:
-        loaded = values[len(_LOADED) + len(inputs) :]
-        item.state = partial_state(core, zip(entries, loaded, strict=True), max_items)
-    else:
-        item.state = State.from_dict(core)
-    item.digest = digest.decode() if digest else None
-    item.salt = salt.decode() if salt is not None else None
-    item.held = orjson.loads(paused) if paused is not None else None
-    item.priority = int(priority) if priority is not None else 0
-    item.concurrency = orjson.loads(concurrency) if concurrency is not None else None
-    item.corrupt = None
-    if not inputs:
-        item.inputs = NO_INPUTS
-        return
-    loads = orjson.loads
-    item.inputs = {
-        key: loads(raw)[2]
-        for key, raw in zip(inputs, values[len(_LOADED) : len(_LOADED) + len(inputs)], strict=True)
-        if raw is not None
-    }
 
 
 def _entries_touched(item: Pending, shared: list[str] | None) -> list[str]:
