@@ -332,8 +332,10 @@ class Transition:
         """What the plain step of ``key``'s node needs, cached per graph and priority:
         its successors' start-tasks and the HSET of its fields, or :data:`_NOT_PLAIN`.
         None (not cached) when the graph cannot be had: the general path says why."""
+        if item.digest is None:  # a record without its graph: refused by the general path
+            return None
         try:
-            machine = self.graphs.machine(item.digest or "")
+            machine = self.graphs.machine(item.digest)
             node = int(key)
             if not 0 <= node < len(machine.nodes) or str(node) != key:
                 return None
@@ -341,7 +343,7 @@ class Transition:
             facts = [self._task(item, machine, n) for n in (node, *(plain or ()))]
         except Exception:  # noqa: BLE001 - the general path says what is wrong, and fails it
             return None
-        steps = self._steps.setdefault((item.digest or "", item.priority), {})
+        steps = self._steps.setdefault((item.digest, item.priority), {})
         if (
             plain is None
             or machine.limits.task_starts is not None
