@@ -275,17 +275,15 @@ class Transition:
             and (event.token is not None or not self.untokened_answers)
         ):
             return None  # refused by the general path, with the reason
+        if now != self._now:
+            self._set_now(now)
         # The successors' input: the output as the record encodes it (None starts them
         # with {}), cut out of the record rather than encoded again.
         if output is None:
             input_json = b"{}"
         else:
-            if now != self._now:
-                self._set_now(now)
             tail = 7 + (4 if worker is None else len(_dumps(worker)))  # ,null,<worker>]
             input_json = record[self._head : len(record) - tail]
-        if now != self._now:
-            self._set_now(now)
         del running[key]
         start_record = b"%b%b]" % (self._started, input_json)  # [1, now, input]
         workflow_json = _dumps(workflow)
