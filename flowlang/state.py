@@ -123,11 +123,11 @@ class State:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> State:
         get = data.get
-        if len(data) == 2 and "running" in data and "status" in data:
+        if cls is State and len(data) == 2 and "running" in data and "status" in data:
             # A workflow with tasks running and nothing else (a chain's every state): its
             # empty tables are made here, not looked up (decoded once per event), and its
             # slots set without the dataclass's __init__ (a third of the cost).
-            state = _new(cls)
+            state = _new(State)
             state.status, state.running, state.output, state.error = (
                 data["status"], data["running"], None, None
             )  # fmt: skip
