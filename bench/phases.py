@@ -16,6 +16,7 @@ import argparse
 import tempfile
 import time
 from collections import defaultdict
+from functools import reduce
 from typing import Any
 
 import redis
@@ -65,9 +66,13 @@ def run(
     idle: float = 0.05,
     commands: dict[str, dict[str, list[int]]] | None = None,
     max_running: int | None = None,
+    mark_lifecycle: bool = False,
 ) -> dict[str, dict[str, float]]:
     """``idle``: how long a phase waits for more input before it counts as drained
     (longer under valgrind, where start-up alone takes longer than the default).
+    ``mark_lifecycle``: each lifecycle phase runs inside ``functools.reduce``, a call
+    nothing else makes, so that ``valgrind --tool=callgrind
+    --toggle-collect=functools_reduce`` counts the lifecycle's instructions alone.
     ``commands``, when given, gathers each phase's Redis commands: name -> [calls,
     usec] (INFO commandstats; the INFO calls themselves included)."""
     text, _ = SHAPES[shape]
@@ -111,7 +116,12 @@ def run(
                     kept[1] += usec - was[1]
             return int(handled)
 
-        while phase("lifecycle", lambda: _drain(client, lifecycle, idle)):
+        def drain_lifecycle() -> int:
+            if mark_lifecycle:
+                return int(reduce(lambda _, __: _drain(client, lifecycle, idle), [0, 0]))
+            return _drain(client, lifecycle, idle)
+
+        while phase("lifecycle", drain_lifecycle):
             if not phase("noop", lambda: _drain(client, noop, idle)):
                 break
 
@@ -167,6 +177,12 @@ def main(argv: list[str] | None = None) -> int:
         help="every workflow under one concurrency key with at most N running (N at least "
         "--workflows: none waits)",
     )
+    parser.add_argument(
+        "--mark-lifecycle",
+        action="store_true",
+        help="run each lifecycle phase inside functools.reduce, for "
+        "valgrind --tool=callgrind --toggle-collect=functools_reduce to count it alone",
+    )
     args = parser.parse_args(argv)
     best: dict[str, dict[str, float]] = {}
     commands: dict[str, dict[str, list[int]]] | None = None
@@ -180,6 +196,7 @@ def main(argv: list[str] | None = None) -> int:
             args.idle,
             commands,
             args.max_running,
+            args.mark_lifecycle,
         ).items():
             kept = best.setdefault(name, figures)
             for key, value in figures.items():

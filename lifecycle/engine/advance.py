@@ -28,7 +28,15 @@ from flowlang.machine import ChunkedState, Machine, Missing, State
 from flowlang.state import FANIN, WAITING, Entry
 from lifecycle import events as ev
 from lifecycle import records as rec
-from lifecycle.engine.commit import BatchResult, Commit, Pending, Said, SharedWrites, shared_keys
+from lifecycle.engine.commit import (
+    NO_INPUTS,
+    BatchResult,
+    Commit,
+    Pending,
+    Said,
+    SharedWrites,
+    shared_keys,
+)
 from lifecycle.engine.store import GraphCache
 from lifecycle.engine.transition import Transition
 from lifecycle.errors import BadEvent, LifecycleError
@@ -53,6 +61,7 @@ _LOADED = (rec.VERSION, rec.STATE, rec.GRAPH, rec.SALT, rec.PAUSED, rec.PRIORITY
 _WHOLE_RECORD = frozenset({ev.RESUME_WORKFLOW, ev.RESTART_WORKFLOW, ev.ADMIT_WORKFLOW})
 _LOADED_COUNT = len(_LOADED)
 _LOAD = fastpipe.Template("HMGET", fastpipe.SLOT, *_LOADED)
+_NOTHING_SAID = Said()  # what a plain step says of its event besides its commit (never written)
 
 
 def _ms() -> int:
@@ -171,7 +180,12 @@ class Advancer:
                 self._load(pending, send, watch=watched)
                 commits = []
                 now = self.clock()  # one reading per round: its records share a time
+                plain_step = self.transition.plain_step
                 for item in pending:
+                    commit = plain_step(item, now)  # the common item, at its least cost
+                    if commit is not None:
+                        commits.append((item, commit, _NOTHING_SAID))
+                        continue
                     # A workflow that loses the race is recomputed from fresh state: what
                     # this round said of its events counts only if the round's commit wins.
                     commit, said = self._compute(item, now, send)
@@ -206,7 +220,8 @@ class Advancer:
                         result.rejected += [(i, item.refused) for i, _, _ in item.events]
                     continue
                 if won:
-                    said.into(result)
+                    if said.duplicates or said.rejected:
+                        said.into(result)
                     result.acknowledged += commit.acks
                     result.committed += 1
                 else:
@@ -280,8 +295,10 @@ class Advancer:
                 # _read_command would say, without its general walk over the events.
                 _, kind, event = events[0]
                 if kind == end_task and event.success and "." not in event.key:
-                    item.resends, item.entries, item.input_keys = False, [], []
-                    commands.append(load(key.encode()))
+                    if item.resends or item.entries or item.input_keys:  # (a round before)
+                        item.resends, item.entries, item.input_keys = False, [], []
+                    item.key = encoded = key.encode()
+                    commands.append(load(encoded))
                     continue
             item.resends = any(kind in _WHOLE_RECORD for _, kind, _ in events)
             item.entries = _entries_touched(item, chunked.get(item.workflow))
@@ -310,11 +327,40 @@ class Advancer:
         return _LOAD.fill(key.encode())
 
     def _read(self, item: Pending, values: Any) -> None:
+        """Fill ``item`` from the read of its record: an HGETALL (resends), or the HMGET
+        of ``_LOADED``, then the inputs asked for, then the entries of a chunked state."""
         try:
             if item.resends:
                 item.read_fields(_pairs(values))
             else:
-                _read_record(item, item.input_keys, item.entries, values, self._max_items)
+                version, state, digest, salt, paused, priority, concurrency = values[:_LOADED_COUNT]
+                item.version = version.decode() if version else ""
+                core = orjson.loads(state) if state else None
+                if core is None:
+                    item.state = None
+                elif CHUNKED in core:
+                    loaded = values[_LOADED_COUNT + len(item.input_keys) :]
+                    item.state = partial_state(
+                        core, zip(item.entries, loaded, strict=True), self._max_items
+                    )
+                else:
+                    item.state = State.from_dict(core)
+                item.digest = digest.decode() if digest else None
+                item.salt = salt.decode() if salt is not None else None
+                item.held = orjson.loads(paused) if paused is not None else None
+                item.priority = int(priority) if priority is not None else 0
+                item.concurrency = orjson.loads(concurrency) if concurrency is not None else None
+                item.corrupt = None
+                inputs = item.input_keys
+                if not inputs:
+                    item.inputs = NO_INPUTS
+                else:
+                    raws = values[_LOADED_COUNT : _LOADED_COUNT + len(inputs)]
+                    item.inputs = {
+                        key: orjson.loads(raw)[2]
+                        for key, raw in zip(inputs, raws, strict=True)
+                        if raw is not None
+                    }
         except Exception as error:  # noqa: BLE001 - a record no reader can use
             item.state, item.corrupt = None, f"its stored record is corrupt: {error}"
             return
@@ -349,7 +395,7 @@ class Advancer:
         workflows, so a workflow queuing in it meanwhile makes the EXEC fail, and the
         next round commits through the script path, whose gate admits it. One more
         round trip for a batch with such ends, instead of a script call for each."""
-        leaving = [commit for commit in commits if commit.only_leaves()]
+        leaving = [commit for commit in commits if commit.gate and commit.only_leaves()]
         if not leaving:
             return
         line_of = self.keys.key_queue
@@ -377,10 +423,18 @@ class Advancer:
                 send([("UNWATCH",), (*xack, *extra_acks)] if extra_acks else [("UNWATCH",)])
             )
             return []
-        commands: list[tuple[Any, ...]] = []
+        commands: list[Any] = []
         sizes = []  # commands per commit: which commit a failed command belongs to
         shared = SharedWrites(self._shared)
+        append = commands.append
         for commit in commits:
+            if commit.plain is not None:  # (Commit.plain_commands, inline: once per event)
+                hset, values = commit.plain
+                append(hset.fill(*values))
+                for _, values, template in commit.events:
+                    append(template.fill(*values))  # type: ignore[union-attr]
+                sizes.append(1 + len(commit.events))
+                continue
             own = commit.commands(shared)
             commands += own
             sizes.append(len(own))
@@ -461,38 +515,6 @@ def _pairs(reply: Any) -> dict[Any, Any]:
     if isinstance(reply, dict):
         return reply
     return dict(zip(reply[::2], reply[1::2], strict=True))
-
-
-def _read_record(
-    item: Pending, inputs: list[str], entries: list[str], values: list[Any], max_items: int
-) -> None:
-    """Fill ``item`` from the HMGET of its record: ``_LOADED``, then the inputs asked for,
-    then the entries of a chunked state."""
-    version, state, digest, salt, paused, priority, concurrency = values[:_LOADED_COUNT]
-    item.version = version.decode() if version else ""
-    core = orjson.loads(state) if state else None
-    if core is None:
-        item.state = None
-    elif CHUNKED in core:
-        loaded = values[len(_LOADED) + len(inputs) :]
-        item.state = partial_state(core, zip(entries, loaded, strict=True), max_items)
-    else:
-        item.state = State.from_dict(core)
-    item.digest = digest.decode() if digest else None
-    item.salt = salt.decode() if salt is not None else None
-    item.held = orjson.loads(paused) if paused is not None else None
-    item.priority = int(priority) if priority is not None else 0
-    item.concurrency = orjson.loads(concurrency) if concurrency is not None else None
-    item.corrupt = None
-    if not inputs:
-        item.inputs = {}
-        return
-    loads = orjson.loads
-    item.inputs = {
-        key: loads(raw)[2]
-        for key, raw in zip(inputs, values[len(_LOADED) : len(_LOADED) + len(inputs)], strict=True)
-        if raw is not None
-    }
 
 
 def _entries_touched(item: Pending, shared: list[str] | None) -> list[str]:

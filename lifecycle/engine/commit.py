@@ -29,7 +29,7 @@ __all__ = [
 ]  # fmt: skip
 
 _dumps = orjson.dumps
-_NO_INPUTS: dict[str, Any] = {}  # shared, never written: Pending.inputs is replaced
+NO_INPUTS: dict[str, Any] = {}  # shared, never written: Pending.inputs is replaced
 # Sent with EVAL, not EVALSHA: it runs inside MULTI, where a NOSCRIPT could not be retried.
 _SCRIPTS = lua.scripts_dir(__file__)
 _ADMIT_JSON = _dumps(ev.ADMIT_WORKFLOW)
@@ -71,7 +71,7 @@ class Pending:
 
     __slots__ = (
         "workflow", "events", "version", "state", "digest", "inputs", "salt", "corrupt", "refused",
-        "held", "resends", "entries", "input_keys", "priority", "concurrency",
+        "held", "resends", "entries", "input_keys", "priority", "concurrency", "key",
     )  # fmt: skip
 
     def __init__(
@@ -82,7 +82,7 @@ class Pending:
         self.version = version
         self.state: State | None = None
         self.digest: str | None = None
-        self.inputs: dict[str, Any] = _NO_INPUTS  # task inputs loaded for retries
+        self.inputs: dict[str, Any] = NO_INPUTS  # task inputs loaded for retries
         # the secret of its attempt tokens (lifecycle.events.task_token); None for workflows
         # stored before tokens, whose end-tasks are not checked
         self.salt: str | None = None
@@ -98,11 +98,13 @@ class Pending:
         self.input_keys: list[str] = []  # task instances whose inputs are loaded with it
         # under a concurrency key: its record's CONCURRENCY field, decoded
         self.concurrency: dict[str, Any] | None = None
+        # its record's key, encoded, when the advancer read it: its plain step writes there
+        self.key: bytes | None = None
 
     def note_input(self, key: str, value: Any) -> None:
         """The input of a start-task held or sent in this batch: a resume or restart later
         in the same batch sends it (what was loaded before the batch does not have it)."""
-        if self.inputs is _NO_INPUTS:
+        if self.inputs is NO_INPUTS:
             self.inputs = {}
         self.inputs[key] = value
 
@@ -221,7 +223,7 @@ class Commit:
     __slots__ = (
         "keys", "workflow", "shared", "acks", "fields", "events", "timers", "cancels",
         "created", "outcome", "removed", "expire_at", "stopped", "unstop", "reopened", "deleted",
-        "gate", "gate_key", "offer", "offer_timers", "offer_admitted", "plain_leave",
+        "gate", "gate_key", "offer", "offer_timers", "offer_admitted", "plain_leave", "plain",
     )  # fmt: skip
 
     def __init__(self, keys: Keys, workflow: str, shared: SharedKeys | None = None) -> None:
@@ -260,6 +262,11 @@ class Commit:
         # It only leaves its key, whose line a watched transaction found empty and watches:
         # a plain SREM frees its place (someone queuing meanwhile makes the EXEC fail).
         self.plain_leave = False
+        # All it writes is its record's fields and start-tasks from their templates (the
+        # transition's plain step says so): a watched transaction packs it without the
+        # general walk of :meth:`commands`, its fields as an HSET template (packed but for
+        # the key and the values) and the values to fill it with.
+        self.plain: tuple[Template, tuple[bytes, ...]] | None = None
 
     def enter(self, key: str, max_running: int, order: int) -> None:
         """The workflow waits in line for its concurrency key from this commit on."""
@@ -420,6 +427,15 @@ class Commit:
             return self._own_commands(shared)
         mine = SharedWrites(self.shared)
         return self._own_commands(mine) + mine.commands()
+
+    def plain_commands(self) -> list[Any]:
+        """:meth:`commands` of a :attr:`plain` commit: one HSET, then its start-tasks."""
+        assert self.plain is not None
+        hset, values = self.plain
+        commands: list[Any] = [hset.fill(*values)]
+        for _, values, template in self.events:
+            commands.append(template.fill(*values))  # type: ignore[union-attr]
+        return commands
 
     def _own_commands(self, shared: SharedWrites) -> list[Any]:
         key = self.keys.workflow(self.workflow)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from itertools import repeat
 from typing import Any, Protocol
 
 import orjson
@@ -32,6 +33,7 @@ from lifecycle.engine.commit import BatchResult, Commit, Pending, Said, shared_k
 from lifecycle.errors import LifecycleError
 from lifecycle.keys import Keys, task_kind
 from lifecycle.stored_state import write_changes
+from rqse.fastpipe import SLOT, Template
 
 __all__ = ["GraphSource", "Transition"]
 
@@ -50,6 +52,21 @@ class _TaskFacts:
     stream: str
     start_task: Any  # fastpipe.Template of its start-task (lifecycle.events.start_task_template)
     policy: Policy
+
+
+@dataclass(frozen=True, slots=True)
+class _Step:
+    """What the plain step of one node needs (Transition.plain_step)."""
+
+    end_field: str  # the node's end record's field
+    # per successor: its key, its start record's field, its key as JSON, its stream and
+    # its start-task's template
+    starts: tuple[tuple[str, str, bytes, str, Any], ...]
+    attempts: tuple[tuple[str, int], ...]  # the successors' first attempts
+    hset: Template  # the HSET of the step's fields (_plain_hset)
+
+
+_NOT_PLAIN = _Step("", (), (), Template("HSET"))  # a node the plain step leaves alone
 
 
 class _EventFailed(Exception):
@@ -94,11 +111,19 @@ class Transition:
         self._shared = shared_keys(self.keys)
         # (graph hash, priority) -> per node
         self._tasks: dict[tuple[str, int], list[_TaskFacts | None]] = {}
+        # (graph hash, priority) -> instance key -> what its node's plain step needs
+        self._steps: dict[tuple[str | None, int], dict[str, _Step]] = {}
+        # The time of the records, the length of an end record's head, and a start
+        # record's head (first attempts): written once per time (a batch shares one).
+        self._now, self._head, self._started = -1, 0, b""
 
     def compute(self, item: Pending, result: BatchResult | Said, now: int) -> Commit | None:
         """Apply ``item.events`` to ``item.state``; return what to commit, or None when
         nothing changes. Events that change nothing go to ``result.duplicates``, events
         refused (with the reason) to ``result.rejected``."""
+        commit = self.plain_step(item, now)
+        if commit is not None:
+            return commit
         if item.corrupt is not None and any(k == ev.DELETE_WORKFLOW for _, k, _ in item.events):
             return self._delete_corrupt(item, result)
         if item.corrupt is not None or item.refused is not None:
@@ -185,6 +210,157 @@ class Transition:
             commit.expire_at = str(now + keep)
 
     # -- one workflow ------------------------------------------------------------
+
+    def plain_step(self, item: Pending, now: int) -> Commit | None:
+        """The commit of the common batch item, computed without the general walk: one
+        successful end-task, with its token, of the attempt running now in a whole state
+        without joins or iterations, whose node only starts plain tasks with its output
+        (``Machine.plain_next``) and neither it nor they have a timeout, the workflow
+        neither paused nor under a concurrency key. None for anything else, before
+        anything is changed: :meth:`compute` (which tries this first) then takes the
+        general path. A plain step says nothing of its event but its commit (no
+        duplicate, no refusal). What it returns is what the general path would
+        (tests/lifecycle/test_plain_step.py compares them)."""
+        events = item.events
+        if (
+            len(events) != 1
+            or item.held is not None
+            or item.concurrency is not None
+            or item.corrupt is not None
+            or item.refused is not None
+        ):
+            return None
+        event_id, kind, event = events[0]
+        state = item.state
+        if (
+            kind != ev.END_TASK
+            or type(event) is not ev.EndTask
+            or not event.success
+            or type(state) is not State
+            or state.status != rec.RUNNING
+            or state.fanin
+            or state.waiting
+            or type(now) is not int  # (the record's time is cut out below as %d writes it)
+        ):
+            return None
+        key, attempt, running = event.key, event.attempt, state.running
+        # A key running now is one of the graph's: the cache below grows with nodes only.
+        if attempt is None or running.get(key) != attempt or "." in key:
+            return None
+        steps = self._steps.get((item.digest, item.priority))
+        step = steps.get(key) if steps is not None else None
+        if step is None:
+            step = self._plain_facts(item, key)
+            if step is None:
+                return None
+        starts = step.starts
+        if step is _NOT_PLAIN or len(running) - 1 + len(starts) > _CHUNK_AT:
+            return None  # (past _CHUNK_AT it would be stored chunked)
+        output, worker = event.output, event.worker
+        try:
+            record = _dumps([now, True, output, None, worker])
+        except orjson.JSONEncodeError:
+            return None
+        if (
+            self._walk_depth
+            and (type(output) is dict or type(output) is list)
+            and not depth_within(output, self.limits.depth)
+        ):
+            return None
+        workflow, salt = item.workflow, item.salt
+        tokens = ev.task_tokens(salt or "", workflow, [(key, attempt), *step.attempts])
+        if (
+            salt is not None
+            and tokens[0] != event.token
+            and (event.token is not None or not self.untokened_answers)
+        ):
+            return None  # refused by the general path, with the reason
+        if now != self._now:
+            self._set_now(now)
+        # The successors' input: the output as the record encodes it (None starts them
+        # with {}), cut out of the record rather than encoded again.
+        if output is None:
+            input_json = b"{}"
+        else:
+            tail = 7 + (4 if worker is None else len(_dumps(worker)))  # ,null,<worker>]
+            input_json = record[self._head : len(record) - tail]
+        del running[key]
+        start_record = b"%b%b]" % (self._started, input_json)  # [1, now, input]
+        workflow_json = _dumps(workflow)
+        commit = Commit(self.keys, workflow, self._shared)
+        fields = commit.fields
+        fields += (step.end_field, record)
+        sent = commit.events
+        for (start, field, start_json, stream, template), token in zip(
+            starts, tokens[1:], strict=True
+        ):
+            running[start] = 1
+            fields += (field, start_record)
+            values = (
+                workflow_json,
+                start_json,
+                b"1",
+                _dumps(ev.task_instance_id(workflow, start, 1)),
+                _dumps(token),
+                input_json,
+            )
+            sent.append((stream, values, template))
+        if (
+            state.attempts
+            or state.output is not None
+            or state.error is not None
+            or state.started
+            or state.stopped
+        ):
+            state_json = _dumps(state.to_dict())
+        else:  # what to_dict() gives, without its walk
+            state_json = _dumps({"status": rec.RUNNING, "running": running})
+        version = int(item.version or 0) + 1
+        fields += (rec.STATE, state_json, rec.VERSION, version)
+        commit.acks.append(event_id)
+        key_bytes = item.key or self.keys.workflow(workflow).encode()
+        hset: tuple[bytes, ...] = (key_bytes, record, *repeat(start_record, len(starts)))
+        commit.plain = (step.hset, (*hset, state_json, b"%d" % version))
+        return commit
+
+    def _set_now(self, now: int) -> None:
+        self._now, self._head, self._started = now, len(b"[%d,true," % now), b"[1,%d," % now
+
+    def _plain_facts(self, item: Pending, key: str) -> _Step | None:
+        """What the plain step of ``key``'s node needs, cached per graph and priority:
+        its successors' start-tasks and the HSET of its fields, or :data:`_NOT_PLAIN`.
+        None (not cached) when the graph cannot be had: the general path says why."""
+        if item.digest is None:  # a record without its graph: refused by the general path
+            return None
+        try:
+            machine = self.graphs.machine(item.digest)
+            node = int(key)
+            if not 0 <= node < len(machine.nodes) or str(node) != key:
+                return None
+            plain = machine.plain_next[node]
+            facts = [self._task(item, machine, n) for n in (node, *(plain or ()))]
+        except Exception:  # noqa: BLE001 - the general path says what is wrong, and fails it
+            return None
+        steps = self._steps.setdefault((item.digest, item.priority), {})
+        if (
+            plain is None
+            or machine.limits.task_starts is not None
+            or any(fact.policy.timeout for fact in facts)
+        ):
+            step = steps[key] = _NOT_PLAIN
+            return step
+        starts = tuple(
+            (str(n), _START_PREFIX + str(n), _dumps(str(n)), fact.stream, fact.start_task)
+            for n, fact in zip(plain, facts[1:], strict=True)
+        )
+        names = [_END_PREFIX + key, *(field for _, field, _, _, _ in starts)]
+        step = steps[key] = _Step(
+            _END_PREFIX + key,
+            starts,
+            tuple((start, 1) for start, _, _, _, _ in starts),
+            _plain_hset([*names, rec.STATE, rec.VERSION]),
+        )
+        return step
 
     def _compute(self, item: Pending, result: BatchResult | Said, now: int) -> Commit | None:
         commit = Commit(self.keys, item.workflow, self._shared)
@@ -587,6 +763,15 @@ def _start_values(
     )
 
 
+def _plain_hset(names: list[str]) -> Template:
+    """``HSET <key> <name> <value> ...`` of a plain step's fields, packed but for the key
+    and the values."""
+    arguments: list[Any] = ["HSET", SLOT]
+    for name in names:
+        arguments += (name, SLOT)
+    return Template(*arguments)
+
+
 def _release_held(machine: Machine, state: State, item: Pending, commit: Commit) -> list[Any]:
     """The start-tasks held (paused, or queued under a concurrency key) go, in order:
     those still running, with the inputs recorded when they were held."""
@@ -611,6 +796,7 @@ def _order(event_id: str) -> int:
 
 
 _END_PREFIX = rec.END_PREFIX
+_START_PREFIX = rec.START_PREFIX
 _CHUNK_AT = 64  # entries of one table (or one iteration's items) past which it is chunked
 
 
