@@ -216,7 +216,8 @@ class Transition:
         successful end-task, with its token, of the attempt running now in a whole state
         without joins or iterations, whose node only starts plain tasks with its output
         (``Machine.plain_next``) and neither it nor they have a timeout, the workflow
-        neither paused nor under a concurrency key. None for anything else, before
+        neither paused nor waiting for its concurrency key (one admitted steps as any:
+        only its start and its end concern the key). None for anything else, before
         anything is changed: :meth:`compute` (which tries this first) then takes the
         general path. A plain step says nothing of its event but its commit (no
         duplicate, no refusal). What it returns is what the general path would
@@ -224,8 +225,7 @@ class Transition:
         events = item.events
         if (
             len(events) != 1
-            or item.held is not None
-            or item.concurrency is not None
+            or item.held is not None  # (also while it waits for its concurrency key)
             or item.corrupt is not None
             or item.refused is not None
         ):

@@ -4,7 +4,8 @@
 workflow whose node only starts plain tasks — without the general walk over its
 events. Here both paths compute the same items, drawn over what could tell them
 apart (outputs, workers, tokens right, wrong or missing, no salt, priorities,
-timeouts, several successors, other tasks running, depth limits, a start limit):
+timeouts, several successors, other tasks running, depth limits, a start limit, a
+concurrency key admitted or waiting):
 the commits, the new states and what each says of the event must be equal, and
 the plain step must have been the one taken wherever it applies. No Redis: the
 transition is pure.
@@ -124,6 +125,13 @@ def items(draw: Any) -> tuple[Transition, Pending]:
     item = Pending(workflow, [("1-1", ev.END_TASK, event)], draw(st.sampled_from(["", "7"])))
     item.state, item.digest, item.salt = state, digest, salt
     item.priority = draw(st.sampled_from([0, 3]))
+    # Under a concurrency key: admitted, or still waiting (its start-tasks held).
+    concurrency = draw(st.sampled_from(["none", "admitted", "queued"]))
+    if concurrency != "none":
+        item.concurrency = {"key": "k", "max": 2}
+    if concurrency == "queued":
+        item.concurrency["queued"] = True
+        item.held = []
     return (draw(st.sampled_from(sorted(LIMITS))), draw(st.booleans())), item
 
 
@@ -166,7 +174,8 @@ def test_the_plain_step_commits_what_the_general_path_commits(drawn: Any) -> Non
     timeouts = [transition._task(item, machine, n).policy.timeout for n in (node, *(plain or ()))]
     limits = transition.limits
     assert taken == (
-        plain is not None
+        item.held is None
+        and plain is not None
         and not any(timeouts)
         and answers
         and limits.task_starts is None
