@@ -89,19 +89,33 @@ class Figures:
     redis_calls_per_task: dict[str, float] = field(default_factory=dict)
 
 
-def _progress(client: redis.Redis) -> int:
-    """Entries ever added to the lifecycle stream plus those its groups have read: any
-    step of any workflow adds one, and a lifecycle worker busy with one large workflow
-    reads its next batch (adding nothing for a while) when it is done with the last."""
-    added = int(client.xinfo_stream(KEYS.lifecycle)["entries-added"])
-    groups = client.xinfo_groups(KEYS.lifecycle)
-    return added + sum(int(group.get("entries-read") or 0) for group in groups)
+@dataclass
+class _Reading:
+    """What the wait loop watches, read in one round trip (apart, the five commands
+    cost the bench more CPU than everything else it does once it has submitted)."""
+
+    ended: int  # finished, failed or terminated workflows (the outcome counters)
+    # Entries ever added to the lifecycle stream plus those its groups have read: any
+    # step of any workflow adds one, and a lifecycle worker busy with one large workflow
+    # reads its next batch (adding nothing for a while) when it is done with the last.
+    progress: int
+    lengths: dict[str, int]  # the stream lengths, for their peaks
 
 
-def _poll(client: redis.Redis, priority: int = 0) -> dict[str, int]:
-    """The stream lengths, read while the run goes on."""
-    tasks = KEYS.tasks("default", priority)
-    return {"lifecycle": client.xlen(KEYS.lifecycle), "tasks": client.xlen(tasks)}
+def _read(client: redis.Redis, priority: int = 0) -> _Reading:
+    pipe = client.pipeline(transaction=False)
+    pipe.hmget(KEYS.outcomes, "finished", "failed", "terminated")
+    pipe.xinfo_stream(KEYS.lifecycle)
+    pipe.xinfo_groups(KEYS.lifecycle)
+    pipe.xlen(KEYS.lifecycle)
+    pipe.xlen(KEYS.tasks("default", priority))
+    outcomes, stream, groups, lifecycle, tasks = pipe.execute()
+    read = sum(int(group.get("entries-read") or 0) for group in groups)
+    return _Reading(
+        ended=sum(int(count or 0) for count in outcomes),
+        progress=int(stream["entries-added"]) + read,
+        lengths={"lifecycle": lifecycle, "tasks": tasks},
+    )
 
 
 def _wait_settled(client: redis.Redis, timeout: float = 60.0) -> None:
@@ -163,7 +177,7 @@ def throughput(args: argparse.Namespace) -> Figures:
         client = rig.client
         warm_ended = rig.warm_up()
         # The server allocates each command's statistics at its first call: not the run's.
-        _poll(client), _progress(client), client.info("commandstats")
+        _read(client, args.priority), client.info("commandstats")
         baseline = stored_memory(client)
         # Counted as differences from here: CONFIG RESETSTAT would also free the server's
         # per-command latency histograms (about 190 kB), which the run then allocates
@@ -179,13 +193,14 @@ def throughput(args: argparse.Namespace) -> Figures:
         peaks = {"lifecycle": 0, "tasks": 0}
         last_change, seen = time.perf_counter(), 0
         gave_up: str | None = None
-        while rig.ended() - warm_ended < args.workflows:
+        while (reading := _read(client, args.priority)).ended - warm_ended < args.workflows:
+            peaks = {name: max(peaks[name], reading.lengths[name]) for name in peaks}
             time.sleep(0.05)
             now = time.perf_counter()
             # Progress is any lifecycle event added or read: with many workflows in flight
             # at once, none may finish for a long while although tasks end all the time.
-            if (progress := _progress(client)) != seen:
-                last_change, seen = now, progress
+            if reading.progress != seen:
+                last_change, seen = now, reading.progress
             elif now - last_change > args.stall:
                 gave_up = f"no progress for {args.stall:g} s"
                 break
@@ -198,8 +213,6 @@ def throughput(args: argparse.Namespace) -> Figures:
             if args.max_rss_gb and rss > args.max_rss_gb * 1e9:
                 gave_up = f"{rss_name} process over {args.max_rss_gb:g} GB RSS"
                 break
-            lengths = _poll(client, args.priority)
-            peaks = {name: max(peaks[name], length) for name, length in lengths.items()}
         wall = time.perf_counter() - started
         cpu = rig.cpu_since(cpu_before)
         cpu["redis"] = round(redis_cpu_seconds(client) - redis_before, 2)
