@@ -185,7 +185,7 @@ def decode_fields(
     """
     values = b"".join(fields.values())  # one pass serves the size and the digits
     if max_bytes is not None:
-        size = len(values) + sum(map(len, fields))
+        size = len(values) + len(b"".join(fields))  # a join costs less than len() each
         if size > max_bytes:
             raise MalformedEntry(
                 "oversize", f"entry is {size} bytes (limit {max_bytes})", entry_id=entry_id
