@@ -98,16 +98,16 @@ TICK = 0.05
 GUARD_EVERY = 0.5
 
 
-def _watch(client: redis.Redis, priority: int = 0) -> tuple[int, dict[str, int]]:
+def _watch(send: fastpipe.Send, priority: int = 0) -> tuple[int, dict[str, int]]:
     """Workflows ended (finished, failed or terminated) and the stream lengths, in one
-    round trip."""
-    outcomes, lifecycle, tasks = fastpipe.execute(
-        client,
+    round trip of a :func:`rqse.fastpipe.session` (no connection taken from the pool
+    and given back at every tick)."""
+    outcomes, lifecycle, tasks = send(
         [
             ("HMGET", KEYS.outcomes, "finished", "failed", "terminated"),
             ("XLEN", KEYS.lifecycle),
             ("XLEN", KEYS.tasks("default", priority)),
-        ],
+        ]
     )
     return sum(int(count or 0) for count in outcomes), {"lifecycle": lifecycle, "tasks": tasks}
 
@@ -183,7 +183,8 @@ def throughput(args: argparse.Namespace) -> Figures:
         client = rig.client
         warm_ended = rig.warm_up()
         # The server allocates each command's statistics at its first call: not the run's.
-        _watch(client, args.priority), _progress(client), client.info("commandstats")
+        watching = stack.enter_context(fastpipe.session(client))
+        _watch(watching, args.priority), _progress(client), client.info("commandstats")
         baseline = stored_memory(client)
         # Counted as differences from here: CONFIG RESETSTAT would also free the server's
         # per-command latency histograms (about 190 kB), which the run then allocates
@@ -200,7 +201,7 @@ def throughput(args: argparse.Namespace) -> Figures:
         last_change, seen, next_guard = time.perf_counter(), 0, 0.0
         gave_up: str | None = None
         while True:
-            ended, lengths = _watch(client, args.priority)
+            ended, lengths = _watch(watching, args.priority)
             peaks = {name: max(peaks[name], lengths[name]) for name in peaks}
             if ended - warm_ended >= args.workflows:
                 break
