@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import orjson
@@ -188,7 +189,12 @@ def start_workflows(
             xadd(dumps(workflow_id), value, dumps(salt()))
             for workflow_id, value in zip(ids[first:last], encoded[first:last], strict=True)
         ]
-        for reply in fastpipe.execute(client, commands):
+        # A dropped connection is retried as redis-py's pipeline retried it (the
+        # client's policy): a start-workflow sent twice starts its workflow once.
+        send = partial(fastpipe.execute, client, commands)
+        retry = client.get_retry()
+        replies = send() if retry is None else retry.call_with_retry(send, lambda error: None)
+        for reply in replies:
             if isinstance(reply, BaseException):
                 raise reply
         commands = _Commands()
