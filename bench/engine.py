@@ -38,6 +38,7 @@ from bench.shapes import GROWING, SHAPES, Workload, workload
 from flowlang.compiler import compile_text
 from flowlang.errors import FlowError
 from lifecycle.submit import start_workflows
+from rqse import fastpipe
 from rqse.server import PERSISTENCE_OPTIONS
 
 # The other benchmarks import these from here.
@@ -89,19 +90,38 @@ class Figures:
     redis_calls_per_task: dict[str, float] = field(default_factory=dict)
 
 
+# The wait loop reads what ends the wait (the outcome counters) and the stream lengths
+# (for their peaks) every TICK, and what only guards against a run gone wrong (no
+# progress, a worker's memory) every GUARD_EVERY: read at every tick, the guards cost
+# the bench more CPU than anything else it does once it has submitted.
+TICK = 0.05
+GUARD_EVERY = 0.5
+
+
+def _watch(send: fastpipe.Send, priority: int = 0) -> tuple[int, dict[str, int]]:
+    """Workflows ended (finished, failed or terminated) and the stream lengths, in one
+    round trip of a :func:`rqse.fastpipe.session` (no connection taken from the pool
+    and given back at every tick)."""
+    outcomes, lifecycle, tasks = send(
+        [
+            ("HMGET", KEYS.outcomes, "finished", "failed", "terminated"),
+            ("XLEN", KEYS.lifecycle),
+            ("XLEN", KEYS.tasks("default", priority)),
+        ]
+    )
+    return sum(int(count or 0) for count in outcomes), {"lifecycle": lifecycle, "tasks": tasks}
+
+
 def _progress(client: redis.Redis) -> int:
     """Entries ever added to the lifecycle stream plus those its groups have read: any
     step of any workflow adds one, and a lifecycle worker busy with one large workflow
     reads its next batch (adding nothing for a while) when it is done with the last."""
-    added = int(client.xinfo_stream(KEYS.lifecycle)["entries-added"])
-    groups = client.xinfo_groups(KEYS.lifecycle)
-    return added + sum(int(group.get("entries-read") or 0) for group in groups)
-
-
-def _poll(client: redis.Redis, priority: int = 0) -> dict[str, int]:
-    """The stream lengths, read while the run goes on."""
-    tasks = KEYS.tasks("default", priority)
-    return {"lifecycle": client.xlen(KEYS.lifecycle), "tasks": client.xlen(tasks)}
+    pipe = client.pipeline(transaction=False)
+    pipe.xinfo_stream(KEYS.lifecycle)
+    pipe.xinfo_groups(KEYS.lifecycle)
+    stream, groups = pipe.execute()
+    read = sum(int(group.get("entries-read") or 0) for group in groups)
+    return int(stream["entries-added"]) + read
 
 
 def _wait_settled(client: redis.Redis, timeout: float = 60.0) -> None:
@@ -163,7 +183,8 @@ def throughput(args: argparse.Namespace) -> Figures:
         client = rig.client
         warm_ended = rig.warm_up()
         # The server allocates each command's statistics at its first call: not the run's.
-        _poll(client), _progress(client), client.info("commandstats")
+        watching = stack.enter_context(fastpipe.session(client))
+        _watch(watching, args.priority), _progress(client), client.info("commandstats")
         baseline = stored_memory(client)
         # Counted as differences from here: CONFIG RESETSTAT would also free the server's
         # per-command latency histograms (about 190 kB), which the run then allocates
@@ -177,11 +198,21 @@ def throughput(args: argparse.Namespace) -> Figures:
         start_workflows(client, graph, inputs, ids, KEYS, limits=work.limits, **_submission(args))
         submitted = time.perf_counter() - started
         peaks = {"lifecycle": 0, "tasks": 0}
-        last_change, seen = time.perf_counter(), 0
+        last_change, seen, next_guard = time.perf_counter(), 0, 0.0
         gave_up: str | None = None
-        while rig.ended() - warm_ended < args.workflows:
-            time.sleep(0.05)
+        while True:
+            ended, lengths = _watch(watching, args.priority)
+            peaks = {name: max(peaks[name], lengths[name]) for name in peaks}
+            if ended - warm_ended >= args.workflows:
+                break
+            time.sleep(TICK)
             now = time.perf_counter()
+            if args.timeout and now - started > args.timeout:
+                gave_up = f"timeout after {args.timeout:g} s"
+                break
+            if now < next_guard:
+                continue
+            next_guard = now + GUARD_EVERY
             # Progress is any lifecycle event added or read: with many workflows in flight
             # at once, none may finish for a long while although tasks end all the time.
             if (progress := _progress(client)) != seen:
@@ -189,17 +220,12 @@ def throughput(args: argparse.Namespace) -> Figures:
             elif now - last_change > args.stall:
                 gave_up = f"no progress for {args.stall:g} s"
                 break
-            if args.timeout and now - started > args.timeout:
-                gave_up = f"timeout after {args.timeout:g} s"
-                break
             # One workflow too large for the engine can take a worker's memory past what
             # the machine has: the run stops before that (a shared machine's neighbours).
             rss_name, rss = rig.largest_rss()
             if args.max_rss_gb and rss > args.max_rss_gb * 1e9:
                 gave_up = f"{rss_name} process over {args.max_rss_gb:g} GB RSS"
                 break
-            lengths = _poll(client, args.priority)
-            peaks = {name: max(peaks[name], length) for name, length in lengths.items()}
         wall = time.perf_counter() - started
         cpu = rig.cpu_since(cpu_before)
         cpu["redis"] = round(redis_cpu_seconds(client) - redis_before, 2)

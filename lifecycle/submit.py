@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import orjson
@@ -16,7 +18,8 @@ from lifecycle import events as ev
 from lifecycle.errors import LifecycleError
 from lifecycle.keys import Keys, task_kind
 from lifecycle.priorities import check_priority, priority_member
-from rqse import lua
+from rqse import fastpipe, lua
+from rqse.fastpipe import SLOT, Template
 
 _SCRIPTS = lua.scripts_dir(__file__)
 
@@ -168,19 +171,79 @@ def start_workflows(
     check_concurrency(concurrency_key, max_running)
     digest = graph.content_hash()
     ids = workflow_ids or [new_workflow_id(graph) for _ in inputs]
-    starts = [
-        encode_start(workflow_id, digest, value, limits, priority, concurrency_key, max_running)
+    # Only the inputs are kept encoded until sent: the events are made a chunk at a
+    # time (all of them held at once doubled a large submission's CPU, in fresh memory).
+    encoded = [
+        encode_value(value, limits, f"the input of workflow {workflow_id}")
         for workflow_id, value in zip(ids, inputs, strict=True)
     ]
-    pipe = client.pipeline(transaction=False)
+    xadd = _start_command(keys, digest, priority, concurrency_key, max_running)
     # The graph and the kinds go first, in the same round trip as the first events.
-    pipe.set(keys.graph(digest), graph.to_json(), nx=True)
-    register_streams(pipe, keys, graph, priority)
-    for first in range(0, len(starts), chunk):
-        for fields in starts[first : first + chunk]:
-            pipe.xadd(keys.lifecycle, fields)  # type: ignore[arg-type]
-        pipe.execute()
+    commands = _Commands()
+    commands.set(keys.graph(digest), graph.to_json(), nx=True)
+    register_streams(commands, keys, graph, priority)
+    dumps, salt = orjson.dumps, ev.new_salt
+    for first in range(0, len(ids), chunk):
+        last = first + chunk
+        commands += [
+            xadd(dumps(workflow_id), value, dumps(salt()))
+            for workflow_id, value in zip(ids[first:last], encoded[first:last], strict=True)
+        ]
+        # A dropped connection is retried as redis-py's pipeline retried it (the
+        # client's policy): a start-workflow sent twice starts its workflow once.
+        send = partial(fastpipe.execute, client, commands)
+        retry = client.get_retry()
+        replies = send() if retry is None else retry.call_with_retry(send, lambda error: None)
+        for reply in replies:
+            if isinstance(reply, BaseException):
+                raise reply
+        commands = _Commands()
     return ids
+
+
+class _Commands(list[fastpipe.Command]):
+    """Commands for :func:`fastpipe.execute`, with the pipeline methods
+    :func:`register_streams` calls."""
+
+    def set(self, key: str, value: bytes, nx: bool = False) -> None:
+        self.append(("SET", key, value, "NX") if nx else ("SET", key, value))
+
+    def sadd(self, key: str, *members: str) -> None:
+        self.append(("SADD", key, *members))
+
+
+# The fields of a start-workflow that differ from one workflow to the next, in the
+# order a Template's slots are filled.
+_PER_WORKFLOW = ("workflow", "input", "salt")
+
+
+def _start_command(
+    keys: Keys,
+    digest: str,
+    priority: int,
+    concurrency_key: str | None,
+    max_running: int | None,
+) -> Callable[[bytes, bytes, bytes], bytes]:
+    """The packed XADD of one start-workflow from its encoded id, input and salt: the
+    fields :func:`lifecycle.events.start_workflow` gives, in its order, the ones shared
+    by every workflow of a submission packed once (redis-py's pipeline converted each
+    argument of each event in Python, most of a large submission's CPU)."""
+    event = ev.start_workflow(
+        "",
+        digest,
+        None,
+        salt="",
+        priority=priority,
+        concurrency_key=concurrency_key,
+        max_running=max_running,
+    )
+    slots = tuple(name for name in event if name in _PER_WORKFLOW)
+    if slots != _PER_WORKFLOW:  # a new per-workflow field, or a new order
+        raise AssertionError(f"start-workflow fields {slots}, expected {_PER_WORKFLOW}")
+    arguments: list[str | bytes | None] = ["XADD", keys.lifecycle, "*"]
+    for name, value in event.items():
+        arguments += [name, SLOT if name in _PER_WORKFLOW else orjson.dumps(value)]
+    return Template(*arguments).fill
 
 
 def start_workflow_once(

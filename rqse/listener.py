@@ -362,7 +362,7 @@ class EventListener(Recovery, EventClient):
                 if isinstance(reply, BaseException):
                     raise reply
             return
-        self._outbox.add_packed(command)
+        self._outbox.adds.append(command)  # add_packed(), less a call per answer
 
     def sleep(self, seconds: float) -> bool:
         """Wait ``seconds`` or until a stop is requested; True if stopping."""
