@@ -298,12 +298,13 @@ def replay_workflow(item: WorkflowReplay, graphs: ArchiveGraphs, keys: Keys) -> 
 def _admitted_in_commit(commit: Any, starts: dict[str, Entry]) -> bool:
     """Whether the gate admitted the workflow this commit queued in the commit's own
     transaction: the start-tasks it offered are archived as the gate sends them
-    (events.ADMITTED). An empty offer is archived as an admit-workflow instead."""
+    (events.ADMITTED; any one will do, as the archive may lag on one task stream). An
+    empty offer is archived as an admit-workflow instead."""
     for _, fields in commit.offered_events():
         names = [name.decode() if isinstance(name, bytes) else name for name in fields[::2]]
-        task_id = orjson.loads(fields[1 + 2 * names.index("id")])
-        archived = starts.get(task_id)
-        return archived is not None and archived[2].get(ev.ADMITTED) is True
+        archived = starts.get(orjson.loads(fields[1 + 2 * names.index("id")]))
+        if archived is not None and archived[2].get(ev.ADMITTED) is True:
+            return True
     return False
 
 

@@ -369,6 +369,12 @@ class Transition:
         changed = False
         seen: set[str] | None = set() if len(item.events) > 1 else None
         for event_id, kind, event in item.events:
+            if commit.offer is not None:
+                # An event of the workflow follows, in this batch, the one that queued
+                # it: it must meet the workflow queued, as it does here. Replay applies
+                # an admission in the commit right after the event that queued it, so
+                # this one goes as an admit-workflow the gate appends after them.
+                commit.offer, commit.offer_timers = None, []
             if seen is not None:
                 if event_id in seen:  # the same entry delivered twice: a redelivery
                     result.duplicates.append(event_id)

@@ -528,3 +528,28 @@ def test_replay_without_the_marked_start_tasks_says_where_it_diverges(
             item.emitted.append((stream, record["id"], {**event, ev.ADMITTED: False}))
     replayed = replay_workflow(item, graphs, KEYS)
     assert replayed.divergence is not None
+
+
+def test_an_event_behind_the_start_in_its_batch_meets_it_queued_and_replay_agrees(
+    harness: Harness, tmp_path: Path
+) -> None:
+    # The pause is applied after the start in the same batch, while the workflow waits:
+    # refused. The admission then goes as an admit-workflow after the pause, so replay,
+    # which applies events in stream order, refuses the pause too.
+    submit(harness, "w0", most=1)
+    harness.client.xadd(
+        KEYS.lifecycle,
+        {name: orjson.dumps(value) for name, value in ev.control(ev.PAUSE_WORKFLOW, "w0").items()},
+    )
+    result = harness.advancer.apply(read_batch(harness.client))
+    assert [reason.split(": ", 1)[1] for _, reason in result.rejected] == [
+        "pause-workflow of w0: the workflow is queued (waiting for its concurrency key); "
+        "nothing runs yet"
+    ]
+    assert direct(harness.client) == [] and admissions(harness.client) == [("w0", False)]
+    harness.pump(ok)
+    assert _states(harness.client, ["w0"]) == ["finished"]
+    archive_all(harness.client, tmp_path / "archive")
+    report = audit_archive(tmp_path / "archive", KEYS, client=harness.client)
+    assert report.ok, report.first_problem
+    assert {w.live for w in report.workflows} == {"equal"}
