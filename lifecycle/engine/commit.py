@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from functools import cache
+from functools import cache, lru_cache
 from typing import Any
 
 import hiredis
@@ -328,16 +328,20 @@ class Commit:
         if self.gate_key is None:
             return None
         key, most = self.gate_key
-        keys = self._gate_keys(key)
         offer = self.offer
         version = self._written_version() if check else ""
+        gate = self.gate
+        # What every gate call of the key shares is packed once per process.
         parts = [
-            _pack(
-                len(keys), *keys, rec.VERSION, str(version), self.workflow, most,
-                _ADMIT_JSON, ev.ADMIT_SENT, len(self.gate) // 2, *self.gate,
-            )
-        ]  # fmt: skip
-        count = 2 + 1 + len(keys) + 7 + len(self.gate)  # EVAL, text, numkeys, keys, args
+            _FIVE_KEYS,
+            _bulk(self.keys.workflow(self.workflow)),
+            _gate_key_run(self.keys, key, self.shared[0], self.shared[1]),
+            _bulk(str(version)),
+            _bulk(self.workflow),
+            _gate_limit_run(most),
+            _pack(len(gate) // 2, *gate),
+        ]
+        count = 2 + 1 + 5 + 7 + len(gate)  # EVAL, text, numkeys, keys, args
         if offer is None:
             parts.append(_EMPTY)
             count += 1
@@ -520,6 +524,27 @@ def _pack(*arguments: Any) -> bytes:
 
 
 _ADMITTED_PACKED = _pack(*_ADMITTED)
+
+
+def _bulk(value: str) -> bytes:
+    """One argument packed: cheaper than hiredis for one."""
+    data = value.encode()
+    return b"$%d\r\n%b\r\n" % (len(data), data)
+
+
+@lru_cache(maxsize=1024)  # bounded: concurrency keys are the submitters' to name
+def _gate_key_run(keys: Keys, key: str, lifecycle: str, timers: str) -> bytes:
+    """KEYS[2..5] and ARGV[1] of a gate call of ``key``, packed."""
+    return _pack(keys.key_running(key), keys.key_queue(key), lifecycle, timers, rec.VERSION)
+
+
+@lru_cache(maxsize=256)
+def _gate_limit_run(most: int) -> bytes:
+    """ARGV[4..6] of a gate call, packed."""
+    return _pack(most, _ADMIT_JSON, ev.ADMIT_SENT)
+
+
+_FIVE_KEYS = _pack(5)  # a gate call's number of keys
 
 
 @cache
