@@ -16,10 +16,22 @@ from flowlang.graph import Graph
 from flowlang.runner import TaskCall
 from lifecycle import events as ev
 from lifecycle.engine.advance import Advancer
+from lifecycle.engine.commit import Commit
 from lifecycle.engine.store import GraphCache, WorkflowRecord, load_workflow
 from lifecycle.events import end_task
 from lifecycle.keys import TASK_GROUP, Keys
 from lifecycle.submit import graph_task_kinds, start_workflow
+
+
+class ScriptOnly(Advancer):
+    """Every batch loses its watched transaction (as after a race with another worker):
+    every workflow is committed by advance.lua, its gate in a MULTI of its own."""
+
+    def _commit_watched(
+        self, commits: list[Commit], extra_acks: list[str], send: Any
+    ) -> list[bool | redis.ResponseError]:
+        send([("UNWATCH",)])
+        return [False] * len(commits)
 
 
 def decode(fields: dict[bytes, bytes]) -> dict[str, Any]:

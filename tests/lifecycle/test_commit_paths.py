@@ -11,22 +11,10 @@ from flowlang.compiler import compile_text
 from flowlang.runner import TaskCall
 from lifecycle import records as rec
 from lifecycle.engine.advance import Advancer
-from lifecycle.engine.commit import Commit
 from lifecycle.keys import Keys
-from tests.lifecycle.harness import Harness
+from tests.lifecycle.harness import Harness, ScriptOnly
 
 FLOW = compile_text("A (- $retries: 1 -) → * { B → ? `$[?(@ > 1)]` C } → { D E } → F")
-
-
-class ScriptOnly(Advancer):
-    """Every batch loses its watched transaction (as after a race with another worker),
-    so every workflow is committed by advance.lua."""
-
-    def _commit_watched(
-        self, commits: list[Commit], extra_acks: list[str], send: Any
-    ) -> list[bool]:
-        send([("UNWATCH",)])
-        return [False] * len(commits)
 
 
 def task(call: TaskCall) -> Any:

@@ -21,7 +21,7 @@ from lifecycle.engine.advance import Advancer
 from lifecycle.engine.store import load_workflow
 from lifecycle.keys import Keys
 from lifecycle.submit import start_workflow
-from tests.lifecycle.harness import Harness, decode
+from tests.lifecycle.harness import Harness, ScriptOnly, decode
 
 KEYS = Keys()
 FLOW = compile_text("A → B")
@@ -152,11 +152,6 @@ def test_a_write_redis_refuses_in_the_batch_transaction_fails_that_workflow_alon
 def test_a_write_redis_refuses_in_the_script_fails_that_workflow_alone(
     harness: Harness, redis_client: redis.Redis
 ) -> None:
-    class ScriptOnly(Advancer):
-        def _commit_watched(self, commits, extra_acks, send):  # type: ignore[no-untyped-def]
-            send([("UNWATCH",)])
-            return [False] * len(commits)
-
     _poison_stream(redis_client)
     bystanders = _bystanders(harness)
     victim = start_workflow(redis_client, compile_text("broken:A"), {}, "victim")

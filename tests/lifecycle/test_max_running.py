@@ -20,13 +20,12 @@ from lifecycle import records as rec
 from lifecycle.audit.report import audit_archive
 from lifecycle.cli import main
 from lifecycle.client import Client
-from lifecycle.engine.advance import Advancer
 from lifecycle.engine.commit import Commit
 from lifecycle.errors import NotAllowed
 from lifecycle.keys import TASK_GROUP, Keys
 from lifecycle.submit import BadConcurrency, graph_task_kinds, start_workflow
 from tests.lifecycle.audit_helpers import archive_all
-from tests.lifecycle.harness import Harness, admitted_workflows, decode
+from tests.lifecycle.harness import Harness, ScriptOnly, admitted_workflows, decode
 
 KEYS = Keys()
 FLOW = compile_text("A → B")
@@ -161,17 +160,6 @@ def test_bad_concurrency_options_are_refused_before_anything_is_sent(
     assert redis_client.xlen(KEYS.lifecycle) == 0
     assert main([*base, "--concurrency-key", "k", "--max-running", "1"]) == 0
     assert redis_client.xlen(KEYS.lifecycle) == 1
-
-
-class ScriptOnly(Advancer):
-    """Every batch loses its watched transaction: every commit goes through advance.lua
-    (with its gate in a MULTI of its own)."""
-
-    def _commit_watched(
-        self, commits: list[Commit], extra_acks: list[str], send: Any
-    ) -> list[bool]:
-        send([("UNWATCH",)])
-        return [False] * len(commits)
 
 
 def test_the_script_path_admits_and_releases_as_the_transaction_path_does(

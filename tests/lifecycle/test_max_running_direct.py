@@ -10,6 +10,7 @@ the key's line watched.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +29,13 @@ from lifecycle.engine.commit import Commit
 from lifecycle.keys import TASK_GROUP, Keys
 from lifecycle.submit import graph_task_kinds, start_workflow
 from tests.lifecycle.audit_helpers import archive_all
-from tests.lifecycle.harness import Harness, admitted_workflows, decode, direct_admissions
+from tests.lifecycle.harness import (
+    Harness,
+    ScriptOnly,
+    admitted_workflows,
+    decode,
+    direct_admissions,
+)
 
 KEYS = Keys()
 FLOW = compile_text("A → B")
@@ -186,17 +193,6 @@ def test_replay_of_direct_and_waiting_admissions_matches_the_live_records(
     assert report.ok, report.first_problem
     assert sorted(w.workflow for w in report.workflows) == ids
     assert {w.live for w in report.workflows} == {"equal"}
-
-
-class ScriptOnly(Advancer):
-    """Every batch loses its watched transaction: every commit goes through advance.lua
-    with its gate in a MULTI of its own."""
-
-    def _commit_watched(
-        self, commits: list[Commit], extra_acks: list[str], send: Any
-    ) -> list[bool]:
-        send([("UNWATCH",)])
-        return [False] * len(commits)
 
 
 def test_the_script_path_also_admits_directly(harness: Harness) -> None:
@@ -470,64 +466,69 @@ def test_a_start_and_its_termination_in_one_batch_send_nothing_and_admit_nothing
     assert harness.client.zcard(KEYS.key_queue("k")) == 0
 
 
-def test_an_archive_written_before_start_tasks_carried_the_mark_replays_equal(
-    harness: Harness, tmp_path: Path
-) -> None:
+def _replayed_as_rewritten(
+    directory: Path,
+    ids: list[str],
+    inputs: Callable[[dict[str, Any]], list[dict[str, Any]]],
+    emitted: Callable[[dict[str, Any]], dict[str, Any]],
+) -> dict[str, Any]:
+    """The workflows ``ids`` replayed from the archive in ``directory``, each archived
+    lifecycle input rewritten by ``inputs`` (into none or several) and each archived
+    start-task and end by ``emitted``: an archive as another engine would have written it."""
     from lifecycle.audit.archive import read_archive
     from lifecycle.audit.replay import ArchiveGraphs, WorkflowReplay, replay_workflow
 
-    ids = [submit(harness, f"w{n}", most=2) for n in range(4)]
-    harness.pump(ok)
-    archive_all(harness.client, tmp_path / "archive")
     graphs, items = ArchiveGraphs(), {w: WorkflowReplay(w) for w in ids}
-    for _, record in read_archive(tmp_path / "archive"):
+    for _, record in read_archive(directory):
         if "graph" in record:
             graphs.add(record["graph"], record["text"])
             continue
         event, stream = record.get("event"), record.get("stream")
         if not isinstance(event, dict) or event.get("workflow") not in items:
             continue
-        item, entry = items[event["workflow"]], (stream, record["id"], event)
+        item = items[event["workflow"]]
         if stream == KEYS.lifecycle and event["kind"] in ev.LIFECYCLE_INPUTS:
-            item.inputs.append(entry)
-            if event["kind"] == ev.START_WORKFLOW and event["workflow"] in ("w0", "w1"):
-                # How the gate wrote a direct admission then: an admit-workflow, sent.
-                admit = {"kind": ev.ADMIT_WORKFLOW, "workflow": event["workflow"]}
-                item.inputs.append((stream, record["id"], {**admit, ev.ADMIT_SENT: True}))
+            item.inputs += [(stream, record["id"], written) for written in inputs(event)]
         elif event["kind"] in (ev.START_TASK, ev.END_WORKFLOW):
-            unmarked = {name: value for name, value in event.items() if name != ev.ADMITTED}
-            item.emitted.append((stream, record["id"], unmarked))
+            item.emitted.append((stream, record["id"], emitted(event)))
+    return {w: replay_workflow(item, graphs, KEYS) for w, item in items.items()}
+
+
+def test_an_archive_written_before_start_tasks_carried_the_mark_replays_equal(
+    harness: Harness, tmp_path: Path
+) -> None:
+    ids = [submit(harness, f"w{n}", most=2) for n in range(4)]
+    harness.pump(ok)
+    archive_all(harness.client, tmp_path / "archive")
+
+    def as_before(event: dict[str, Any]) -> list[dict[str, Any]]:
+        if event["kind"] != ev.START_WORKFLOW or event["workflow"] not in ("w0", "w1"):
+            return [event]
+        # How the gate wrote a direct admission then: an admit-workflow, sent.
+        admit = {"kind": ev.ADMIT_WORKFLOW, "workflow": event["workflow"], ev.ADMIT_SENT: True}
+        return [event, admit]
+
+    def unmarked(event: dict[str, Any]) -> dict[str, Any]:
+        return {name: value for name, value in event.items() if name != ev.ADMITTED}
+
+    replayed = _replayed_as_rewritten(tmp_path / "archive", ids, as_before, unmarked)
     for workflow in ids:
-        replayed = replay_workflow(items[workflow], graphs, KEYS)
-        assert replayed.divergence is None, replayed.divergence
-        assert replayed.state is not None and replayed.state.status == "finished"
+        assert replayed[workflow].divergence is None, replayed[workflow].divergence
+        state = replayed[workflow].state
+        assert state is not None and state.status == "finished"
 
 
 def test_replay_without_the_marked_start_tasks_says_where_it_diverges(
     harness: Harness, tmp_path: Path
 ) -> None:
-    from lifecycle.audit.archive import read_archive
-    from lifecycle.audit.replay import ArchiveGraphs, WorkflowReplay, replay_workflow
-
     submit(harness, "w0", most=1)
     harness.pump(ok)
     archive_all(harness.client, tmp_path / "archive")
-    graphs, item = ArchiveGraphs(), WorkflowReplay("w0")
-    for _, record in read_archive(tmp_path / "archive"):
-        if "graph" in record:
-            graphs.add(record["graph"], record["text"])
-            continue
-        event, stream = record.get("event"), record.get("stream")
-        if not isinstance(event, dict) or event.get("workflow") != "w0":
-            continue
-        entry = (stream, record["id"], event)
-        if stream == KEYS.lifecycle and event["kind"] in ev.LIFECYCLE_INPUTS:
-            item.inputs.append(entry)
-        elif event["kind"] in (ev.START_TASK, ev.END_WORKFLOW):
-            # The mark taken away: nothing says it was admitted, so its tasks never ran.
-            item.emitted.append((stream, record["id"], {**event, ev.ADMITTED: False}))
-    replayed = replay_workflow(item, graphs, KEYS)
-    assert replayed.divergence is not None
+    # The mark taken away: nothing says it was admitted, so its tasks never ran.
+    replayed = _replayed_as_rewritten(
+        tmp_path / "archive", ["w0"], lambda event: [event], lambda e: {**e, ev.ADMITTED: False}
+    )
+    assert replayed["w0"].divergence is not None
 
 
 def test_an_event_behind_the_start_in_its_batch_meets_it_queued_and_replay_agrees(
