@@ -61,6 +61,7 @@ def gate_command(commits: Sequence[Commit], check: bool = True) -> tuple[Any, ..
         if commit.offer is None:
             arguments.append(b"")
             continue
+        assert commit.offer_admitted, "an offer names the value it admits with"
         events: list[Any] = []
         for stream, fields in commit.offered_events():
             events += (stream, len(fields) // 2, *fields)
@@ -111,6 +112,7 @@ def gate_packed(commits: Sequence[Commit], check: bool = True) -> bytes | None:
             count += 1
             continue
         admitted, m = commit.offer_admitted, b"%d" % len(offer)
+        assert admitted, "an offer names the value it admits with ('' says no offer)"
         append(b"$%d\r\n%b\r\n$%d\r\n%b\r\n" % (len(admitted), admitted, len(m), m))
         count += 2
         for stream, values, template in offer:

@@ -4,17 +4,19 @@ The gate admits it in that commit's own transaction and sends its held start-tas
 itself, each marked ``admitted``: no second advance, and nothing on the lifecycle stream
 (replay applies the admission where the archive shows those start-tasks, so replay and
 recover agree with what ran). Past the limit, a workflow waits and is admitted by a
-plain ``admit-workflow``. An end with nobody waiting frees its place with a plain SREM,
-the key's line watched.
+plain ``admit-workflow``. A batch makes one gate call for all its workflows under keys,
+their starts and their ends.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import orjson
+import pytest
 import redis
 
 from flowlang.compiler import compile_text
@@ -380,6 +382,47 @@ def test_a_gate_section_redis_refuses_fails_its_workflow_alone(harness: Harness)
     assert _states(harness.client, [first, last]) == ["finished", "finished"]
     # The failed one frees the place it was given before its start-task was refused.
     assert harness.client.smembers(KEYS.key_running("k")) == set()
+
+
+@contextmanager
+def redis_full(client: redis.Redis) -> Iterator[None]:
+    """Redis out of memory (noeviction) while the block runs."""
+    client.config_set("maxmemory-policy", "noeviction")
+    client.set("ballast", "x" * 3_000_000)
+    client.config_set("maxmemory", "1mb")
+    try:
+        yield
+    finally:
+        client.config_set("maxmemory", "0")
+        client.delete("ballast")
+
+
+@pytest.mark.parametrize("path", ["watched", "script"])
+def test_a_keyed_start_meeting_a_full_redis_is_admitted_whole_or_not_at_all(
+    harness: Harness, path: str
+) -> None:
+    # A watched transaction's plain writes are refused as they are queued: nothing is
+    # written and the batch is tried again. advance.lua's writes go through (its first,
+    # an XACK, is allowed, and a script that wrote goes on), so the gate's must as well,
+    # or the workflow would stand queued with its start acknowledged, admitted by nobody.
+    if path == "script":
+        harness.advancer = ScriptOnly(harness.client, KEYS)
+    submit(harness, "w0", most=1)
+    entries = read_batch(harness.client)
+    refused = False
+    with redis_full(harness.client):
+        try:
+            harness.advancer.apply(entries)
+        except redis.exceptions.OutOfMemoryError:
+            refused = True
+    assert refused == (path == "watched")
+    if refused:
+        assert harness.client.hget(KEYS.workflow("w0"), rec.VERSION) is None
+        harness.advancer.apply(entries)  # the worker's retry, once there is room
+    assert direct(harness.client) == ["w0"]
+    harness.pump(ok)
+    assert _states(harness.client, ["w0"]) == ["finished"]
+    assert harness.client.scard(KEYS.key_running("k")) == 0
 
 
 class Racing(Advancer):

@@ -1,3 +1,4 @@
+#!lua flags=allow-oom
 -- gate.lua: admissions under concurrency keys, in the transaction of the commits that
 -- queue workflows and end them: one call for every such commit of a transaction.
 --
@@ -40,6 +41,12 @@
 -- admission happened here. Only an offer without start-tasks, which nothing in the archive
 -- would show, still writes an admit-workflow with sent = true (acknowledged as done,
 -- applied by replay).
+--
+-- Its writes go through when Redis is out of memory (flags=allow-oom), as the commit's did:
+-- advance.lua's first write is an XACK, which Redis allows then, and once a script has
+-- written, its other writes go through too. Without the flag the commit would stand, its
+-- events acknowledged, and its admission be refused: a workflow left queued for good. (A
+-- watched transaction's plain writes are refused when queued: then nothing is written.)
 --
 -- Sections run in order, each as if it were called alone after its commit's writes (the
 -- commits' writes touch none of the keys a section reads). A section that fails stops
@@ -164,9 +171,9 @@ for s = 1, S do
     replies[s] = reply
   else
     count[j], empty[j] = nil, nil  -- what it changed before it failed is read again
-    if type(reply) == 'table' and reply.err then  -- as Redis raises a command's error
+    if type(reply) == 'table' and reply.err then  -- a command's error, as a table
       replies[s] = reply
-    elseif type(reply) == 'string' and string.find(reply, '^%u[%u_]+ ') then  -- as Valkey does
+    elseif type(reply) == 'string' and string.find(reply, '^%u[%u_]+ ') then  -- as a string
       replies[s] = {err = reply}
     else  -- a fault of the script itself
       replies[s] = {err = 'ERR gate: ' .. tostring(reply)}
