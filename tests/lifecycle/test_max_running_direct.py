@@ -121,12 +121,20 @@ def test_an_admit_workflow_already_carried_out_is_acknowledged_with_nothing_done
     assert harness.client.xlen(KEYS.tasks("default")) == 1  # nothing sent twice
 
 
+def queue(commit: Commit, held: list[Any]) -> None:
+    """What the transition writes of a workflow it queues under key k, with ``held`` as
+    the offer of its start-tasks."""
+    commit.set(rec.CONCURRENCY, orjson.dumps({"key": "k", "max": 5, "queued": True}))
+    commit.set(rec.PAUSED, orjson.dumps(["1"] * len(held)))
+    commit.offer, commit.offer_admitted = held, orjson.dumps({"key": "k", "max": 5})
+
+
 def test_an_offer_without_start_tasks_is_written_as_an_admit_workflow_sent(
     redis_client: redis.Redis,
 ) -> None:
     commit = Commit(KEYS, "w1")
     commit.enter("k", 5, 1)
-    commit.offer, commit.offer_admitted = [], orjson.dumps({"key": "k", "max": 5})
+    queue(commit, [])
     gate = gate_command([commit], check=False)
     assert gate is not None
     assert redis_client.execute_command(*gate) == [1]
@@ -217,7 +225,7 @@ def test_a_lost_race_sends_no_start_task_and_admits_nothing(
     commit.enter("k", 5, 1)
     held = Commit(KEYS, "w1")
     held.append(KEYS.tasks("default"), {"kind": ev.START_TASK, "workflow": "w1"})
-    commit.offer, commit.offer_admitted = held.events, orjson.dumps({"key": "k", "max": 5})
+    queue(commit, held.events)
     gate = gate_command([commit])
     assert gate is not None
     assert redis_client.execute_command(*gate) == [0]
@@ -639,6 +647,29 @@ def test_an_event_behind_the_start_in_its_batch_meets_it_queued_and_replay_agree
     assert direct(harness.client) == [] and admissions(harness.client) == [("w0", False)]
     harness.pump(ok)
     assert _states(harness.client, ["w0"]) == ["finished"]
+    archive_all(harness.client, tmp_path / "archive")
+    report = audit_archive(tmp_path / "archive", KEYS, client=harness.client)
+    assert report.ok, report.first_problem
+    assert {w.live for w in report.workflows} == {"equal"}
+
+
+def test_a_terminate_and_restart_in_one_batch_with_the_key_full_keep_its_held_tasks(
+    harness: Harness, tmp_path: Path
+) -> None:
+    ids = [submit(harness, f"w{n}", most=2) for n in range(3)]
+    harness.advance()  # w0 and w1 run, w2 waits
+    assert harness.client.zrange(KEYS.key_queue("k"), 0, -1) == [b"w2"]
+    for kind in (ev.TERMINATE_WORKFLOW, ev.RESTART_WORKFLOW):
+        harness.client.xadd(
+            KEYS.lifecycle,
+            {name: orjson.dumps(value) for name, value in ev.control(kind, "w2").items()},
+        )
+    harness.advance()  # w2 leaves its line, restarted waits in it again: nobody has room
+    record = harness.client.hgetall(KEYS.workflow("w2"))
+    assert orjson.loads(record[rec.PAUSED.encode()]) == ["1"]  # A, held until its turn
+    assert rec.is_queued(record[rec.CONCURRENCY.encode()])
+    harness.pump(ok)
+    assert _states(harness.client, ids) == ["finished"] * 3
     archive_all(harness.client, tmp_path / "archive")
     report = audit_archive(tmp_path / "archive", KEYS, client=harness.client)
     assert report.ok, report.first_problem
