@@ -91,6 +91,11 @@ class Keys:
         """
         return f"{self.prefix}:wf:{workflow_id}"
 
+    def compacted(self, workflow_id: str) -> str:
+        """String: a finished workflow once retention compacted it, in place of its hash
+        (the format: lifecycle/compact.py)."""
+        return f"{self.prefix}:wfc:{workflow_id}"
+
     @property
     def workflows(self) -> str:
         """Sorted set of workflow ids by creation time (ms)."""
@@ -115,6 +120,12 @@ class Keys:
     def expiring(self) -> str:
         """Sorted set of ended workflows by the time (ms) retention removes them."""
         return f"{self.prefix}:expiring"
+
+    @property
+    def expiring_compacted(self) -> str:
+        """List of the compacted workflows (:meth:`compacted`) by the time retention
+        removes them, ``<ms> <id>`` each, oldest first: cheaper than :attr:`expiring`."""
+        return f"{self.prefix}:expiring-compacted"
 
     @property
     def limits(self) -> str:
