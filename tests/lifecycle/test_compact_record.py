@@ -1,0 +1,167 @@
+"""A compacted finished workflow is one string ({flow}:wfc:<id>) whose removal is listed
+in due order ({flow}:expiring-compacted): readers see it exactly as they saw the hash
+compaction used to leave, which still reads and expires the same."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+import redis
+
+from flowlang.compiler import compile_text
+from flowlang.runner import TaskCall
+from flowstream.api.views import workflow_view
+from lifecycle import compact
+from lifecycle import records as rec
+from lifecycle.client import Client
+from lifecycle.engine.advance import Advancer
+from lifecycle.engine.retention import retention_pump
+from lifecycle.errors import NotAllowed
+from lifecycle.history import inspected
+from lifecycle.inspect import describe_workflow, list_page
+from lifecycle.keys import Keys
+from lifecycle.status import count_workflows
+from tests.lifecycle.harness import Harness
+
+KEYS = Keys()
+HOUR = 3_600_000
+CHAIN = compile_text("@flow chained\n" + " → ".join(f"T{n}" for n in range(5)))
+
+
+def ok(call: TaskCall) -> Any:
+    return {"n": call.input.get("n", 0) + 1, "note": "x" * 80}
+
+
+def compacting(client: redis.Redis, retain_ms: int = HOUR) -> Harness:
+    harness = Harness(client, KEYS)
+    harness.advancer = Advancer(client, KEYS, retain_ms=retain_ms, keep_details_ms=0)
+    return harness
+
+
+def run_and_compact(harness: Harness, workflow_id: str) -> int:
+    """Run ``workflow_id`` to its end and compact it; its end time (ms)."""
+    harness.submit(CHAIN, {"n": 0, "text": "é" * 40}, workflow_id)
+    harness.pump(ok)
+    ended = int(harness.client.hget(KEYS.workflow(workflow_id), rec.ENDED) or 0)
+    assert retention_pump(harness.client, KEYS).fire_due(ended) == 1
+    assert harness.client.exists(KEYS.compacted(workflow_id))
+    assert not harness.client.exists(KEYS.workflow(workflow_id))
+    return ended
+
+
+def to_old_form(client: redis.Redis, workflow_id: str) -> None:
+    """What compaction left before the string: the hash less its task records, with
+    its version, attempt salt and compaction time."""
+    packed: Any = client.get(KEYS.compacted(workflow_id))
+    fields = {**compact.fields(packed), b"v": b"7", b"t": b"0123456789abcdef0123456789abcdef"}
+    client.delete(KEYS.compacted(workflow_id))
+    client.hset(KEYS.workflow(workflow_id), mapping=fields)  # type: ignore[arg-type]
+
+
+def views(client: redis.Redis, workflow_id: str) -> dict[str, Any]:
+    """What inspect, list, the API and the control commands show of the workflow."""
+    status = Client(client, KEYS).status(workflow_id)
+    return {
+        "inspect": describe_workflow(client, KEYS, workflow_id, now_ms=0),
+        "api": workflow_view(inspected(client, KEYS, workflow_id)),
+        "list": list_page(client, KEYS, state="finished", flow="chained", graphs=None)[0],
+        "status": (status.state, status.ended, status.flow, status.restartable, status.error),
+    }
+
+
+def test_inspect_list_api_and_status_show_the_string_as_they_showed_the_old_hash(
+    redis_client: redis.Redis,
+) -> None:
+    run_and_compact(compacting(redis_client), "wf")
+    new = views(redis_client, "wf")
+    assert new["inspect"]["output"]["n"] == 5 and new["inspect"]["input"]["text"] == "é" * 40
+    assert new["inspect"]["state"] == "finished" and new["inspect"]["flow"] == "chained"
+    assert new["inspect"]["compacted"] is not None and new["list"][0]["id"] == "wf"
+    to_old_form(redis_client, "wf")
+    assert views(redis_client, "wf") == new
+
+
+def test_the_string_is_far_smaller_than_the_hash_it_replaces(redis_client: redis.Redis) -> None:
+    harness = compacting(redis_client)
+    run_and_compact(harness, "wf")
+    string = redis_client.memory_usage(KEYS.compacted("wf")) or 0
+    to_old_form(redis_client, "wf")
+    hashed = redis_client.memory_usage(KEYS.workflow("wf")) or 0
+    # Its output and input are over 64 bytes: the hash is a table, the string one value.
+    assert string * 2 < hashed, (string, hashed)
+
+
+def test_an_old_form_compacted_workflow_is_still_removed_on_time(
+    redis_client: redis.Redis,
+) -> None:
+    ended = run_and_compact(compacting(redis_client), "wf")
+    to_old_form(redis_client, "wf")
+    redis_client.delete(KEYS.expiring_compacted)
+    redis_client.zadd(KEYS.expiring, {"wf": ended + HOUR})  # as compaction scheduled it
+    pump = retention_pump(redis_client, KEYS)
+    assert pump.fire_due(ended + HOUR - 1) == 0
+    assert Client(redis_client, KEYS).status("wf").state == "finished"
+    assert pump.fire_due(ended + HOUR) == 1
+    assert not redis_client.exists(KEYS.workflow("wf"), KEYS.expiring)
+    assert redis_client.zcard(KEYS.workflows) == 0
+
+
+def test_a_removal_due_before_the_last_listed_one_is_scheduled_exactly(
+    redis_client: redis.Redis,
+) -> None:
+    late = run_and_compact(compacting(redis_client, 2 * HOUR), "late") + 2 * HOUR
+    early = run_and_compact(compacting(redis_client, HOUR), "early") + HOUR
+    assert early < late
+    assert redis_client.lrange(KEYS.expiring_compacted, 0, -1) == [b"%d late" % late]
+    assert redis_client.zscore(KEYS.expiring, "early") == early
+    counts = count_workflows(redis_client, KEYS)
+    assert (counts.expiring, counts.next_removal_ms) == (2, early)
+    pump = retention_pump(redis_client, KEYS)
+    assert pump.fire_due(early) == 1
+    assert not redis_client.exists(KEYS.compacted("early"))
+    assert redis_client.exists(KEYS.compacted("late"))
+    assert pump.fire_due(late) == 1
+    assert redis_client.zcard(KEYS.workflows) == 0
+    assert not redis_client.exists(KEYS.compacted("late"), KEYS.expiring_compacted)
+
+
+def test_a_deleted_compacted_workflow_goes_and_its_listed_removal_spares_the_next_one(
+    redis_client: redis.Redis,
+) -> None:
+    harness = compacting(redis_client)
+    first = run_and_compact(harness, "wf") + HOUR
+    Client(redis_client, KEYS).delete("wf")
+    harness.advance()
+    assert not redis_client.exists(KEYS.workflow("wf"), KEYS.compacted("wf"))
+    assert redis_client.zcard(KEYS.workflows) == 0
+    time.sleep(0.005)  # the same id again, ending later
+    second = run_and_compact(harness, "wf") + HOUR
+    assert second > first
+    pump = retention_pump(redis_client, KEYS)
+    assert pump.fire_due(first) == 1  # the deleted one's entry, dropped
+    assert Client(redis_client, KEYS).status("wf").state == "finished"
+    assert pump.fire_due(second) == 1
+    assert not redis_client.exists(KEYS.compacted("wf"), KEYS.expiring_compacted)
+
+
+def test_a_compacted_workflow_cannot_be_restarted(redis_client: redis.Redis) -> None:
+    run_and_compact(compacting(redis_client), "wf")
+    with pytest.raises(NotAllowed):
+        Client(redis_client, KEYS).restart("wf")
+
+
+def test_a_late_answer_for_a_compacted_workflow_changes_nothing(
+    redis_client: redis.Redis,
+) -> None:
+    harness = compacting(redis_client)
+    run_and_compact(harness, "wf")
+    packed = redis_client.get(KEYS.compacted("wf"))
+    redis_client.xadd(
+        KEYS.lifecycle,
+        {"kind": b'"end-task"', "workflow": b'"wf"', "key": b'"T0"', "output": b"{}"},
+    )
+    harness.advance()
+    assert redis_client.get(KEYS.compacted("wf")) == packed
+    assert not redis_client.exists(KEYS.workflow("wf"))
