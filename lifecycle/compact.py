@@ -8,6 +8,8 @@ finished workflow's hash, its task records gone, into one string at
     <removal due - ended, -1: never>[,<priority>] ``\\n`` <name> ``\\n`` <input JSON>
     ``\\n`` <state JSON without its leading ``{"status":"finished"``>
 
+(``2`` in place of ``1``: the state was ``{"status":"finished","output":X}``; X follows.)
+
 It holds what readers show (state, output, times, name, input, graph) and nothing
 the engine needs (version, attempt salt: a finished workflow takes no answer and
 cannot be restarted). Readers get it back as the fields its hash had (:func:`fields`),
@@ -37,11 +39,13 @@ __all__ = [
 ]
 
 FORMAT = b"1"
+OUTPUT_ONLY = b"2"  # the same, its state only status and output: the output follows bare
 # The fields the string keeps, in the order expire.lua takes them.
 KEPT = (rec.CREATED, rec.ENDED, rec.GRAPH, rec.NAME, rec.INPUT, rec.STATE, rec.PRIORITY)
 # The fields it drops: nothing reads them once the workflow finished.
 DROPPED = (rec.VERSION, rec.SALT)
 _FINISHED = b'{"status":"finished"'
+_OUTPUT = b',"output":'
 _DIGEST = 32
 
 
@@ -50,7 +54,8 @@ def fields(value: bytes) -> dict[bytes, bytes]:
     :data:`records.COMPACTED`). A value that is not one comes back as the state field,
     so that readers report it as they report a corrupt state."""
     try:
-        if value[:1] != FORMAT:
+        form = value[:1]
+        if form not in (FORMAT, OUTPUT_ONLY):
             raise ValueError
         digest = value[1 : 1 + _DIGEST]
         head, name, input_, state = value[1 + _DIGEST :].split(b"\n", 3)
@@ -64,7 +69,8 @@ def fields(value: bytes) -> dict[bytes, bytes]:
             rec.COMPACTED.encode(): b"%d" % compacted,
             rec.GRAPH.encode(): digest.hex().encode(),
             rec.INPUT.encode(): input_,
-            rec.STATE.encode(): _FINISHED + state,
+            rec.STATE.encode(): _FINISHED
+            + (_OUTPUT + state + b"}" if form == OUTPUT_ONLY else state),
         }
         if len(digest) != _DIGEST or len(numbers) not in (4, 5):
             raise ValueError

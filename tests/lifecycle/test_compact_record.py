@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import orjson
 import pytest
 import redis
 
@@ -165,3 +166,32 @@ def test_a_late_answer_for_a_compacted_workflow_changes_nothing(
     harness.advance()
     assert redis_client.get(KEYS.compacted("wf")) == packed
     assert not redis_client.exists(KEYS.workflow("wf"))
+
+
+def test_a_state_of_status_and_output_only_keeps_the_output_bare(
+    redis_client: redis.Redis,
+) -> None:
+    run_and_compact(compacting(redis_client), "wf")
+    packed: Any = redis_client.get(KEYS.compacted("wf"))
+    assert packed[:1] == compact.OUTPUT_ONLY and b'"status"' not in packed
+    state = compact.fields(packed)[rec.STATE.encode()]
+    assert orjson.loads(state) == {"status": "finished", "output": {"n": 5, "note": "x" * 80}}
+
+
+def test_a_state_with_more_than_its_output_is_kept_whole() -> None:
+    state = b',"attempts":{"T0":2},"output":[1,2]}'
+    packed = b"1" + bytes(range(32)) + b"1000,20,3,-1,4\nnamed\n{}\n" + state
+    assert compact.fields(packed) == {
+        b"created": b"1000",
+        b"ended": b"1020",
+        b"c": b"1023",
+        b"g": bytes(range(32)).hex().encode(),
+        b"name": b"named",
+        b"input": b"{}",
+        b"s": b'{"status":"finished"' + state,
+        b"priority": b"4",
+    }
+
+
+def test_a_value_that_is_no_compacted_record_reads_as_a_corrupt_state() -> None:
+    assert compact.fields(b"9garbage") == {b"s": b"9garbage"}

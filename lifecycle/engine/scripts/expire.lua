@@ -27,6 +27,8 @@
 --   '1' <graph hash, 32 raw bytes> <created>,<ended-created>,<compacted-ended>,
 --   <due-ended>[,<priority>] '\n' <name> '\n' <input> '\n' <state less its status>
 --
+-- ('2' in place of '1': the state was its status and output only; the output follows)
+--
 -- about 200 bytes fewer than the hash (no field names, no version or attempt salt,
 -- which nothing reads once it finished, a hash over 64 bytes a value no longer turned
 -- into a table), and its removal joins KEYS[4] (about 20 bytes an entry, against
@@ -48,7 +50,7 @@ if not now then
   now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 end
 local most = tonumber(ARGV[2])
-local finished = '{"status":"finished"'
+local finished, with_output = '{"status":"finished"', ',"output":'
 
 local kept, dropped = {}, {}
 for name in string.gmatch(ARGV[7], '%S+') do kept[#kept + 1] = name end
@@ -75,8 +77,16 @@ local function packed(fields, removal)
                              removal > 0 and removal - ended or -1)
   if priority then head = head .. ',' .. priority end
   local raw = string.gsub(graph, '%x%x', function(h) return string.char(tonumber(h, 16)) end)
-  return '1' .. raw .. head .. '\n' .. name .. '\n' .. input .. '\n'
-      .. string.sub(state, #finished + 1)
+  local form, rest = '1', string.sub(state, #finished + 1)
+  -- Most states are {"status":"finished","output":...} alone: the output is kept bare.
+  if string.sub(rest, 1, #with_output) == with_output then
+    local read, decoded = pcall(cjson.decode, state)
+    if read and type(decoded) == 'table' and next(decoded, next(decoded, next(decoded))) == nil
+        and decoded['output'] ~= nil then
+      form, rest = '2', string.sub(rest, #with_output + 1, -2)
+    end
+  end
+  return form .. raw .. head .. '\n' .. name .. '\n' .. input .. '\n' .. rest
 end
 
 local function compact(id, key, removal)
