@@ -180,7 +180,10 @@ class Client:
 
     def exists(self, workflow_id: str) -> bool:
         keys = self.keys
-        return bool(self.redis.exists(keys.workflow(workflow_id), keys.compacted(workflow_id)))
+        return bool(
+            self.redis.exists(keys.workflow(workflow_id))
+            or self.redis.hexists(keys.compacted, workflow_id)
+        )
 
     # -- reading -----------------------------------------------------------------
 

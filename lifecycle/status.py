@@ -336,8 +336,11 @@ def count_workflows(client: redis.Redis, keys: Keys, limit: int = COUNT_LIMIT) -
     scheduled, first, listed_too, head = pipe.execute()
     expiring = int(scheduled) + int(listed_too)
     dues = [int(first[0][1])] if first else []
-    if head:  # '<due ms> <id>': compacted workflows, in due order
-        dues.append(int(head.partition(b" ")[0]))
+    if head:  # '<id> <tag>': compacted workflows, in due order
+        record: Any = client.hget(keys.compacted, head.rpartition(b" ")[0])
+        listed_due = compact.removal_due(record) if record is not None else None
+        if listed_due is not None:
+            dues.append(listed_due)
     due = min(dues) if dues else None
     return WorkflowCounts(states, counted, scanned, listed, ended, expiring, due)
 

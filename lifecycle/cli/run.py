@@ -136,10 +136,10 @@ def workflow_state(client: redis.Redis, keys: Keys, workflow_id: str) -> str | N
         pipe.hget(key, field)
     raw, paused, version, concurrency = pipe.execute()
     if raw is None and version is None:
-        packed: Any = client.get(keys.compacted(workflow_id))
-        if packed is None:
+        found = compact.read_compacted(client, keys, [workflow_id])[0]
+        if found is None:
             return None
-        raw = compact.fields(packed).get(rec.STATE.encode())
+        raw = found.get(rec.STATE.encode())
     state = _loads(raw)
     if not isinstance(state, dict) or not isinstance(state.get("status", rec.RUNNING), str):
         return "corrupt"
@@ -377,8 +377,8 @@ def _text(value: Any, default: str) -> str:
 def _ending_from_record(client: redis.Redis, keys: Keys, workflow_id: str) -> Ending | None:
     raw: Any = client.hget(keys.workflow(workflow_id), rec.STATE)
     if raw is None:
-        packed: Any = client.get(keys.compacted(workflow_id))
-        raw = compact.fields(packed).get(rec.STATE.encode()) if packed is not None else None
+        found = compact.read_compacted(client, keys, [workflow_id])[0]
+        raw = found.get(rec.STATE.encode()) if found is not None else None
     state = _loads(raw)
     if not isinstance(state, dict):
         return None

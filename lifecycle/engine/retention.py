@@ -10,9 +10,10 @@ A workflow that finished is compacted first: its commit schedules that step
 (after ``--keep-details``) and records in the workflow when its removal is due
 (``records.EXPIRES``); the same script then drops its task records — the archive
 holds every start and end — and schedules the removal. What is left of it becomes
-one string (``Keys.compacted``, read by :mod:`lifecycle.compact`), its removal an
-entry of a list in due order (``Keys.expiring_compacted``): about 260 bytes a
-finished workflow keeps until then, index entry included. Failed and terminated
+one entry of a shared hash (``Keys.compacted``, read by :mod:`lifecycle.compact`),
+its removal an entry of a list in due order (``Keys.expiring_compacted``): what a
+finished workflow keeps until then is that, its index entry, and its input and
+output. Failed and terminated
 workflows keep theirs: a restart runs from them.
 """
 
@@ -56,7 +57,15 @@ def retention_pump(
     their time comes (``start()`` it, or ``fire_due()``)."""
     return Pump(
         lua.load_script(client, "expire", _SCRIPTS),
-        [keys.expiring, keys.workflows, keys.stopped, keys.expiring_compacted],
+        [
+            keys.expiring,
+            keys.workflows,
+            keys.stopped,
+            keys.compacted,
+            keys.expiring_compacted,
+            keys.expiring_compacted_last,
+            keys.graph_refs,
+        ],
         name="retention",
         interval=interval,
         batch=batch,
@@ -64,7 +73,6 @@ def retention_pump(
             keys.workflow(""),
             rec.EXPIRES,
             rec.COMPACTED,
-            keys.compacted(""),
             " ".join(compact.KEPT),
             " ".join(compact.DROPPED),
             *rec.COMPACTED_PREFIXES,

@@ -5,8 +5,11 @@
 --          of their next step
 -- KEYS[2]  the workflows index ({flow}:workflows)
 -- KEYS[3]  the stop records ({flow}:stopped)
--- KEYS[4]  the removals of compacted workflows in due order ({flow}:expiring-compacted):
---          a list of '<due ms> <id>'
+-- KEYS[4]  the compacted workflows ({flow}:compacted): id -> record
+-- KEYS[5]  the removals of compacted workflows in due order ({flow}:expiring-compacted):
+--          a list of '<id> <tag>'
+-- KEYS[6]  when the last of KEYS[5] is due (ms) ({flow}:expiring-compacted-last)
+-- KEYS[7]  the graphs' short names ({flow}:graph-refs)
 -- ARGV[1]  now in ms ('' = Redis TIME, the clock every worker shares)
 -- ARGV[2]  the most workflows to handle in this call
 -- ARGV[3]  the name of a workflow's hash without its id ({flow}:wf:); every hash
@@ -14,33 +17,34 @@
 -- ARGV[4]  the field that says when its removal is due once compacted (ms, 0: never);
 --          present only on a finished workflow not yet compacted
 -- ARGV[5]  the field that records when it was compacted
--- ARGV[6]  the name of a compacted record without its id ({flow}:wfc:), same slot
--- ARGV[7]  the fields a compacted record keeps, space-separated, in its order:
+-- ARGV[6]  the fields a compacted record keeps, space-separated, in this order:
 --          created ended graph name input state priority
--- ARGV[8]  the fields compaction drops besides the task records, space-separated
--- ARGV[9…] the prefixes (of one length) of the fields compaction removes: task records
+-- ARGV[7]  the fields compaction drops besides the task records, space-separated
+-- ARGV[8…] the prefixes (of one length) of the fields compaction removes: task records
 --
 -- A workflow due with ARGV[4] set is compacted: its task records go (the receipts
 -- archive holds every start and end). When the rest of its hash is only what
--- ARGV[7] and ARGV[8] name, it becomes one string (lifecycle/compact.py reads it):
+-- ARGV[6] and ARGV[7] name, it becomes one entry of KEYS[4] (lifecycle/compact.py
+-- reads it; numbers in base 36):
 --
---   '1' <graph hash, 32 raw bytes> <created>,<ended-created>,<compacted-ended>,
---   <due-ended>[,<priority>] '\n' <name> '\n' <input> '\n' <state less its status>
+--   '1' <graph's short name>,<created>,<ended-created>,<compacted-ended>,
+--   <due-ended, '': never>[,<priority>] '\n' <name> '\n' <input> '\n'
+--   <state less its leading {"status":"finished">
 --
 -- ('2' in place of '1': the state was its status and output only; the output follows)
---
--- about 200 bytes fewer than the hash (no field names, no version or attempt salt,
--- which nothing reads once it finished, a hash over 64 bytes a value no longer turned
--- into a table), and its removal joins KEYS[4] (about 20 bytes an entry, against
--- 80 in a sorted set) unless one due later is there already: then KEYS[1] keeps it.
--- Anything else (a concurrency key, a chunked state's entries) stays a hash.
+-- about 260 bytes less than its hash kept (no key of its own, no field names, no
+-- version or attempt salt, which nothing reads once it finished; and a hash with a
+-- value over 64 bytes is a table, far larger). Its removal joins KEYS[5] (about 10
+-- bytes an entry, against 100 in a sorted set) unless one due later is there already:
+-- then KEYS[1] keeps it. Anything else (a concurrency key, a chunked state's
+-- entries) stays a hash, its task records dropped.
 --
 -- Any other due workflow is removed: its record, its index entry and its schedule
 -- entry go together, so a restart (which takes it off the schedule in the same
--- step) never races a half-removed record. Then the due head of KEYS[4] goes: a
--- compacted record whose due time is the entry's (an entry whose record was deleted,
--- or written again since, is dropped). Costs O(what is due, and the fields of what
--- is compacted). Returns the number handled.
+-- step) never races a half-removed record. Then the due head of KEYS[5] goes: a
+-- compacted record whose tag (its compaction time, modulo 36^3) is the entry's (an
+-- entry whose record was deleted, or written again since, is dropped). Costs O(what
+-- is due, and the fields of what is compacted). Returns the number handled.
 
 if redis.replicate_commands then redis.replicate_commands() end  -- TIME before writes
 
@@ -53,16 +57,49 @@ local most = tonumber(ARGV[2])
 local finished, with_output = '{"status":"finished"', ',"output":'
 
 local kept, dropped = {}, {}
-for name in string.gmatch(ARGV[7], '%S+') do kept[#kept + 1] = name end
-for name in string.gmatch(ARGV[8], '%S+') do dropped[name] = true end
+for name in string.gmatch(ARGV[6], '%S+') do kept[#kept + 1] = name end
+for name in string.gmatch(ARGV[7], '%S+') do dropped[name] = true end
 local created_f, ended_f, graph_f, name_f, input_f, state_f, priority_f = unpack(kept)
-local prefixes, width = {}, #(ARGV[9] or '')
-for n = 9, #ARGV do prefixes[ARGV[n]] = true end
+local prefixes, width = {}, #(ARGV[8] or '')
+for n = 8, #ARGV do prefixes[ARGV[n]] = true end
 for _, name in ipairs(kept) do dropped[name] = true end
 dropped[ARGV[4]] = true
 
--- The string form of a workflow's kept fields (values by name), or nil when they do
--- not fit it.
+local digits = '0123456789abcdefghijklmnopqrstuvwxyz'
+local function b36(n)
+  if n < 0 then return '-' .. b36(-n) end
+  local text = ''
+  repeat
+    local digit = n % 36
+    text = string.sub(digits, digit + 1, digit + 1) .. text
+    n = (n - digit) / 36
+  until n == 0
+  return text
+end
+local function n36(text)
+  if string.sub(text, 1, 1) == '-' then return -tonumber(string.sub(text, 2), 36) end
+  return tonumber(text, 36)
+end
+
+-- A graph's short name, given at its first compacted workflow.
+local function graph_ref(digest)
+  local ref = redis.call('HGET', KEYS[7], digest)
+  if ref then return ref end
+  ref = b36(redis.call('HINCRBY', KEYS[7], '#', 1))
+  redis.call('HSET', KEYS[7], digest, ref, '#' .. ref, digest)
+  return ref
+end
+
+-- When a compacted record is due for removal (nil: never), and its tag.
+local function record_due(record)
+  local _, created, ended, compacted, due =
+    string.match(record, '^[12]([^,\n]*),([^,\n]*),([^,\n]*),([^,\n]*),([^,\n]*)')
+  if not created then return nil, nil end
+  local at = n36(created) + n36(ended)
+  return due ~= '' and at + n36(due) or nil, b36((at + n36(compacted)) % 46656)
+end
+
+-- The record of a workflow's kept fields (values by name), or nil when they do not fit.
 local function packed(fields, removal)
   local graph, state, name = fields[graph_f], fields[state_f], fields[name_f] or ''
   local created, ended = tonumber(fields[created_f]), tonumber(fields[ended_f])
@@ -73,10 +110,9 @@ local function packed(fields, removal)
       or (priority and not string.match(priority, '^%-?%d+$')) then
     return nil
   end
-  local head = string.format('%d,%d,%d,%d', created, ended - created, now - ended,
-                             removal > 0 and removal - ended or -1)
+  local head = table.concat({graph_ref(graph), b36(created), b36(ended - created),
+                             b36(now - ended), removal > 0 and b36(removal - ended) or ''}, ',')
   if priority then head = head .. ',' .. priority end
-  local raw = string.gsub(graph, '%x%x', function(h) return string.char(tonumber(h, 16)) end)
   local form, rest = '1', string.sub(state, #finished + 1)
   -- Most states are {"status":"finished","output":...} alone: the output is kept bare.
   if string.sub(rest, 1, #with_output) == with_output then
@@ -86,7 +122,7 @@ local function packed(fields, removal)
       form, rest = '2', string.sub(rest, #with_output + 1, -2)
     end
   end
-  return form .. raw .. head .. '\n' .. name .. '\n' .. input .. '\n' .. rest
+  return form .. head .. '\n' .. name .. '\n' .. input .. '\n' .. rest
 end
 
 local function compact(id, key, removal)
@@ -106,11 +142,12 @@ local function compact(id, key, removal)
     record = packed(fields, removal)
   end
   if record then
-    redis.call('SET', ARGV[6] .. id, record)
+    redis.call('HSET', KEYS[4], id, record)
     redis.call('DEL', key)
-    local tail = redis.call('LINDEX', KEYS[4], -1)
-    if removal > 0 and (not tail or tonumber(string.match(tail, '^%d+')) <= removal) then
-      redis.call('RPUSH', KEYS[4], string.format('%d %s', removal, id))
+    local last = tonumber(redis.call('GET', KEYS[6]) or '0')
+    if removal > 0 and removal >= last then
+      redis.call('RPUSH', KEYS[5], id .. ' ' .. b36(now % 46656))
+      redis.call('SET', KEYS[6], string.format('%d', removal))
       redis.call('ZREM', KEYS[1], id)
       return
     end
@@ -128,7 +165,6 @@ local function compact(id, key, removal)
   end
 end
 
-local handled = 0
 local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, most)
 local removed = {}
 for _, id in ipairs(due) do
@@ -140,40 +176,31 @@ for _, id in ipairs(due) do
     removed[#removed + 1] = id
   end
 end
-handled = #due
+local handled = #due
 
--- The due head of the compacted removals: each entry's record, when it is still the
--- one the entry was written for (its own due time says so).
-local listed = {}
+-- The due head of the compacted removals.
 while handled < most do
-  local head = redis.call('LINDEX', KEYS[4], 0)
+  local head = redis.call('LINDEX', KEYS[5], 0)
   if not head then break end
-  local at, id = string.match(head, '^(%d+) (.*)$')
-  if not at or tonumber(at) > now then break end
-  redis.call('LPOP', KEYS[4])
-  handled = handled + 1
-  local record = redis.call('GET', ARGV[6] .. id)
-  if record then
-    local created, ended, _, due_in = string.match(record, '^(%d+),(%d+),(%d+),(%-?%d+)', 34)
-    if due_in and tonumber(created) + tonumber(ended) + tonumber(due_in) == tonumber(at)
-        and redis.call('EXISTS', ARGV[3] .. id) == 0 then
-      listed[#listed + 1] = id
-    end
+  local id, tag = string.match(head, '^(.*) (%w+)$')
+  local record = id and redis.call('HGET', KEYS[4], id)
+  local at, its_tag
+  if record then at, its_tag = record_due(record) end
+  if at and its_tag == tag then
+    if at > now then break end
+    if redis.call('EXISTS', ARGV[3] .. id) == 0 then removed[#removed + 1] = id end
   end
+  redis.call('LPOP', KEYS[5])  -- removed, or an entry whose record went or is newer
+  handled = handled + 1
 end
-for _, id in ipairs(listed) do removed[#removed + 1] = id end
 
 if #removed > 0 then
-  local records = {}
-  for n, id in ipairs(removed) do
-    records[#records + 1] = ARGV[3] .. id
-    records[#records + 1] = ARGV[6] .. id
-  end
-  for first = 1, #records, 256 do
-    redis.call('DEL', unpack(records, first, math.min(#records, first + 255)))
-  end
   for first = 1, #removed, 256 do
     local slice = {unpack(removed, first, math.min(#removed, first + 255))}
+    local records = {}
+    for n, id in ipairs(slice) do records[n] = ARGV[3] .. id end
+    redis.call('DEL', unpack(records))
+    redis.call('HDEL', KEYS[4], unpack(slice))
     redis.call('ZREM', KEYS[2], unpack(slice))
     redis.call('HDEL', KEYS[3], unpack(slice))
     redis.call('ZREM', KEYS[1], unpack(slice))
