@@ -299,7 +299,7 @@ def count_workflows(client: redis.Redis, keys: Keys, limit: int = COUNT_LIMIT) -
             break
         scanned += len(ids)
         names = (rec.CREATED, rec.ENDED, rec.PAUSED, rec.CONCURRENCY)
-        fields = compact.read_fields(client, keys, ids, names)
+        fields: Any = compact.read_fields(client, keys, ids, names)
         records: Any = client.hmget(keys.stopped, ids)  # a stop record: failed or terminated
         stopped = [record is not None for record in records]
         check = []
@@ -331,8 +331,10 @@ def count_workflows(client: redis.Redis, keys: Keys, limit: int = COUNT_LIMIT) -
         except ValueError:
             continue  # not a count: nothing to show
     pipe = client.pipeline(transaction=False)
-    pipe.zcard(keys.expiring).zrange(keys.expiring, 0, 0, withscores=True)
-    pipe.llen(keys.expiring_compacted).lindex(keys.expiring_compacted, 0)
+    pipe.zcard(keys.expiring)
+    pipe.zrange(keys.expiring, 0, 0, withscores=True)
+    pipe.llen(keys.expiring_compacted)
+    pipe.lindex(keys.expiring_compacted, 0)
     scheduled, first, listed_too, head = pipe.execute()
     expiring = int(scheduled) + int(listed_too)
     dues = [int(first[0][1])] if first else []
