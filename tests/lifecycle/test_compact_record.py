@@ -22,7 +22,8 @@ from lifecycle.engine.retention import retention_pump
 from lifecycle.errors import NotAllowed
 from lifecycle.history import inspected
 from lifecycle.inspect import describe_workflow, list_page
-from lifecycle.keys import Keys
+from lifecycle.keys import TASK_GROUP, Keys
+from lifecycle.schedules import Schedule, Schedules, run_id
 from lifecycle.status import count_workflows
 from tests.lifecycle.harness import Harness
 
@@ -202,3 +203,25 @@ def test_a_state_with_more_than_its_output_is_kept_whole() -> None:
 def test_a_value_that_is_no_compacted_record_reads_as_a_corrupt_state() -> None:
     assert compact.fields(b"9garbage", None) == {b"s": b"9garbage"}
     assert compact.fields(b"1a,b\n\n{}\n}", None) == {b"s": b"1a,b\n\n{}\n}"}
+
+
+def test_a_schedules_last_run_compacted_within_the_minute_does_not_block_the_next(
+    redis_client: redis.Redis,
+) -> None:
+    graph = compile_text("@flow quick\nstep\n", "t.flow")
+    schedules = Schedules(redis_client, KEYS)
+    schedule = Schedule(
+        name="s", graph=graph.content_hash(), flow="quick", file="t.flow", every_ms=20_000
+    )
+    first = schedules.add(schedule, graph, now_ms=0)
+    harness = compacting(redis_client)
+    redis_client.xgroup_create(KEYS.tasks("default"), TASK_GROUP, id="0", mkstream=True)
+    harness.kinds.add("default")
+    assert schedules.fire_due(first) == 1
+    harness.pump(ok)
+    one = run_id("s", first)
+    ended = int(redis_client.hget(KEYS.workflow(one), rec.ENDED) or 0)
+    assert retention_pump(redis_client, KEYS).fire_due(ended) >= 1
+    assert redis_client.hexists(KEYS.compacted, one)
+    # Its overlap policy is skip: a run still going would make this fire time start nothing.
+    assert schedules.fire_due(first + 20_000) == 1
