@@ -20,11 +20,13 @@ from lifecycle.client import Client
 from lifecycle.engine.advance import Advancer
 from lifecycle.engine.retention import retention_pump
 from lifecycle.errors import NotAllowed
+from lifecycle.events import end_task
 from lifecycle.history import inspected
 from lifecycle.inspect import describe_workflow, list_page
 from lifecycle.keys import TASK_GROUP, Keys
 from lifecycle.schedules import Schedule, Schedules, run_id
 from lifecycle.status import count_workflows
+from lifecycle.submit import start_workflow
 from tests.lifecycle.harness import Harness
 
 KEYS = Keys()
@@ -225,3 +227,49 @@ def test_a_schedules_last_run_compacted_within_the_minute_does_not_block_the_nex
     assert redis_client.hexists(KEYS.compacted, one)
     # Its overlap policy is skip: a run still going would make this fire time start nothing.
     assert schedules.fire_due(first + 20_000) == 1
+
+
+def test_a_large_output_a_priority_and_no_flow_name_read_back_whole(
+    redis_client: redis.Redis,
+) -> None:
+    harness = compacting(redis_client)
+    graph = compile_text("A → B")
+    redis_client.xgroup_create(KEYS.tasks("default", 3), TASK_GROUP, id="0", mkstream=True)
+    harness.kinds.add("default")
+    start_workflow(redis_client, graph, {"n": 0}, "big", KEYS, priority=3)
+    for _ in range(20):  # the harness reads kind streams of priority 0 only
+        harness.advance()
+        reply: Any = redis_client.xreadgroup(TASK_GROUP, "t", {KEYS.tasks("default", 3): ">"})
+        for _, items in reply or []:
+            for _, fields in items:
+                event = {k.decode(): orjson.loads(v) for k, v in fields.items()}
+                answer = end_task(event, {"text": "y" * 5000}, worker="t")
+                redis_client.xadd(KEYS.lifecycle, {k: orjson.dumps(v) for k, v in answer.items()})
+    ended = int(redis_client.hget(KEYS.workflow("big"), rec.ENDED) or 0)
+    before = describe_workflow(redis_client, KEYS, "big", now_ms=0)
+    assert before["state"] == "finished" and before["priority"] == 3
+    assert retention_pump(redis_client, KEYS).fire_due(ended) == 1
+    assert redis_client.hget(KEYS.compacted, "big")[:1] == compact.FORMAT  # type: ignore[index]
+    after = describe_workflow(redis_client, KEYS, "big", now_ms=0)
+    assert after["output"] == {"text": "y" * 5000} and after["flow"] is None
+    assert {k: v for k, v in after.items() if k not in ("tasks", "compacted")} == {
+        k: v for k, v in before.items() if k not in ("tasks", "compacted")
+    }
+
+
+def test_a_workflow_under_a_concurrency_key_stays_a_hash_less_its_task_records(
+    redis_client: redis.Redis,
+) -> None:
+    harness = compacting(redis_client)
+    graph = compile_text("A → B")
+    redis_client.xgroup_create(KEYS.tasks("default"), TASK_GROUP, id="0", mkstream=True)
+    harness.kinds.add("default")
+    start_workflow(redis_client, graph, {}, "keyed", KEYS, concurrency_key="k", max_running=1)
+    harness.pump(ok)
+    ended = int(redis_client.hget(KEYS.workflow("keyed"), rec.ENDED) or 0)
+    assert retention_pump(redis_client, KEYS).fire_due(ended) == 1
+    names = set(redis_client.hkeys(KEYS.workflow("keyed")))  # type: ignore[arg-type]
+    assert rec.CONCURRENCY.encode() in names and rec.COMPACTED.encode() in names
+    assert not any(name.startswith((b"n:", b"o:")) for name in names)
+    assert not redis_client.hexists(KEYS.compacted, "keyed")
+    assert redis_client.zscore(KEYS.expiring, "keyed") == ended + HOUR

@@ -114,8 +114,9 @@ local function packed(fields, removal)
                              b36(now - ended), removal > 0 and b36(removal - ended) or ''}, ',')
   if priority then head = head .. ',' .. priority end
   local form, rest = '1', string.sub(state, #finished + 1)
-  -- Most states are {"status":"finished","output":...} alone: the output is kept bare.
-  if string.sub(rest, 1, #with_output) == with_output then
+  -- Most states are {"status":"finished","output":...} alone: the output is kept bare
+  -- (checked by decoding it: not worth it for a large one, where 11 bytes are nothing).
+  if string.sub(rest, 1, #with_output) == with_output and #state <= 4096 then
     local read, decoded = pcall(cjson.decode, state)
     if read and type(decoded) == 'table' and next(decoded, next(decoded, next(decoded))) == nil
         and decoded['output'] ~= nil then
