@@ -81,14 +81,20 @@ local function n36(text)
   return tonumber(text, 36)
 end
 
--- A graph's short name, given at its first compacted workflow.
+-- A graph's short name, given at its first compacted workflow (read once a call).
+local refs = {}
 local function graph_ref(digest)
-  local ref = redis.call('HGET', KEYS[7], digest)
-  if ref then return ref end
-  ref = b36(redis.call('HINCRBY', KEYS[7], '#', 1))
-  redis.call('HSET', KEYS[7], digest, ref, '#' .. ref, digest)
+  local ref = refs[digest] or redis.call('HGET', KEYS[7], digest)
+  if not ref then
+    ref = b36(redis.call('HINCRBY', KEYS[7], '#', 1))
+    redis.call('HSET', KEYS[7], digest, ref, '#' .. ref, digest)
+  end
+  refs[digest] = ref
   return ref
 end
+
+-- What this call lists and takes off the schedule, written once at its end.
+local listed, unscheduled, last = {}, {}, nil
 
 -- When a compacted record is due for removal (nil: never), and its tag.
 local function record_due(record)
@@ -145,11 +151,11 @@ local function compact(id, key, removal)
   if record then
     redis.call('HSET', KEYS[4], id, record)
     redis.call('DEL', key)
-    local last = tonumber(redis.call('GET', KEYS[6]) or '0')
+    last = last or tonumber(redis.call('GET', KEYS[6]) or '0')
     if removal > 0 and removal >= last then
-      redis.call('RPUSH', KEYS[5], id .. ' ' .. b36(now % 46656))
-      redis.call('SET', KEYS[6], string.format('%d', removal))
-      redis.call('ZREM', KEYS[1], id)
+      listed[#listed + 1] = id .. ' ' .. b36(now % 46656)
+      unscheduled[#unscheduled + 1] = id
+      last = removal
       return
     end
   else
@@ -178,6 +184,12 @@ for _, id in ipairs(due) do
   end
 end
 local handled = #due
+for first = 1, #listed, 256 do
+  local slice = {unpack(listed, first, math.min(#listed, first + 255))}
+  redis.call('RPUSH', KEYS[5], unpack(slice))
+  redis.call('ZREM', KEYS[1], unpack(unscheduled, first, math.min(#unscheduled, first + 255)))
+end
+if #listed > 0 then redis.call('SET', KEYS[6], string.format('%d', last)) end
 
 -- The due head of the compacted removals.
 while handled < most do
