@@ -30,6 +30,7 @@ from lifecycle import records as rec
 from lifecycle.audit.replay import NOT_IN_REDIS, WorkflowReplay
 from lifecycle.audit.report import AuditReport, audit_archive
 from lifecycle.engine.commit import Commit
+from lifecycle.engine.gate import gate_command
 from lifecycle.keys import Keys
 from lifecycle.priorities import priority_member
 
@@ -160,7 +161,7 @@ def _place_again(pipe: Any, keys: Keys, item: WorkflowReplay) -> None:
         return
     place = Commit(keys, item.workflow)
     place.enter(key, most, int(item.fields.get(rec.CREATED) or 0) * 1000)
-    gate = place.gate_command()  # no version written: no version checked
+    gate = gate_command([place])  # no version written: no version checked
     assert gate is not None
     pipe.execute_command(*gate)
 

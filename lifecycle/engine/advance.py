@@ -35,8 +35,10 @@ from lifecycle.engine.commit import (
     Pending,
     Said,
     SharedWrites,
+    decoded_concurrency,
     shared_keys,
 )
+from lifecycle.engine.gate import gate_packed
 from lifecycle.engine.store import GraphCache
 from lifecycle.engine.transition import Transition
 from lifecycle.errors import BadEvent, LifecycleError
@@ -194,7 +196,6 @@ class Advancer:
                     else:
                         commits.append((item, commit, said))
                 if watched:
-                    self._watch_lines([commit for _, commit, _ in commits], send)
                     # Events that change nothing are acknowledged in the same transaction
                     # (not in a round trip of their own) when it wins.
                     extra = result.duplicates + [
@@ -349,7 +350,9 @@ class Advancer:
                 item.salt = salt.decode() if salt is not None else None
                 item.held = orjson.loads(paused) if paused is not None else None
                 item.priority = int(priority) if priority is not None else 0
-                item.concurrency = orjson.loads(concurrency) if concurrency is not None else None
+                item.concurrency = (
+                    decoded_concurrency(concurrency) if concurrency is not None else None
+                )
                 item.corrupt = None
                 inputs = item.input_keys
                 if not inputs:
@@ -389,27 +392,6 @@ class Advancer:
         if wanted is None:
             item.resends = any(kind in _WHOLE_RECORD for _, kind, _ in item.events)
 
-    def _watch_lines(self, commits: list[Commit], send: fastpipe.Send) -> None:
-        """Workflows that end under a concurrency key with nobody waiting in its line free
-        their place with a plain SREM, not a gate call: the line is watched with the
-        workflows, so a workflow queuing in it meanwhile makes the EXEC fail, and the
-        next round commits through the script path, whose gate admits it. One more
-        round trip for a batch with such ends, instead of a script call for each."""
-        leaving = [commit for commit in commits if commit.gate and commit.only_leaves()]
-        if not leaving:
-            return
-        line_of = self.keys.key_queue
-        lines = sorted({line_of(commit.gate_key[0]) for commit in leaving if commit.gate_key})
-        # ZRANGE, not ZCARD: the lifecycle's ACL (docs/security.md) grants the one only.
-        replies = _raise_errors(
-            send([("WATCH", *lines), *(("ZRANGE", line, 0, 0) for line in lines)])
-        )
-        empty = {line for line, waiting in zip(lines, replies[1:], strict=True) if not waiting}
-        for commit in leaving:
-            commit.plain_leave = (
-                commit.gate_key is not None and line_of(commit.gate_key[0]) in empty
-            )
-
     def _commit_watched(
         self, commits: list[Commit], extra_acks: list[str], send: fastpipe.Send
     ) -> list[bool | redis.ResponseError]:
@@ -438,6 +420,14 @@ class Advancer:
             own = commit.commands(shared)
             commands += own
             sizes.append(len(own))
+        # Then what they do under concurrency keys, in one gate call whose reply holds one
+        # reply per section: a section's error is its workflow's, as its writes' are.
+        gate = gate_packed(commits, check=False)  # the transaction's WATCH checks them
+        gate_at, sections = -1, []
+        if gate is not None:
+            gate_at = len(commands)
+            commands.append(gate)
+            sections = [n for n, commit in enumerate(commits) if commit.gate_key is not None]
         # Then the index, counters and schedules of them all: one command each. A refusal
         # of one of these is Redis's trouble, not a workflow's: the batch is retried.
         commands += shared.commands()
@@ -447,19 +437,36 @@ class Advancer:
         if replies is None:
             return [False] * len(commits)
         outcome: list[bool | redis.ResponseError] = [True] * len(commits)
-        if not any(map(isinstance, replies, repeat(BaseException))):
+        sections_failed = gate_at >= 0 and (
+            not isinstance(replies[gate_at], list)
+            or any(map(isinstance, replies[gate_at], repeat(BaseException)))
+        )
+        if not sections_failed and not any(map(isinstance, replies, repeat(BaseException))):
             return outcome
+        # (the commit it belongs to, or None for the shared writes and the XACK, error)
+        failed: list[tuple[int | None, BaseException]] = []
         owners = [n for n, size in enumerate(sizes) for _ in range(size)]
         for n, reply in enumerate(replies):
-            if not isinstance(reply, BaseException):
-                continue
-            if n >= len(owners) or not isinstance(reply, redis.ResponseError):
-                raise reply  # a shared write or the acknowledgement: Redis's trouble
-            if not _workflow_error(reply):
-                raise reply  # Redis trouble: the batch is retried
+            if n != gate_at and isinstance(reply, BaseException):
+                failed.append((owners[n] if n < len(owners) else None, reply))
+        if gate_at >= 0:
+            reply = replies[gate_at]
+            if isinstance(reply, BaseException):  # the call failed whole: each section did
+                failed += [(n, reply) for n in sections]
+            else:
+                failed += [
+                    (n, error)
+                    for n, error in zip(sections, reply, strict=True)
+                    if isinstance(error, BaseException)
+                ]
+        for owner, error in failed:
+            if owner is None or not isinstance(error, redis.ResponseError):
+                raise error  # a shared write or the acknowledgement: Redis's trouble
+            if not _workflow_error(error):
+                raise error  # Redis trouble: the batch is retried
             # EXEC does not roll back: the workflow's other writes stand, so it is failed
             # on top of them (recomputed from what is stored, and committed again).
-            outcome[owners[n]] = reply
+            outcome[owner] = error
         return outcome
 
     def _commit(self, commits: list[tuple[Pending, Commit]]) -> list[bool | redis.ResponseError]:
@@ -471,7 +478,7 @@ class Advancer:
         for item, commit in commits:
             keys, args = commit.script_call(group, item.version)
             call = ("EVALSHA", self.script.sha, len(keys), *keys, *args)
-            gate = commit.gate_packed()
+            gate = gate_packed([commit])
             if gate is None:
                 commands.append(call)
                 continue
@@ -501,8 +508,11 @@ class Advancer:
                     # Refused whole (EXECABORT): the queuing error says why.
                     errors = [r for r in replies[at : at + 3] if isinstance(r, BaseException)]
                     out.append(errors[0] if errors else executed)
-                else:
-                    out.append(executed[0])
+                else:  # the script's reply, unless the commit won and its gate failed
+                    gate = executed[1]
+                    failed = gate[0] if isinstance(gate, list) else gate
+                    won = executed[0] and not isinstance(executed[0], BaseException)
+                    out.append(failed if won and isinstance(failed, BaseException) else executed[0])
                 at += 4
             else:
                 out.append(replies[at])

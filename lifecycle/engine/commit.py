@@ -9,10 +9,9 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from functools import cache, lru_cache
+from functools import lru_cache
 from typing import Any
 
-import hiredis
 import orjson
 
 from flowlang.machine import State
@@ -20,21 +19,17 @@ from lifecycle import events as ev
 from lifecycle import records as rec
 from lifecycle.keys import Keys
 from lifecycle.stored_state import state_from_fields
-from rqse import lua
 from rqse.fastpipe import Template
 
 __all__ = [
-    "BatchResult", "Commit", "Pending", "Said", "SharedKeys", "SharedWrites", "recorded_inputs",
-    "shared_keys",
+    "ADMITTED_FIELDS", "BatchResult", "Commit", "Pending", "Said", "SharedKeys", "SharedWrites",
+    "decoded_concurrency", "recorded_inputs", "shared_keys",
 ]  # fmt: skip
 
 _dumps = orjson.dumps
 NO_INPUTS: dict[str, Any] = {}  # shared, never written: Pending.inputs is replaced
-# Sent with EVAL, not EVALSHA: it runs inside MULTI, where a NOSCRIPT could not be retried.
-_SCRIPTS = lua.scripts_dir(__file__)
-_ADMIT_JSON = _dumps(ev.ADMIT_WORKFLOW)
 # What the gate's own start-tasks carry besides the held ones' fields (events.ADMITTED).
-_ADMITTED = (ev.ADMITTED, b"true")
+ADMITTED_FIELDS = (ev.ADMITTED, b"true")
 
 
 @dataclass
@@ -96,7 +91,8 @@ class Pending:
         self.resends = False
         self.entries: list[str] = []  # the fields of a chunked state's entries to load
         self.input_keys: list[str] = []  # task instances whose inputs are loaded with it
-        # under a concurrency key: its record's CONCURRENCY field, decoded
+        # under a concurrency key: its record's CONCURRENCY field, decoded (shared by the
+        # records of the same value: replaced, never changed in place)
         self.concurrency: dict[str, Any] | None = None
         # its record's key, encoded, when the advancer read it: its plain step writes there
         self.key: bytes | None = None
@@ -116,7 +112,7 @@ class Pending:
         version, state, digest, salt = (get(name) for name in _RECORD)
         paused = get(rec.PAUSED)
         concurrency = get(rec.CONCURRENCY)
-        self.concurrency = orjson.loads(concurrency) if concurrency is not None else None
+        self.concurrency = decoded_concurrency(concurrency) if concurrency is not None else None
         self.version = _text(version) if version else ""
         self.state = state_from_fields(fields) if state else None
         self.digest = _text(digest) if digest else None
@@ -126,6 +122,15 @@ class Pending:
         self.priority = int(priority) if priority is not None else 0
         self.corrupt = None
         self.inputs = recorded_inputs(fields)
+
+
+@lru_cache(maxsize=1024)  # a few values stand for all: a key's workflows share theirs
+def decoded_concurrency(raw: bytes | str) -> dict[str, Any]:
+    """A record's CONCURRENCY field decoded, the same dict for the same value."""
+    value = orjson.loads(raw)
+    if not isinstance(value, dict):
+        raise ValueError(f"its concurrency field is not an object: {raw!r}")
+    return value
 
 
 def recorded_inputs(fields: Mapping[Any, Any]) -> dict[str, Any]:
@@ -223,7 +228,7 @@ class Commit:
     __slots__ = (
         "keys", "workflow", "shared", "acks", "fields", "events", "timers", "cancels",
         "created", "outcome", "removed", "expire_at", "stopped", "unstop", "reopened", "deleted",
-        "gate", "gate_key", "offer", "offer_timers", "offer_admitted", "plain_leave", "plain",
+        "gate", "gate_key", "offer", "offer_timers", "offer_admitted", "plain",
     )  # fmt: skip
 
     def __init__(self, keys: Keys, workflow: str, shared: SharedKeys | None = None) -> None:
@@ -259,9 +264,6 @@ class Commit:
         self.offer: list[tuple[str, Any, Template | None]] | None = None
         self.offer_timers: list[Any] = []
         self.offer_admitted = b""
-        # It only leaves its key, whose line a watched transaction found empty and watches:
-        # a plain SREM frees its place (someone queuing meanwhile makes the EXEC fail).
-        self.plain_leave = False
         # All it writes is its record's fields and start-tasks from their templates (the
         # transition's plain step says so): a watched transaction packs it without the
         # general walk of :meth:`commands`, its fields as an HSET template (packed but for
@@ -278,101 +280,7 @@ class Commit:
         self.gate_key = (key, max_running)
         self.gate += ("leave", 0)
 
-    def only_leaves(self) -> bool:
-        """Whether all this commit does under its concurrency key is leave it."""
-        return self.gate == ["leave", 0]
-
-    def gate_command(self, check: bool = True) -> tuple[Any, ...] | None:
-        """The EVAL of ``gate.lua`` that carries out :attr:`gate` after this commit's
-        writes, in the same transaction. With ``check`` it does nothing unless the version
-        this commit writes stands (a script call that may lose its race); without, for a
-        watched transaction, whose EXEC runs only when the commit won."""
-        if self.gate_key is None:
-            return None
-        key, most = self.gate_key
-        version = self._written_version() if check else ""
-        keys = self._gate_keys(key)
-        offer: list[Any] = [b""]
-        if self.offer is not None:
-            events: list[Any] = []
-            for stream, fields in self.offered_events():
-                events += (stream, len(fields) // 2, *fields)
-            offer = [
-                self.offer_admitted,
-                rec.CONCURRENCY,
-                rec.PAUSED,
-                len(self.offer),
-                *events,
-                len(self.offer_timers) // 2,
-                *self.offer_timers,
-            ]
-        return (
-            "EVAL",
-            _gate_body(),
-            len(keys),
-            *keys,
-            rec.VERSION,
-            str(version),
-            self.workflow,
-            most,
-            _ADMIT_JSON,
-            ev.ADMIT_SENT,
-            len(self.gate) // 2,
-            *self.gate,
-            *offer,
-        )
-
-    def gate_packed(self, check: bool = True) -> bytes | None:
-        """:meth:`gate_command` packed for the wire, cheaper: the script's text packed once
-        per process, the offered start-tasks spliced from their packed templates."""
-        if self.gate_key is None:
-            return None
-        key, most = self.gate_key
-        offer = self.offer
-        version = self._written_version() if check else ""
-        gate = self.gate
-        # What every gate call of the key shares is packed once per process.
-        parts = [
-            _FIVE_KEYS,
-            _bulk(self.keys.workflow(self.workflow)),
-            _gate_key_run(self.keys, key, self.shared[0], self.shared[1]),
-            _bulk(str(version)),
-            _bulk(self.workflow),
-            _gate_limit_run(most),
-            _pack(len(gate) // 2, *gate),
-        ]
-        count = 2 + 1 + 5 + 7 + len(gate)  # EVAL, text, numkeys, keys, args
-        if offer is None:
-            parts.append(_EMPTY)
-            count += 1
-        else:
-            parts.append(_pack(self.offer_admitted, rec.CONCURRENCY, rec.PAUSED, len(offer)))
-            count += 4
-            for stream, values, template in offer:
-                if template is None:
-                    parts.append(_pack(stream, len(values) // 2 + 1, *values, *_ADMITTED))
-                    count += 4 + len(values)
-                    continue
-                fields = len(template.arguments) - 3  # after XADD <stream> *
-                parts.append(_pack(stream, fields // 2 + 1))
-                parts.append(template.fill(*values)[_xadd_head(stream, fields + 3) :])
-                parts.append(_ADMITTED_PACKED)
-                count += 4 + fields
-            timers = self.offer_timers
-            parts.append(_pack(len(timers) // 2, *timers))
-            count += 1 + len(timers)
-        return b"*%d\r\n%b%b" % (count, _gate_packed_text(), b"".join(parts))
-
-    def _gate_keys(self, key: str) -> list[str]:
-        return [
-            self.keys.workflow(self.workflow),
-            self.keys.key_running(key),
-            self.keys.key_queue(key),
-            self.shared[0],
-            self.shared[1],
-        ]
-
-    def _written_version(self) -> Any:
+    def written_version(self) -> Any:
         """The version this commit writes ('' when it writes none)."""
         names = self.fields[::2]
         if rec.VERSION not in names:
@@ -419,7 +327,7 @@ class Commit:
         """(stream, [name, JSON value, ...]) of each start-task the gate sends should it
         admit the workflow in this commit's transaction (none without an offer)."""
         for stream, fields in _encoded(self.offer or []):
-            yield stream, [*fields, *_ADMITTED]
+            yield stream, [*fields, *ADMITTED_FIELDS]
 
     def commands(self, shared: SharedWrites | None = None) -> list[Any]:
         """The writes of :meth:`script_call` as plain commands (or packed ones), for a
@@ -462,13 +370,6 @@ class Commit:
             )
         if self.reopened:
             commands.append(("ZREM", self.shared[4], self.workflow))
-        if self.plain_leave:
-            assert self.gate_key is not None
-            commands.append(("SREM", self.keys.key_running(self.gate_key[0]), self.workflow))
-        elif self.gate_key is not None:  # (most commits have no gate: no call for them)
-            gate = self.gate_packed(check=False)  # the transaction's WATCH checks it
-            if gate is not None:
-                commands.append(gate)
         shared.add(self)
         return commands
 
@@ -504,61 +405,6 @@ class Commit:
             "1" if self.unstop else "",
             "1" if self.reopened else "",
         ]
-
-
-@cache
-def _gate_body() -> str:
-    """gate.lua without comments and indentation, its lines kept where they are (an error
-    names the file's line): sent with every EVAL, and hashed by Redis each time."""
-    lines = (line.strip() for line in lua.script_source("gate", _SCRIPTS).splitlines())
-    return "\n".join("" if line.startswith("--") else line for line in lines) + "\n"
-
-
-_EMPTY = b"$0\r\n\r\n"  # an empty bulk string
-
-
-def _pack(*arguments: Any) -> bytes:
-    """``arguments`` packed as bulk strings, without the command's header."""
-    packed: bytes = hiredis.pack_command(arguments)
-    return packed[packed.index(b"\n") + 1 :]
-
-
-_ADMITTED_PACKED = _pack(*_ADMITTED)
-
-
-def _bulk(value: str) -> bytes:
-    """One argument packed: cheaper than hiredis for one."""
-    data = value.encode()
-    return b"$%d\r\n%b\r\n" % (len(data), data)
-
-
-@lru_cache(maxsize=1024)  # bounded: concurrency keys are the submitters' to name
-def _gate_key_run(keys: Keys, key: str, lifecycle: str, timers: str) -> bytes:
-    """KEYS[2..5] and ARGV[1] of a gate call of ``key``, packed."""
-    return _pack(keys.key_running(key), keys.key_queue(key), lifecycle, timers, rec.VERSION)
-
-
-@lru_cache(maxsize=256)
-def _gate_limit_run(most: int) -> bytes:
-    """ARGV[4..6] of a gate call, packed."""
-    return _pack(most, _ADMIT_JSON, ev.ADMIT_SENT)
-
-
-_FIVE_KEYS = _pack(5)  # a gate call's number of keys
-
-
-@cache
-def _xadd_head(stream: str, arguments: int) -> int:
-    """How many bytes of a packed ``XADD stream * ...`` of ``arguments`` arguments come
-    before its fields."""
-    return len(b"*%d\r\n" % arguments) + len(_pack("XADD", stream, "*"))
-
-
-@cache
-def _gate_packed_text() -> bytes:
-    """``EVAL`` and gate.lua's text as packed in a command (RESP bulk strings)."""
-    body = _gate_body().encode()
-    return b"$4\r\nEVAL\r\n$%d\r\n%b\r\n" % (len(body), body)
 
 
 def _encoded(

@@ -21,6 +21,7 @@ from lifecycle.audit.report import audit_archive
 from lifecycle.cli import main
 from lifecycle.client import Client
 from lifecycle.engine.commit import Commit
+from lifecycle.engine.gate import gate_command
 from lifecycle.errors import NotAllowed
 from lifecycle.keys import TASK_GROUP, Keys
 from lifecycle.submit import BadConcurrency, graph_task_kinds, start_workflow
@@ -185,13 +186,13 @@ def test_a_gate_whose_commit_lost_its_race_admits_and_releases_nothing(
     commit = Commit(KEYS, "w1")
     commit.set(rec.VERSION, 5)  # what its commit would have written, had it won
     commit.leave("k", 1)
-    gate = commit.gate_command()
+    gate = gate_command([commit])
     assert gate is not None
-    assert redis_client.execute_command(*gate) == 0
+    assert redis_client.execute_command(*gate) == [0]
     assert redis_client.smembers(KEYS.key_running("k")) == {b"w0"}
     redis_client.hset(KEYS.workflow("w1"), rec.VERSION, "5")
     redis_client.sadd(KEYS.key_running("k"), "w1")
-    assert redis_client.execute_command(*gate) == 0  # nobody waits: none admitted
+    assert redis_client.execute_command(*gate) == [0]  # nobody waits: none admitted
     assert redis_client.smembers(KEYS.key_running("k")) == {b"w0"}
 
 

@@ -26,6 +26,7 @@ from lifecycle.audit.recover import recover
 from lifecycle.audit.report import audit_archive
 from lifecycle.engine.advance import Advancer
 from lifecycle.engine.commit import Commit
+from lifecycle.engine.gate import gate_command, gate_packed
 from lifecycle.keys import TASK_GROUP, Keys
 from lifecycle.submit import graph_task_kinds, start_workflow
 from tests.lifecycle.audit_helpers import archive_all
@@ -124,9 +125,9 @@ def test_an_offer_without_start_tasks_is_written_as_an_admit_workflow_sent(
     commit = Commit(KEYS, "w1")
     commit.enter("k", 5, 1)
     commit.offer, commit.offer_admitted = [], orjson.dumps({"key": "k", "max": 5})
-    gate = commit.gate_command(check=False)
+    gate = gate_command([commit], check=False)
     assert gate is not None
-    assert redis_client.execute_command(*gate) == 1
+    assert redis_client.execute_command(*gate) == [1]
     (entry,) = [decode(f) for _, f in redis_client.xrange(KEYS.lifecycle)]
     assert entry == {"kind": ev.ADMIT_WORKFLOW, "workflow": "w1", ev.ADMIT_SENT: True}
     assert redis_client.smembers(KEYS.key_running("k")) == {b"w1"}
@@ -215,9 +216,9 @@ def test_a_lost_race_sends_no_start_task_and_admits_nothing(
     held = Commit(KEYS, "w1")
     held.append(KEYS.tasks("default"), {"kind": ev.START_TASK, "workflow": "w1"})
     commit.offer, commit.offer_admitted = held.events, orjson.dumps({"key": "k", "max": 5})
-    gate = commit.gate_command()
+    gate = gate_command([commit])
     assert gate is not None
-    assert redis_client.execute_command(*gate) == 0
+    assert redis_client.execute_command(*gate) == [0]
     assert redis_client.xlen(KEYS.tasks("default")) == 0
     assert redis_client.scard(KEYS.key_running("k")) == 0
     assert redis_client.zcard(KEYS.key_queue("k")) == 0
@@ -332,31 +333,65 @@ def _evals(client: redis.Redis) -> int:
     return int(client.info("commandstats").get("cmdstat_eval", {}).get("calls", 0))
 
 
-def test_an_end_with_nobody_waiting_frees_its_place_without_a_gate_call(
+def test_a_batch_makes_one_gate_call_for_all_its_workflows_under_keys(
     harness: Harness,
 ) -> None:
-    submit(harness, "w0", most=1)
-    harness.advance()
+    for n in range(6):
+        start_workflow(
+            harness.client, FLOW, None, f"w{n}", KEYS,
+            concurrency_key="k" if n % 2 else "j", max_running=2,
+        )  # fmt: skip
+    harness._group(KEYS.tasks("default"), TASK_GROUP)
+    harness.kinds.add("default")
+    before = _evals(harness.client)
+    harness.advance()  # six starts under two keys: two of each admitted, two in line
+    assert _evals(harness.client) == before + 1
+    assert sorted(direct(harness.client)) == ["w0", "w1", "w2", "w3"]
+    assert harness.client.zrange(KEYS.key_queue("j"), 0, -1) == [b"w4"]
+    assert harness.client.zrange(KEYS.key_queue("k"), 0, -1) == [b"w5"]
     harness.work(ok)
     harness.advance()
-    harness.work(ok)  # B's answer: applying it ends w0
+    harness.work(ok)  # the B answers of the four admitted: applying them ends them
     before = _evals(harness.client)
-    harness.advance()
-    assert _states(harness.client, ["w0"]) == ["finished"]
-    assert _evals(harness.client) == before
+    harness.advance()  # four ends, two keys: the two in line are admitted
+    assert _evals(harness.client) == before + 1
+    assert admissions(harness.client) == [("w4", False), ("w5", False)]
+    harness.pump(ok)
+    assert _states(harness.client, [f"w{n}" for n in range(6)]) == ["finished"] * 6
+    assert harness.client.scard(KEYS.key_running("j")) == 0
     assert harness.client.scard(KEYS.key_running("k")) == 0
 
 
+def test_a_gate_section_redis_refuses_fails_its_workflow_alone(harness: Harness) -> None:
+    bad = compile_text("bad:A → B")
+    harness._group(KEYS.tasks("default"), TASK_GROUP)
+    harness.kinds.add("default")
+    harness.client.set(KEYS.tasks("bad"), "not a stream")  # its XADD is refused
+    first = submit(harness, "w0", most=5)
+    start_workflow(harness.client, bad, None, "w1", KEYS, concurrency_key="k", max_running=5)
+    last = submit(harness, "w2", most=5)
+    harness.advance()
+    assert sorted(direct(harness.client)) == [first, last]
+    record = harness.client.hgetall(KEYS.workflow("w1"))
+    state = orjson.loads(record[rec.STATE.encode()])
+    assert state["status"] == "failed"
+    assert "WRONGTYPE" in record[rec.STATE.encode()].decode()
+    harness.pump(ok)
+    assert _states(harness.client, [first, last]) == ["finished", "finished"]
+    # The failed one frees the place it was given before its start-task was refused.
+    assert harness.client.smembers(KEYS.key_running("k")) == set()
+
+
 class Racing(Advancer):
-    """Runs ``intrude`` once, between reading its lines and committing."""
+    """Runs ``intrude`` once, between computing its commits and committing them."""
 
     intrude: Any = None
 
-    def _watch_lines(self, commits: list[Commit], send: Any) -> None:
-        super()._watch_lines(commits, send)
+    def _commit_watched(self, commits: list[Commit], extra: list[str], send: Any) -> Any:
         if self.intrude is not None:
             intrude, self.intrude = self.intrude, None
             intrude()
+        return super()._commit_watched(commits, extra, send)
 
 
 def test_a_workflow_queuing_while_an_end_commits_is_admitted_by_that_end(
@@ -371,12 +406,12 @@ def test_a_workflow_queuing_while_an_end_commits_is_admitted_by_that_end(
     (end,) = read_batch(harness.client)
     submit(harness, "w1", most=1)
     (start,) = read_batch(harness.client)
-    # Another worker queues w1 (w0 still holds the only place) after this one found the
-    # line empty: its plain end would strand w1, so its transaction must not go through.
+    # Another worker queues w1 (w0 still holds the only place) after this one computed
+    # its end: the end's gate, which reads the line in the EXEC, must admit w1.
     other = Advancer(redis.Redis(connection_pool=harness.client.connection_pool), KEYS)
     racing.intrude = lambda: other.apply([start])
     result = racing.apply([end])
-    assert result.conflicts == 1 and result.committed == 1
+    assert result.conflicts == 0 and result.committed == 1
     assert direct(harness.client) == ["w0"] and admissions(harness.client) == [("w1", False)]
     harness.pump(ok)
     assert _states(harness.client, ["w0", "w1"]) == ["finished", "finished"]
@@ -396,23 +431,34 @@ def test_the_packed_gate_call_is_the_gate_command_packed() -> None:
         def machine(self, digest: str) -> Machine:
             return Machine(graph)
 
-    event = ev.parse_input(
-        "1-0",
-        ev.START_WORKFLOW,
-        {
-            "kind": ev.START_WORKFLOW, "workflow": "w", "graph": "g", "input": {"x": "%s\r\n"},
-            "salt": "s", "concurrency_key": "k", "max_running": 3,
-        },
-    )  # fmt: skip
-    commit = Transition(Graphs(), KEYS).compute(
-        Pending("w", [("1-0", ev.START_WORKFLOW, event)]), Said(), 5
-    )
-    assert commit is not None and commit.offer is not None and len(commit.offer) == 2
-    assert commit.offer_timers  # A's timeout
+    def started_under(key: str, workflow: str) -> Commit:
+        event = ev.parse_input(
+            "1-0",
+            ev.START_WORKFLOW,
+            {
+                "kind": ev.START_WORKFLOW, "workflow": workflow, "graph": "g",
+                "input": {"x": "%s\r\n"}, "salt": "s", "concurrency_key": key,
+                "max_running": 3,
+            },
+        )  # fmt: skip
+        commit = Transition(Graphs(), KEYS).compute(
+            Pending(workflow, [("1-0", ev.START_WORKFLOW, event)]), Said(), 5
+        )
+        assert commit is not None and commit.offer is not None and len(commit.offer) == 2
+        assert commit.offer_timers  # A's timeout
+        return commit
+
+    leaving = Commit(KEYS, "w9")
+    leaving.set(rec.VERSION, 7)
+    leaving.leave("k", 3)
+    plain = Commit(KEYS, "w8")  # no key: no section
+    plain.set(rec.VERSION, 2)
+    commits = [started_under("k", "w1"), plain, leaving, started_under("j", "w2")]
     for check in (True, False):
-        command = commit.gate_command(check)
+        command = gate_command(commits, check)
         assert command is not None
-        assert commit.gate_packed(check) == hiredis.pack_command(command)
+        assert gate_packed(commits, check) == hiredis.pack_command(command)
+    assert gate_command([plain]) is None and gate_packed([plain]) is None
 
 
 def test_the_lifecycle_acl_of_the_security_doc_allows_every_admission_path(

@@ -1,114 +1,176 @@
--- gate.lua: a concurrency key's admissions, in the transaction of a workflow's commit.
+-- gate.lua: admissions under concurrency keys, in the transaction of the commits that
+-- queue workflows and end them: one call for every such commit of a transaction.
 --
--- KEYS[1]  the workflow hash            ({flow}:wf:<id>)
--- KEYS[2]  the key's running set        ({flow}:running:<key>)
--- KEYS[3]  the key's waiting line       ({flow}:run-queue:<key>: workflow -> order)
--- KEYS[4]  the lifecycle stream         ({flow}:lifecycle)
--- KEYS[5]  the timers sorted set        ({flow}:timers)
+-- KEYS[1]  the lifecycle stream         ({flow}:lifecycle)
+-- KEYS[2]  the timers sorted set        ({flow}:timers)
+-- KEYS[1+2j], KEYS[2+2j]  for j = 1..K: the running set ({flow}:running:<key>) and the
+--          waiting line ({flow}:run-queue:<key>: workflow -> order) of the j-th key
+-- KEYS[3+2K..]  the hash of each section's workflow ({flow}:wf:<id>), in section order
 --
--- ARGV[1]  the name of the version field of KEYS[1]
--- ARGV[2]  the version the commit wrote ('' = no check: in a watched transaction, whose
---          EXEC runs only if the commit won): nothing happens unless KEYS[1] holds it, so
---          a commit that lost its race (advance.lua returned 0 in the same MULTI) admits
---          and releases nothing
--- ARGV[3]  the workflow id
--- ARGV[4]  max running of the key
--- ARGV[5]  the JSON of the admit-workflow kind ('"admit-workflow"')
--- ARGV[6]  the name of the admit-workflow field that says its start-tasks went ('sent')
--- ARGV[7]  n, then (op, order) × n, op 'enter' (queue the workflow at order) or 'leave' (it
---          ended: out of both sets)
--- then the offer, for a commit that leaves the workflow queued with its start-tasks held:
---   the workflow's CONCURRENCY value once admitted ('' = no offer: nothing follows),
---   the CONCURRENCY field name, the held-list field name (PAUSED),
---   m, (stream, f, (field, value) × f) × m      its held start-tasks, as XADD stream * fields
---                                                (each with admitted = true)
---   (the task streams are named here, not in KEYS: the lifecycle's ACL grants them write
---   only, which a key declared to EVAL does not satisfy; they carry KEYS[1]'s hash tag,
---   so they are in its slot on a cluster)
---   t, (score, member) × t                       their timeout timers, ZADD on KEYS[5]
+-- ARGV[1]  the name of the version field of a workflow hash
+-- ARGV[2]  the JSON of the admit-workflow kind ('"admit-workflow"')
+-- ARGV[3]  the name of the admit-workflow field that says its start-tasks went ('sent')
+-- ARGV[4]  the CONCURRENCY field name;  ARGV[5]  the held-list field name (PAUSED)
+-- ARGV[6]  K, the number of keys;  ARGV[7]  S, the number of sections
+-- then S sections, one per commit, in the order of the commits:
+--   j (the section's key), max running of the key, the workflow id,
+--   the version the commit wrote ('' = no check: in a watched transaction, whose EXEC
+--   runs only if the commit won; else nothing happens unless the hash holds it, so a
+--   commit that lost its race, advance.lua returning 0 in the same MULTI, admits and
+--   releases nothing),
+--   n, then (op, order) × n, op 'enter' (queue the workflow at order) or 'leave' (it
+--   ended: out of both sets),
+--   then the offer, for a commit that leaves its workflow queued with its start-tasks
+--   held: '' (no offer) or the workflow's CONCURRENCY value once admitted, then
+--     m, (stream, f, (field, value) × f) × m   its held start-tasks, as XADD stream * fields
+--                                              (each with admitted = true)
+--     (the task streams are named here, not in KEYS: the lifecycle's ACL grants them write
+--     only, which a key declared to EVAL does not satisfy; they carry the hash tag of
+--     KEYS, so they are in its slot on a cluster)
+--     t, (score, member) × t                   their timeout timers, ZADD on KEYS[2]
 --
--- Then, while fewer than max run and someone waits, the first in line is admitted:
--- added to KEYS[2] and an admit-workflow for it appended to KEYS[4]. When the first is
--- this commit's own workflow and an offer came, the admission is carried out here, so
--- no second advance is needed: its start-tasks and timers written, its CONCURRENCY set
--- and held list removed, exactly what applying an admit-workflow would write (the start
--- records n:<key> stand as the commit wrote them). Nothing goes to the lifecycle stream
--- then, as no lifecycle worker has anything left to do: the offered start-tasks carry
--- admitted = true, which is how replay knows the admission happened here. Only an offer
--- without start-tasks, which nothing in the archive would show, still writes an
--- admit-workflow with sent = true (acknowledged as done, applied by replay). Writes
--- KEYS[1..5] and the task streams. Returns how many were admitted.
+-- A section carries out its ops, then, while fewer than max run under its key and someone
+-- waits, admits the first in line: added to the running set and an admit-workflow for it
+-- appended to KEYS[1]. When the first is the section's own workflow and an offer came, the
+-- admission is carried out here, so no second advance is needed: its start-tasks and
+-- timers written, its CONCURRENCY set and held list removed, exactly what applying an
+-- admit-workflow would write (the start records n:<key> stand as the commit wrote them).
+-- Nothing goes to the lifecycle stream then, as no lifecycle worker has anything left to
+-- do: the offered start-tasks carry admitted = true, which is how replay knows the
+-- admission happened here. Only an offer without start-tasks, which nothing in the archive
+-- would show, still writes an admit-workflow with sent = true (acknowledged as done,
+-- applied by replay).
 --
--- (A watched transaction whose commit only leaves, with nobody in the key's line,
--- calls no gate: it watches the line and frees the place with SREM; advance.py.)
+-- Sections run in order, each as if it were called alone after its commit's writes (the
+-- commits' writes touch none of the keys a section reads). A section that fails stops
+-- alone: its reply is its error, the others go on. Returns one reply per section: the
+-- number of workflows it admitted, or its error.
 
-if ARGV[2] ~= '' and redis.call('HGET', KEYS[1], ARGV[1]) ~= ARGV[2] then
-  return 0
+local VERSION, ADMIT, SENT = ARGV[1], ARGV[2], ARGV[3]
+local CONCURRENCY, HELD = ARGV[4], ARGV[5]
+local K, S = tonumber(ARGV[6]), tonumber(ARGV[7])
+
+-- Per key, what this call knows: how many run, and whether its line is empty (nil:
+-- unknown). Only this call changes them while it runs.
+local count, empty = {}, {}
+
+local function running(j)
+  if count[j] == nil then count[j] = redis.call('SCARD', KEYS[1 + 2 * j]) end
+  return count[j]
 end
-local workflow, max = ARGV[3], tonumber(ARGV[4])
-local n = tonumber(ARGV[7])
-local i = 8 + 2 * n  -- the offer
-local offered = n > 0 and ARGV[i] ~= '' and ARGV[i - 2] == 'enter'
 
-local function admit_sent()
-  local admitted_value, concurrency, held = ARGV[i], ARGV[i + 1], ARGV[i + 2]
-  local j = i + 3
-  local m = tonumber(ARGV[j]); j = j + 1
+local function line_empty(j)
+  if empty[j] == nil then empty[j] = not redis.call('ZRANGE', KEYS[2 + 2 * j], 0, 0)[1] end
+  return empty[j]
+end
+
+local function add(j, workflow)
+  local added = redis.call('SADD', KEYS[1 + 2 * j], workflow)
+  if count[j] then count[j] = count[j] + added end
+end
+
+local function remove(j, workflow)
+  local removed = redis.call('SREM', KEYS[1 + 2 * j], workflow)
+  if count[j] then count[j] = count[j] - removed end
+  return removed
+end
+
+local function admit_sent(hash, workflow, offer)
+  local m = tonumber(ARGV[offer + 1])
+  local at = offer + 2
   if m == 0 then
-    redis.call('XADD', KEYS[4], '*', 'kind', ARGV[5], 'workflow', cjson.encode(workflow),
-      ARGV[6], 'true')
+    redis.call('XADD', KEYS[1], '*', 'kind', ADMIT, 'workflow', cjson.encode(workflow), SENT,
+      'true')
   end
   for _ = 1, m do
-    local f = tonumber(ARGV[j + 1])
-    redis.call('XADD', ARGV[j], '*', unpack(ARGV, j + 2, j + 1 + 2 * f))
-    j = j + 2 + 2 * f
+    local f = tonumber(ARGV[at + 1])
+    redis.call('XADD', ARGV[at], '*', unpack(ARGV, at + 2, at + 1 + 2 * f))
+    at = at + 2 + 2 * f
   end
-  local t = tonumber(ARGV[j]); j = j + 1
+  local t = tonumber(ARGV[at]); at = at + 1
   -- In slices: unpack() of a few thousand values overflows Lua's C stack.
   for first = 0, t - 1, 256 do
     local last = math.min(t, first + 256)
-    redis.call('ZADD', KEYS[5], unpack(ARGV, j + 2 * first, j + 2 * last - 1))
+    redis.call('ZADD', KEYS[2], unpack(ARGV, at + 2 * first, at + 2 * last - 1))
   end
-  redis.call('HSET', KEYS[1], concurrency, admitted_value)
-  redis.call('HDEL', KEYS[1], held)
+  redis.call('HSET', hash, CONCURRENCY, ARGV[offer])
+  redis.call('HDEL', hash, HELD)
 end
 
--- The common case in few commands: it enters, nobody waits and there is room.
-if offered and n == 1 and not redis.call('ZRANGE', KEYS[3], 0, 0)[1]
-    and redis.call('SCARD', KEYS[2]) < max then
-  redis.call('SADD', KEYS[2], workflow)
-  admit_sent()
-  return 1
+local function section(hash, j, max, workflow, version, n, ops, offer)
+  if version ~= '' and redis.call('HGET', hash, VERSION) ~= version then
+    return 0
+  end
+  local offered = offer ~= nil and n > 0 and ARGV[ops + 2 * (n - 1)] == 'enter'
+
+  -- The common cases in few commands: it enters, nobody waits and there is room; it
+  -- ended while admitted, nobody waits.
+  if offered and n == 1 and line_empty(j) and running(j) < max then
+    add(j, workflow)
+    admit_sent(hash, workflow, offer)
+    return 1
+  end
+  if n == 1 and ARGV[ops] == 'leave' and remove(j, workflow) == 1 and line_empty(j) then
+    return 0
+  end
+
+  local line = KEYS[2 + 2 * j]
+  for at = ops, ops + 2 * (n - 1), 2 do
+    if ARGV[at] == 'enter' then
+      redis.call('ZADD', line, 'NX', ARGV[at + 1], workflow)
+      empty[j] = false
+    else
+      remove(j, workflow)
+      if redis.call('ZREM', line, workflow) == 1 then empty[j] = nil end
+    end
+  end
+
+  local admitted = 0
+  while running(j) < max do
+    local first = redis.call('ZRANGE', line, 0, 0)[1]
+    if not first then
+      empty[j] = true
+      break
+    end
+    redis.call('ZREM', line, first)
+    empty[j] = nil
+    add(j, first)
+    if offered and first == workflow then
+      admit_sent(hash, workflow, offer)
+    else
+      redis.call('XADD', KEYS[1], '*', 'kind', ADMIT, 'workflow', cjson.encode(first))
+    end
+    admitted = admitted + 1
+  end
+  return admitted
 end
 
--- It ended while admitted (the common end), nobody waits: nothing more to do.
-if n == 1 and ARGV[8] == 'leave' and redis.call('SREM', KEYS[2], workflow) == 1
-    and not redis.call('ZRANGE', KEYS[3], 0, 0)[1] then
-  return 0
-end
-
-local at = 8
-for _ = 1, n do
-  if ARGV[at] == 'enter' then
-    redis.call('ZADD', KEYS[3], 'NX', ARGV[at + 1], workflow)
+local replies, at = {}, 8
+for s = 1, S do
+  local j, max, workflow, version = tonumber(ARGV[at]), tonumber(ARGV[at + 1]), ARGV[at + 2],
+    ARGV[at + 3]
+  local n = tonumber(ARGV[at + 4])
+  local ops = at + 5
+  local offer = ops + 2 * n
+  if ARGV[offer] == '' then
+    at, offer = offer + 1, nil
   else
-    redis.call('SREM', KEYS[2], workflow)
-    redis.call('ZREM', KEYS[3], workflow)
+    at = offer + 2
+    for _ = 1, tonumber(ARGV[offer + 1]) do at = at + 2 + 2 * tonumber(ARGV[at + 1]) end
+    at = at + 1 + 2 * tonumber(ARGV[at])
   end
-  at = at + 2
-end
-
-local admitted = 0
-while redis.call('SCARD', KEYS[2]) < max do
-  local first = redis.call('ZRANGE', KEYS[3], 0, 0)[1]
-  if not first then break end
-  redis.call('ZREM', KEYS[3], first)
-  redis.call('SADD', KEYS[2], first)
-  if offered and first == workflow then
-    admit_sent()
+  local ok, reply = pcall(section, KEYS[2 + 2 * K + s], j, max, workflow, version, n, ops, offer)
+  if ok then
+    replies[s] = reply
   else
-    redis.call('XADD', KEYS[4], '*', 'kind', ARGV[5], 'workflow', cjson.encode(first))
+    count[j], empty[j] = nil, nil  -- what it changed before it failed is read again
+    if type(reply) == 'table' and reply.err then  -- as Redis raises a command's error
+      replies[s] = reply
+    elseif type(reply) == 'string' and string.find(reply, '^%u[%u_]+ ') then  -- as Valkey does
+      replies[s] = {err = reply}
+    else  -- a fault of the script itself
+      replies[s] = {err = 'ERR gate: ' .. tostring(reply)}
+    end
   end
-  admitted = admitted + 1
 end
-return admitted
+return replies
