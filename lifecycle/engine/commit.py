@@ -287,6 +287,36 @@ class Commit:
             return ""
         return self.fields[2 * (len(names) - 1 - names[::-1].index(rec.VERSION)) + 1]
 
+    def written_fields(self) -> list[Any]:
+        """:attr:`fields` as the commit writes them. With an offer, the workflow as the
+        gate admits it (its CONCURRENCY value admitted, no held list): the common case,
+        so the gate writes nothing more then; when it does not admit it, it writes the
+        queued form (:meth:`queued_fields`) after these."""
+        if self.offer is None:
+            return self.fields
+        fields, admitted = self.fields, self.offer_admitted
+        written: list[Any] = []
+        for at in range(0, len(fields), 2):
+            name = fields[at]
+            if name == rec.CONCURRENCY:
+                written += (name, admitted)
+            elif name != rec.PAUSED:
+                written += (name, fields[at + 1])
+        return written
+
+    def queued_fields(self) -> tuple[Any, Any]:
+        """The CONCURRENCY and held-list (PAUSED) values of an offered workflow the gate
+        does not admit: those the transition wrote (the last of each)."""
+        concurrency = held = None
+        fields = self.fields
+        for at in range(0, len(fields), 2):
+            if fields[at] == rec.CONCURRENCY:
+                concurrency = fields[at + 1]
+            elif fields[at] == rec.PAUSED:
+                held = fields[at + 1]
+        assert concurrency is not None and held is not None, "an offer is of a queued workflow"
+        return concurrency, held
+
     def set(self, name: str, value: Any) -> None:
         self.fields += (name, value)
 
@@ -361,7 +391,7 @@ class Commit:
                 ("HDEL", stopped, self.workflow),
             ]
         if self.fields:
-            commands.append(("HSET", key, *self.fields))
+            commands.append(("HSET", key, *self.written_fields()))
         if self.removed:
             commands.append(("HDEL", key, *self.removed))
         for stream, fields, template in self.events:
@@ -378,8 +408,9 @@ class Commit:
         streams events go to are named with the events (the script's header says why)."""
         keys = [self.keys.workflow(self.workflow), *self.shared]
         events: list[Any] = []
-        for stream, fields in self.encoded_events():
-            events += (stream, len(fields) // 2, *fields)
+        for stream, event_fields in self.encoded_events():
+            events += (stream, len(event_fields) // 2, *event_fields)
+        fields = self.written_fields()
         return keys, [
             group,
             version,
@@ -388,8 +419,8 @@ class Commit:
             "1" if self.deleted else "",
             len(self.acks),
             *self.acks,
-            len(self.fields) // 2,
-            *self.fields,
+            len(fields) // 2,
+            *fields,
             len(self.removed),
             *self.removed,
             len(self.events),

@@ -61,10 +61,12 @@ def gate_command(commits: Sequence[Commit], check: bool = True) -> tuple[Any, ..
         if commit.offer is None:
             arguments.append(b"")
             continue
+        assert commit.offer_admitted, "an offer names the value it admits with"
         events: list[Any] = []
         for stream, fields in commit.offered_events():
             events += (stream, len(fields) // 2, *fields)
-        arguments += (commit.offer_admitted, len(commit.offer), *events)
+        queued, held = commit.queued_fields()
+        arguments += (commit.offer_admitted, queued, held, len(commit.offer), *events)
         arguments += (len(commit.offer_timers) // 2, *commit.offer_timers)
     hashes = [keys.workflow(commit.workflow) for commit in sections]
     all_keys = [lifecycle, timers, *pairs, *hashes]
@@ -111,8 +113,12 @@ def gate_packed(commits: Sequence[Commit], check: bool = True) -> bytes | None:
             count += 1
             continue
         admitted, m = commit.offer_admitted, b"%d" % len(offer)
-        append(b"$%d\r\n%b\r\n$%d\r\n%b\r\n" % (len(admitted), admitted, len(m), m))
-        count += 2
+        assert admitted, "an offer names the value it admits with ('' says no offer)"
+        queued, held = commit.queued_fields()
+        append(b"$%d\r\n%b\r\n" % (len(admitted), admitted))
+        append(_pack(queued, held))
+        append(b"$%d\r\n%b\r\n" % (len(m), m))
+        count += 4
         for stream, values, template in offer:
             if template is None:
                 append(_pack(stream, len(values) // 2 + 1, *values, *ADMITTED_FIELDS))

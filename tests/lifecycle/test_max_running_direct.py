@@ -4,17 +4,19 @@ The gate admits it in that commit's own transaction and sends its held start-tas
 itself, each marked ``admitted``: no second advance, and nothing on the lifecycle stream
 (replay applies the admission where the archive shows those start-tasks, so replay and
 recover agree with what ran). Past the limit, a workflow waits and is admitted by a
-plain ``admit-workflow``. An end with nobody waiting frees its place with a plain SREM,
-the key's line watched.
+plain ``admit-workflow``. A batch makes one gate call for all its workflows under keys,
+their starts and their ends.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import orjson
+import pytest
 import redis
 
 from flowlang.compiler import compile_text
@@ -119,12 +121,20 @@ def test_an_admit_workflow_already_carried_out_is_acknowledged_with_nothing_done
     assert harness.client.xlen(KEYS.tasks("default")) == 1  # nothing sent twice
 
 
+def queue(commit: Commit, held: list[Any]) -> None:
+    """What the transition writes of a workflow it queues under key k, with ``held`` as
+    the offer of its start-tasks."""
+    commit.set(rec.CONCURRENCY, orjson.dumps({"key": "k", "max": 5, "queued": True}))
+    commit.set(rec.PAUSED, orjson.dumps(["1"] * len(held)))
+    commit.offer, commit.offer_admitted = held, orjson.dumps({"key": "k", "max": 5})
+
+
 def test_an_offer_without_start_tasks_is_written_as_an_admit_workflow_sent(
     redis_client: redis.Redis,
 ) -> None:
     commit = Commit(KEYS, "w1")
     commit.enter("k", 5, 1)
-    commit.offer, commit.offer_admitted = [], orjson.dumps({"key": "k", "max": 5})
+    queue(commit, [])
     gate = gate_command([commit], check=False)
     assert gate is not None
     assert redis_client.execute_command(*gate) == [1]
@@ -215,7 +225,7 @@ def test_a_lost_race_sends_no_start_task_and_admits_nothing(
     commit.enter("k", 5, 1)
     held = Commit(KEYS, "w1")
     held.append(KEYS.tasks("default"), {"kind": ev.START_TASK, "workflow": "w1"})
-    commit.offer, commit.offer_admitted = held.events, orjson.dumps({"key": "k", "max": 5})
+    queue(commit, held.events)
     gate = gate_command([commit])
     assert gate is not None
     assert redis_client.execute_command(*gate) == [0]
@@ -380,6 +390,47 @@ def test_a_gate_section_redis_refuses_fails_its_workflow_alone(harness: Harness)
     assert _states(harness.client, [first, last]) == ["finished", "finished"]
     # The failed one frees the place it was given before its start-task was refused.
     assert harness.client.smembers(KEYS.key_running("k")) == set()
+
+
+@contextmanager
+def redis_full(client: redis.Redis) -> Iterator[None]:
+    """Redis out of memory (noeviction) while the block runs."""
+    client.config_set("maxmemory-policy", "noeviction")
+    client.set("ballast", "x" * 3_000_000)
+    client.config_set("maxmemory", "1mb")
+    try:
+        yield
+    finally:
+        client.config_set("maxmemory", "0")
+        client.delete("ballast")
+
+
+@pytest.mark.parametrize("path", ["watched", "script"])
+def test_a_keyed_start_meeting_a_full_redis_is_admitted_whole_or_not_at_all(
+    harness: Harness, path: str
+) -> None:
+    # A watched transaction's plain writes are refused as they are queued: nothing is
+    # written and the batch is tried again. advance.lua's writes go through (its first,
+    # an XACK, is allowed, and a script that wrote goes on), so the gate's must as well,
+    # or the workflow would stand queued with its start acknowledged, admitted by nobody.
+    if path == "script":
+        harness.advancer = ScriptOnly(harness.client, KEYS)
+    submit(harness, "w0", most=1)
+    entries = read_batch(harness.client)
+    refused = False
+    with redis_full(harness.client):
+        try:
+            harness.advancer.apply(entries)
+        except redis.exceptions.OutOfMemoryError:
+            refused = True
+    assert refused == (path == "watched")
+    if refused:
+        assert harness.client.hget(KEYS.workflow("w0"), rec.VERSION) is None
+        harness.advancer.apply(entries)  # the worker's retry, once there is room
+    assert direct(harness.client) == ["w0"]
+    harness.pump(ok)
+    assert _states(harness.client, ["w0"]) == ["finished"]
+    assert harness.client.scard(KEYS.key_running("k")) == 0
 
 
 class Racing(Advancer):
@@ -596,6 +647,29 @@ def test_an_event_behind_the_start_in_its_batch_meets_it_queued_and_replay_agree
     assert direct(harness.client) == [] and admissions(harness.client) == [("w0", False)]
     harness.pump(ok)
     assert _states(harness.client, ["w0"]) == ["finished"]
+    archive_all(harness.client, tmp_path / "archive")
+    report = audit_archive(tmp_path / "archive", KEYS, client=harness.client)
+    assert report.ok, report.first_problem
+    assert {w.live for w in report.workflows} == {"equal"}
+
+
+def test_a_terminate_and_restart_in_one_batch_with_the_key_full_keep_its_held_tasks(
+    harness: Harness, tmp_path: Path
+) -> None:
+    ids = [submit(harness, f"w{n}", most=2) for n in range(3)]
+    harness.advance()  # w0 and w1 run, w2 waits
+    assert harness.client.zrange(KEYS.key_queue("k"), 0, -1) == [b"w2"]
+    for kind in (ev.TERMINATE_WORKFLOW, ev.RESTART_WORKFLOW):
+        harness.client.xadd(
+            KEYS.lifecycle,
+            {name: orjson.dumps(value) for name, value in ev.control(kind, "w2").items()},
+        )
+    harness.advance()  # w2 leaves its line, restarted waits in it again: nobody has room
+    record = harness.client.hgetall(KEYS.workflow("w2"))
+    assert orjson.loads(record[rec.PAUSED.encode()]) == ["1"]  # A, held until its turn
+    assert rec.is_queued(record[rec.CONCURRENCY.encode()])
+    harness.pump(ok)
+    assert _states(harness.client, ids) == ["finished"] * 3
     archive_all(harness.client, tmp_path / "archive")
     report = audit_archive(tmp_path / "archive", KEYS, client=harness.client)
     assert report.ok, report.first_problem

@@ -1,3 +1,4 @@
+#!lua flags=allow-oom
 -- gate.lua: admissions under concurrency keys, in the transaction of the commits that
 -- queue workflows and end them: one call for every such commit of a transaction.
 --
@@ -20,8 +21,10 @@
 --   releases nothing),
 --   n, then (op, order) × n, op 'enter' (queue the workflow at order) or 'leave' (it
 --   ended: out of both sets),
---   then the offer, for a commit that leaves its workflow queued with its start-tasks
---   held: '' (no offer) or the workflow's CONCURRENCY value once admitted, then
+--   then the offer, for a commit that queues its workflow with its start-tasks held:
+--   '' (no offer) or the workflow's CONCURRENCY value once admitted (the commit wrote the
+--   workflow as admitted: that value, no held list), its CONCURRENCY value while queued
+--   and its held list (written here when it is not admitted), then
 --     m, (stream, f, (field, value) × f) × m   its held start-tasks, as XADD stream * fields
 --                                              (each with admitted = true)
 --     (the task streams are named here, not in KEYS: the lifecycle's ACL grants them write
@@ -33,13 +36,20 @@
 -- waits, admits the first in line: added to the running set and an admit-workflow for it
 -- appended to KEYS[1]. When the first is the section's own workflow and an offer came, the
 -- admission is carried out here, so no second advance is needed: its start-tasks and
--- timers written, its CONCURRENCY set and held list removed, exactly what applying an
--- admit-workflow would write (the start records n:<key> stand as the commit wrote them).
+-- timers written, and the record stands as the commit wrote it, admitted, which is what
+-- applying an admit-workflow would write (the start records n:<key> included); an offered
+-- workflow not admitted is written queued (its CONCURRENCY value and held list).
 -- Nothing goes to the lifecycle stream then, as no lifecycle worker has anything left to
 -- do: the offered start-tasks carry admitted = true, which is how replay knows the
 -- admission happened here. Only an offer without start-tasks, which nothing in the archive
 -- would show, still writes an admit-workflow with sent = true (acknowledged as done,
 -- applied by replay).
+--
+-- Its writes go through when Redis is out of memory (flags=allow-oom), as the commit's did:
+-- advance.lua's first write is an XACK, which Redis allows then, and once a script has
+-- written, its other writes go through too. Without the flag the commit would stand, its
+-- events acknowledged, and its admission be refused: a workflow left queued for good. (A
+-- watched transaction's plain writes are refused when queued: then nothing is written.)
 --
 -- Sections run in order, each as if it were called alone after its commit's writes (the
 -- commits' writes touch none of the keys a section reads). A section that fails stops
@@ -75,9 +85,9 @@ local function remove(j, workflow)
   return removed
 end
 
-local function admit_sent(hash, workflow, offer)
-  local m = tonumber(ARGV[offer + 1])
-  local at = offer + 2
+local function admit_sent(workflow, offer)
+  local m = tonumber(ARGV[offer + 3])
+  local at = offer + 4
   if m == 0 then
     redis.call('XADD', KEYS[1], '*', 'kind', ADMIT, 'workflow', cjson.encode(workflow), SENT,
       'true')
@@ -93,8 +103,6 @@ local function admit_sent(hash, workflow, offer)
     local last = math.min(t, first + 256)
     redis.call('ZADD', KEYS[2], unpack(ARGV, at + 2 * first, at + 2 * last - 1))
   end
-  redis.call('HSET', hash, CONCURRENCY, ARGV[offer])
-  redis.call('HDEL', hash, HELD)
 end
 
 local function section(hash, j, max, workflow, version, n, ops, offer)
@@ -107,7 +115,7 @@ local function section(hash, j, max, workflow, version, n, ops, offer)
   -- ended while admitted, nobody waits.
   if offered and n == 1 and line_empty(j) and running(j) < max then
     add(j, workflow)
-    admit_sent(hash, workflow, offer)
+    admit_sent(workflow, offer)
     return 1
   end
   if n == 1 and ARGV[ops] == 'leave' and remove(j, workflow) == 1 and line_empty(j) then
@@ -125,7 +133,7 @@ local function section(hash, j, max, workflow, version, n, ops, offer)
     end
   end
 
-  local admitted = 0
+  local admitted, mine = 0, false
   while running(j) < max do
     local first = redis.call('ZRANGE', line, 0, 0)[1]
     if not first then
@@ -136,11 +144,15 @@ local function section(hash, j, max, workflow, version, n, ops, offer)
     empty[j] = nil
     add(j, first)
     if offered and first == workflow then
-      admit_sent(hash, workflow, offer)
+      admit_sent(workflow, offer)
+      mine = true
     else
       redis.call('XADD', KEYS[1], '*', 'kind', ADMIT, 'workflow', cjson.encode(first))
     end
     admitted = admitted + 1
+  end
+  if offered and not mine then
+    redis.call('HSET', hash, CONCURRENCY, ARGV[offer + 1], HELD, ARGV[offer + 2])
   end
   return admitted
 end
@@ -155,8 +167,8 @@ for s = 1, S do
   if ARGV[offer] == '' then
     at, offer = offer + 1, nil
   else
-    at = offer + 2
-    for _ = 1, tonumber(ARGV[offer + 1]) do at = at + 2 + 2 * tonumber(ARGV[at + 1]) end
+    at = offer + 4
+    for _ = 1, tonumber(ARGV[offer + 3]) do at = at + 2 + 2 * tonumber(ARGV[at + 1]) end
     at = at + 1 + 2 * tonumber(ARGV[at])
   end
   local ok, reply = pcall(section, KEYS[2 + 2 * K + s], j, max, workflow, version, n, ops, offer)
@@ -164,9 +176,9 @@ for s = 1, S do
     replies[s] = reply
   else
     count[j], empty[j] = nil, nil  -- what it changed before it failed is read again
-    if type(reply) == 'table' and reply.err then  -- as Redis raises a command's error
+    if type(reply) == 'table' and reply.err then  -- a command's error, as a table
       replies[s] = reply
-    elseif type(reply) == 'string' and string.find(reply, '^%u[%u_]+ ') then  -- as Valkey does
+    elseif type(reply) == 'string' and string.find(reply, '^%u[%u_]+ ') then  -- as a string
       replies[s] = {err = reply}
     else  -- a fault of the script itself
       replies[s] = {err = 'ERR gate: ' .. tostring(reply)}
