@@ -282,9 +282,6 @@ class Client:
             else:
                 outcomes.append(None)
                 sendable.append(status)
-        if kind == ev.DELETE_WORKFLOW:
-            # A compacted workflow is a hash again for the lifecycle to delete it.
-            compact.restore_for_delete(self.redis, self.keys, [w.id for w in sendable])
         event_ids: list[str] = []
         for first in range(0, len(sendable), _PAGE):
             page = sendable[first : first + _PAGE]

@@ -16,9 +16,11 @@ It holds what readers show (state, output, times, name, input, graph) and nothin
 the engine needs (version, attempt salt: a finished workflow takes no answer and
 cannot be restarted). Readers get it back as the fields its hash had, so
 ``inspect``, ``list``, ``status`` and replay's comparison read both forms alike
-(:func:`read_record`, :func:`read_fields`). A compacted workflow that is deleted is
-first written back as a hash (:func:`restore_for_delete`): the lifecycle deletes it
-as any other.
+(:func:`read_record`, :func:`read_fields`). The lifecycle worker knows a compacted
+workflow as a finished one (``engine/advance.py`` looks up ``Keys.compacted`` for an
+id with no hash): a second start of its id is a duplicate, a late answer too, a
+control is refused as for any finished workflow, and a delete removes its entry in
+the commit that deletes it.
 """
 
 from __future__ import annotations
@@ -40,7 +42,6 @@ __all__ = [
     "read_fields",
     "read_record",
     "removal_due",
-    "restore_for_delete",
 ]
 
 FORMAT = b"1"
@@ -157,38 +158,3 @@ def read_fields(
             if found is not None:
                 rows[n] = [found.get(name) for name in encoded]
     return rows
-
-
-# Turns a compacted record back into a hash (version 1: the lifecycle reads it as an
-# existing workflow) unless a hash is there, from the fields read before: unless the
-# record changed meanwhile. Returns whether it did.
-_RESTORE = """
-if redis.call('HGET', KEYS[2], ARGV[1]) ~= ARGV[2] or redis.call('EXISTS', KEYS[1]) == 1 then
-  return 0
-end
-redis.call('HSET', KEYS[1], unpack(ARGV, 3))
-redis.call('HDEL', KEYS[2], ARGV[1])
-return 1
-"""
-
-
-def restore_for_delete(client: redis.Redis, keys: Keys, workflow_ids: Sequence[str]) -> int:
-    """Write each compacted workflow of ``workflow_ids`` back as a hash, for the lifecycle
-    to delete it as it deletes any (its delete-workflow event archived, the index and
-    schedules cleared in its commit); returns how many were. Its entry in the compacted
-    removals stays: retention drops it, finding no record due then."""
-    if not workflow_ids:
-        return 0
-    values: list[Any] = client.hmget(keys.compacted, list(workflow_ids))
-    found = [(i, v) for i, v in zip(workflow_ids, values, strict=True) if v is not None]
-    if not found:
-        return 0
-    records = _expand(client, keys, [value for _, value in found])
-    script = client.register_script(_RESTORE)
-    pipe = client.pipeline(transaction=False)
-    for (workflow_id, value), record in zip(found, records, strict=True):
-        flat: list[Any] = [workflow_id, value, rec.VERSION.encode(), b"1"]
-        for name, field in (record or {}).items():
-            flat += (name, field)
-        script(keys=[keys.workflow(workflow_id), keys.compacted], args=flat, client=pipe)
-    return sum(1 for done in pipe.execute() if done)

@@ -7,8 +7,9 @@
 -- KEYS[3]  the stop records ({flow}:stopped)
 -- KEYS[4]  the compacted workflows ({flow}:compacted): id -> record
 -- KEYS[5]  the removals of compacted workflows in due order ({flow}:expiring-compacted):
---          a list of '<id> <tag>'
--- KEYS[6]  when the last of KEYS[5] is due (ms) ({flow}:expiring-compacted-last)
+--          a list of '<id> <due>', due in ms, base 36
+-- KEYS[6]  when the last of KEYS[5] is due (ms) ({flow}:expiring-compacted-last); gone
+--          when KEYS[5] is empty
 -- KEYS[7]  the graphs' short names ({flow}:graph-refs)
 -- ARGV[1]  now in ms ('' = Redis TIME, the clock every worker shares)
 -- ARGV[2]  the most workflows to handle in this call
@@ -35,15 +36,16 @@
 -- about 80 bytes for a small input and output, against 350 for the hash it replaces
 -- (no key of its own, no field names, no version or attempt salt, which nothing reads
 -- once it finished; and a hash with a value over 64 bytes is a table, far larger).
--- Its removal joins KEYS[5] (about 10 bytes an entry, against 80 to 110 in a sorted
+-- Its removal joins KEYS[5] (about 15 bytes an entry, against 80 to 110 in a sorted
 -- set) unless one due later is listed already (KEYS[6]): then KEYS[1] keeps it. Anything else (a concurrency key, a chunked state's
 -- entries) stays a hash, its task records dropped.
 --
 -- Any other due workflow is removed: its record, its index entry and its schedule
 -- entry go together, so a restart (which takes it off the schedule in the same
 -- step) never races a half-removed record. Then the due head of KEYS[5] goes: a
--- compacted record whose tag (its compaction time, modulo 36^3) is the entry's (an
--- entry whose record was deleted, or written again since, is dropped). Costs O(what
+-- compacted record due when its entry says (an entry whose record was deleted, or
+-- written again since with another due time, is dropped: it never holds the head; one
+-- written again due at the same time is removed then, and its own entry dropped). Costs O(what
 -- is due, and the fields of what is compacted). Returns the number handled.
 
 if redis.replicate_commands then redis.replicate_commands() end  -- TIME before writes
@@ -96,13 +98,12 @@ end
 -- What this call lists and takes off the schedule, written once at its end.
 local listed, unscheduled, last = {}, {}, nil
 
--- When a compacted record is due for removal (nil: never), and its tag.
+-- When a compacted record is due for removal (nil: never).
 local function record_due(record)
-  local _, created, ended, compacted, due =
+  local _, created, ended, _, due =
     string.match(record, '^[12]([^,\n]*),([^,\n]*),([^,\n]*),([^,\n]*),([^,\n]*)')
-  if not created then return nil, nil end
-  local at = n36(created) + n36(ended)
-  return due ~= '' and at + n36(due) or nil, b36((at + n36(compacted)) % 46656)
+  if not created or due == '' then return nil end
+  return n36(created) + n36(ended) + n36(due)
 end
 
 -- The record of a workflow's kept fields (values by name), or nil when they do not fit.
@@ -153,7 +154,7 @@ local function compact(id, key, removal)
     redis.call('DEL', key)
     last = last or tonumber(redis.call('GET', KEYS[6]) or '0')
     if removal > 0 and removal >= last then
-      listed[#listed + 1] = id .. ' ' .. b36(now % 46656)
+      listed[#listed + 1] = id .. ' ' .. b36(removal)
       unscheduled[#unscheduled + 1] = id
       last = removal
       return
@@ -194,12 +195,16 @@ if #listed > 0 then redis.call('SET', KEYS[6], string.format('%d', last)) end
 -- The due head of the compacted removals.
 while handled < most do
   local head = redis.call('LINDEX', KEYS[5], 0)
-  if not head then break end
-  local id, tag = string.match(head, '^(.*) (%w+)$')
+  if not head then
+    -- Empty: the next compaction lists its removal whenever it is due (a longer
+    -- retention once does not send every later removal to KEYS[1] for good).
+    redis.call('DEL', KEYS[6])
+    break
+  end
+  local id, listed_due = string.match(head, '^(.*) (%w+)$')
   local record = id and redis.call('HGET', KEYS[4], id)
-  local at, its_tag
-  if record then at, its_tag = record_due(record) end
-  if at and its_tag == tag then
+  local at = record and record_due(record)
+  if at and b36(at) == listed_due then
     if at > now then break end
     if redis.call('EXISTS', ARGV[3] .. id) == 0 then removed[#removed + 1] = id end
   end
