@@ -1,6 +1,7 @@
-"""A compacted finished workflow is one string ({flow}:wfc:<id>) whose removal is listed
-in due order ({flow}:expiring-compacted): readers see it exactly as they saw the hash
-compaction used to leave, which still reads and expires the same."""
+"""A compacted finished workflow is one entry of a shared hash ({flow}:compacted, id ->
+record) whose removal is listed in due order ({flow}:expiring-compacted): readers see it
+exactly as they saw the hash compaction used to leave, which still reads and expires the
+same."""
 
 from __future__ import annotations
 
