@@ -83,3 +83,20 @@ def test_the_documented_users_compact_remove_and_delete_with_nothing_refused(
     assert redis_client.zcard(KEYS.workflows) == 0
     entries: Any = redis_client.acl_log()
     assert [f"{e.get('reason')} {e.get('object')}" for e in entries] == []
+
+
+def test_the_operator_writes_no_workflow_record_compacted_or_not(
+    redis_client: redis.Redis, users: dict[str, redis.Redis]
+) -> None:
+    # A delete is the lifecycle's to carry out: the operator only sends the event.
+    operator = users["flowstream-operator"]
+    redis_client.hset(KEYS.compacted, "wf", "1")
+    for command in (
+        ("HSET", KEYS.workflow("wf"), "v", "1"),
+        ("HDEL", KEYS.compacted, "wf"),
+        ("HSET", KEYS.compacted, "wf", "2"),
+    ):
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            operator.execute_command(*command)
+    assert redis_client.hget(KEYS.compacted, "wf") == b"1"
+    redis_client.execute_command("ACL", "LOG", "RESET")  # (the refusals above)
