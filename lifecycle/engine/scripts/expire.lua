@@ -196,8 +196,8 @@ if #listed > 0 then redis.call('SET', KEYS[6], string.format('%d', last)) end
 while handled < most do
   local head = redis.call('LINDEX', KEYS[5], 0)
   if not head then
-    -- Empty: the next compaction lists its removal whenever it is due (a longer
-    -- retention once does not send every later removal to KEYS[1] for good).
+    -- Empty: the next compaction lists its removal whenever it is due (the entry of
+    -- a workflow deleted meanwhile, due late, no longer keeps the next ones off it).
     redis.call('DEL', KEYS[6])
     break
   end
