@@ -40,6 +40,8 @@ import redis
 from bench.counting_worker import read_runs
 from bench.rig import spawn, stop_processes
 from flowlang.compiler import compile_text
+from lifecycle import compact
+from lifecycle import records as rec
 from lifecycle.audit.archive import ArchivedEvent, iter_archive
 from lifecycle.deployment import Deployment
 from lifecycle.events import END_TASK, START_TASK, START_WORKFLOW
@@ -220,12 +222,11 @@ def _census(
     for index, chosen in deployment.partitions.group(ids).items():
         keys = deployment.partitions.keys(index)
         client = deployment.client_for(keys)
-        pipe = client.pipeline(transaction=False)
-        for workflow in chosen:
-            pipe.hmget(keys.workflow(workflow), "v", "ended")
+        # (a compacted workflow has no version: it finished)
+        rows = compact.read_fields(client, keys, chosen, [rec.VERSION, rec.ENDED])
         missing = []
-        for workflow, (version, ended) in zip(chosen, pipe.execute(), strict=True):
-            if version is None:
+        for workflow, (version, ended) in zip(chosen, rows, strict=True):
+            if version is None and ended is None:
                 missing.append(workflow)
             elif ended is None:
                 stuck[str(index)] += 1

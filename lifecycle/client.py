@@ -24,6 +24,7 @@ import redis
 
 from flowlang.graph import Graph
 from flowlang.limits import DEFAULT_LIMITS, Limits
+from lifecycle import compact
 from lifecycle import events as ev
 from lifecycle import records as rec
 from lifecycle.errors import LifecycleError, NotAllowed
@@ -178,7 +179,11 @@ class Client:
         )
 
     def exists(self, workflow_id: str) -> bool:
-        return bool(self.redis.exists(self.keys.workflow(workflow_id)))
+        keys = self.keys
+        return bool(
+            self.redis.exists(keys.workflow(workflow_id))
+            or self.redis.hexists(keys.compacted, workflow_id)
+        )
 
     # -- reading -----------------------------------------------------------------
 
@@ -310,13 +315,10 @@ class Client:
         return [i.decode() if isinstance(i, bytes) else str(i) for i in pipe.execute()]
 
     def _statuses(self, ids: list[str]) -> list[WorkflowStatus | None]:
-        pipe = self.redis.pipeline(transaction=False)
         fields = (rec.STATE, rec.PAUSED, rec.VERSION, rec.ENDED, rec.NAME, rec.CONCURRENCY)
-        for workflow_id in ids:
-            pipe.hmget(self.keys.workflow(workflow_id), fields)
         statuses: list[WorkflowStatus | None] = []
         for workflow_id, (state, paused, version, ended, name, concurrency) in zip(
-            ids, pipe.execute(), strict=True
+            ids, compact.read_fields(self.redis, self.keys, ids, fields), strict=True
         ):
             if state is None and version is None:
                 statuses.append(None)

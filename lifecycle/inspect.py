@@ -32,6 +32,7 @@ import redis
 from flowlang.graph import Graph, NodeKind
 from flowlang.limits import DEFAULT_LIMITS, loads_value
 from flowlang.machine import parse_key
+from lifecycle import compact
 from lifecycle import records as rec
 from lifecycle.engine.store import GraphCache
 from lifecycle.errors import LifecycleError, UnknownWorkflow, unknown_workflow
@@ -260,7 +261,7 @@ def no_workflow(client: redis.Redis, keys: Keys, workflow_id: str) -> UnknownWor
 
 def read_workflow(client: redis.Redis, keys: Keys, workflow_id: str) -> StoredWorkflow:
     """The workflow's hash, every field checked; UnknownWorkflow when there is none."""
-    raw: dict[bytes, bytes] = client.hgetall(keys.workflow(workflow_id))  # type: ignore[assignment]
+    raw = compact.read_record(client, keys, workflow_id)
     if not raw:
         raise no_workflow(client, keys, workflow_id)
     return parse_workflow(workflow_id, raw)
@@ -554,10 +555,8 @@ def list_page(
                 break  # the end of the index
             skip += len(read)  # more ids of after's score than one read: read past them
             continue
-        pipe = client.pipeline(transaction=False)
-        for _, workflow_id in page:
-            pipe.hmget(keys.workflow(workflow_id), *fields)
-        for (score, workflow_id), values in zip(page, pipe.execute(), strict=True):
+        read_rows = compact.read_fields(client, keys, [i for _, i in page], fields)
+        for (score, workflow_id), values in zip(page, read_rows, strict=True):
             last = (score, workflow_id)
             if all(v is None for v in values):
                 continue  # its hash is gone: no such workflow any more

@@ -92,6 +92,18 @@ class Keys:
         return f"{self.prefix}:wf:{workflow_id}"
 
     @property
+    def compacted(self) -> str:
+        """Hash: id -> a finished workflow once retention compacted it, in place of its own
+        hash (the format: lifecycle/compact.py): one entry costs less than one key."""
+        return f"{self.prefix}:compacted"
+
+    @property
+    def graph_refs(self) -> str:
+        """Hash: the short names compacted workflows give their graphs: graph hash -> name,
+        ``#<name>`` -> graph hash, ``#`` -> the last name given (a count, base 36)."""
+        return f"{self.prefix}:graph-refs"
+
+    @property
     def workflows(self) -> str:
         """Sorted set of workflow ids by creation time (ms)."""
         return f"{self.prefix}:workflows"
@@ -115,6 +127,18 @@ class Keys:
     def expiring(self) -> str:
         """Sorted set of ended workflows by the time (ms) retention removes them."""
         return f"{self.prefix}:expiring"
+
+    @property
+    def expiring_compacted(self) -> str:
+        """List of the compacted workflows (:attr:`compacted`) in the order retention
+        removes them, ``<id> <tag>`` each (the record says when): cheaper per workflow
+        than :attr:`expiring`; :attr:`expiring_compacted_last` is when its last is due."""
+        return f"{self.prefix}:expiring-compacted"
+
+    @property
+    def expiring_compacted_last(self) -> str:
+        """String: when the last entry of :attr:`expiring_compacted` is due (ms)."""
+        return f"{self.prefix}:expiring-compacted-last"
 
     @property
     def limits(self) -> str:

@@ -524,6 +524,7 @@ class Schedules:
                 self.keys.schedule_runs(schedule.name),
                 self.keys.workflows,
                 self.keys.lifecycle,
+                self.keys.compacted,
             ],
             args=[
                 schedule.name,

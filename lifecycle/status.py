@@ -38,6 +38,7 @@ from typing import Any
 import orjson
 import redis
 
+from lifecycle import compact
 from lifecycle import records as rec
 from lifecycle.audit.archive import id_order
 from lifecycle.dead_letters import LIFECYCLE_SOURCE, dead_letter_count
@@ -147,7 +148,7 @@ class WorkflowCounts:
     scanned: int  # ids read, the newest first
     listed: int  # ids in {flow}:workflows (ZCARD)
     ended_since_start: dict[str, int]  # {flow}:outcomes: every workflow that ever ended
-    expiring: int = 0  # ended workflows retention will remove ({flow}:expiring)
+    expiring: int = 0  # ended workflows retention will remove (both its schedules)
     next_removal_ms: int | None = None  # when the first of them is due (ms since the epoch)
 
     @property
@@ -248,10 +249,7 @@ def _check_queued(client: redis.Redis, keys: Keys, info: StreamInfo) -> None:
     ids = list(dict.fromkeys(o for o in owners if o is not None))
     if not ids:
         return
-    pipe = client.pipeline(transaction=False)
-    for workflow_id in ids:
-        pipe.hmget(keys.workflow(workflow_id), rec.CREATED, rec.ENDED, rec.STATE)
-    fields_of = pipe.execute()
+    fields_of = compact.read_fields(client, keys, ids, (rec.CREATED, rec.ENDED, rec.STATE))
     ended = {
         workflow_id
         for workflow_id, (created, ended_at, state) in zip(ids, fields_of, strict=True)
@@ -300,13 +298,9 @@ def count_workflows(client: redis.Redis, keys: Keys, limit: int = COUNT_LIMIT) -
         if not ids:
             break
         scanned += len(ids)
-        pipe = client.pipeline(transaction=False)
-        for workflow_id in ids:
-            pipe.hmget(
-                keys.workflow(workflow_id), rec.CREATED, rec.ENDED, rec.PAUSED, rec.CONCURRENCY
-            )
-        pipe.hmget(keys.stopped, ids)  # a stop record: it ended failed or terminated
-        *fields, records = pipe.execute()
+        names = (rec.CREATED, rec.ENDED, rec.PAUSED, rec.CONCURRENCY)
+        fields: Any = compact.read_fields(client, keys, ids, names)
+        records: Any = client.hmget(keys.stopped, ids)  # a stop record: failed or terminated
         stopped = [record is not None for record in records]
         check = []
         for workflow_id, (created, ended, paused, concurrency), is_stopped in zip(
@@ -336,9 +330,20 @@ def count_workflows(client: redis.Redis, keys: Keys, limit: int = COUNT_LIMIT) -
             ended[name.decode("utf-8", "replace")] = int(value)
         except ValueError:
             continue  # not a count: nothing to show
-    expiring = int(client.zcard(keys.expiring))  # type: ignore[arg-type]
-    first: Any = client.zrange(keys.expiring, 0, 0, withscores=True) if expiring else []
-    due = int(first[0][1]) if first else None
+    pipe = client.pipeline(transaction=False)
+    pipe.zcard(keys.expiring)
+    pipe.zrange(keys.expiring, 0, 0, withscores=True)
+    pipe.llen(keys.expiring_compacted)
+    pipe.lindex(keys.expiring_compacted, 0)
+    scheduled, first, listed_too, head = pipe.execute()
+    expiring = int(scheduled) + int(listed_too)
+    dues = [int(first[0][1])] if first else []
+    if head:  # '<id> <tag>': compacted workflows, in due order
+        record: Any = client.hget(keys.compacted, head.rpartition(b" ")[0])
+        listed_due = compact.removal_due(record) if record is not None else None
+        if listed_due is not None:
+            dues.append(listed_due)
+    due = min(dues) if dues else None
     return WorkflowCounts(states, counted, scanned, listed, ended, expiring, due)
 
 

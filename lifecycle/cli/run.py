@@ -14,6 +14,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from flowlang.graph import Graph, NodeKind
+from lifecycle import compact
 from lifecycle import events as ev
 from lifecycle import records as rec
 from lifecycle.cli.stalls import DEFAULT_WARN_AFTER, StallWatch
@@ -135,7 +136,10 @@ def workflow_state(client: redis.Redis, keys: Keys, workflow_id: str) -> str | N
         pipe.hget(key, field)
     raw, paused, version, concurrency = pipe.execute()
     if raw is None and version is None:
-        return None
+        found = compact.read_compacted(client, keys, [workflow_id])[0]
+        if found is None:
+            return None
+        raw = found.get(rec.STATE.encode())
     state = _loads(raw)
     if not isinstance(state, dict) or not isinstance(state.get("status", rec.RUNNING), str):
         return "corrupt"
@@ -372,6 +376,9 @@ def _text(value: Any, default: str) -> str:
 
 def _ending_from_record(client: redis.Redis, keys: Keys, workflow_id: str) -> Ending | None:
     raw: Any = client.hget(keys.workflow(workflow_id), rec.STATE)
+    if raw is None:
+        found = compact.read_compacted(client, keys, [workflow_id])[0]
+        raw = found.get(rec.STATE.encode()) if found is not None else None
     state = _loads(raw)
     if not isinstance(state, dict):
         return None

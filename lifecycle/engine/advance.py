@@ -289,6 +289,7 @@ class Advancer:
         commands: list[Any] = [("WATCH", *names)] if watch else []
         chunked = self._chunked
         end_task, load = ev.END_TASK, _LOAD.fill
+        starts: list[Pending] = []  # items with a start-workflow among their events
         for item, key in zip(pending, names, strict=True):
             events = item.events
             if len(events) == 1 and chunked.get(item.workflow) is None:
@@ -304,11 +305,30 @@ class Advancer:
             item.resends = any(kind in _WHOLE_RECORD for _, kind, _ in events)
             item.entries = _entries_touched(item, chunked.get(item.workflow))
             commands.append(self._read_command(item, key))
+            if any(kind == ev.START_WORKFLOW for _, kind, _ in events):
+                starts.append(item)
+        # A start's id may be a compacted workflow's (no hash, an entry of Keys.compacted):
+        # asked in the same round trip, as most of those ids are new.
+        compacted = self.keys.compacted
+        commands += [("HEXISTS", compacted, item.workflow) for item in starts]
         replies = _raise_errors(send(commands))[1 if watch else 0 :]
-        digests: set[str] = set()
-        for item, values in zip(pending, replies, strict=True):
+        asked = dict(zip(starts, replies[len(pending) :], strict=True))
+        reads = replies[: len(pending)] if starts else replies
+        gone = []
+        for item, values in zip(pending, reads, strict=True):
             self._read(item, values)
-            if item.corrupt is not None:
+            item.compacted = False
+            if item.state is None and item.corrupt is None and item not in asked:
+                gone.append(item)
+        if gone:  # (rare: a late answer or a control for a workflow with no hash)
+            found = _raise_errors(send([("HEXISTS", compacted, i.workflow) for i in gone]))
+            asked.update(zip(gone, found, strict=True))
+        digests: set[str] = set()
+        for item in pending:
+            if item.state is None and item.corrupt is None and asked.get(item):
+                # It finished and was compacted: it takes events as a finished one does.
+                item.state, item.compacted = State(status=rec.FINISHED), True
+            if item.corrupt is not None or item.compacted:
                 continue
             if item.digest is not None:
                 digests.add(item.digest)

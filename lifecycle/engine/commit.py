@@ -67,6 +67,7 @@ class Pending:
     __slots__ = (
         "workflow", "events", "version", "state", "digest", "inputs", "salt", "corrupt", "refused",
         "held", "resends", "entries", "input_keys", "priority", "concurrency", "key",
+        "compacted",
     )  # fmt: skip
 
     def __init__(
@@ -96,6 +97,8 @@ class Pending:
         self.concurrency: dict[str, Any] | None = None
         # its record's key, encoded, when the advancer read it: its plain step writes there
         self.key: bytes | None = None
+        # no hash, but an entry of Keys.compacted: it finished (state is a finished one)
+        self.compacted = False
 
     def note_input(self, key: str, value: Any) -> None:
         """The input of a start-task held or sent in this batch: a resume or restart later
@@ -389,6 +392,7 @@ class Commit:
                 ("ZREM", workflows, self.workflow),
                 ("ZREM", expiring, self.workflow),
                 ("HDEL", stopped, self.workflow),
+                ("HDEL", self.keys.compacted, self.workflow),
             ]
         if self.fields:
             commands.append(("HSET", key, *self.written_fields()))
@@ -406,7 +410,7 @@ class Commit:
     def script_call(self, group: str, version: str) -> tuple[list[str], list[Any]]:
         """KEYS and ARGV of one advance.lua call: the workflow and the shared keys; the
         streams events go to are named with the events (the script's header says why)."""
-        keys = [self.keys.workflow(self.workflow), *self.shared]
+        keys = [self.keys.workflow(self.workflow), *self.shared, self.keys.compacted]
         events: list[Any] = []
         for stream, event_fields in self.encoded_events():
             events += (stream, len(event_fields) // 2, *event_fields)

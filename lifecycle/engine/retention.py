@@ -9,7 +9,11 @@ what expires, not with what is kept. Their history stays in the receipts archive
 A workflow that finished is compacted first: its commit schedules that step
 (after ``--keep-details``) and records in the workflow when its removal is due
 (``records.EXPIRES``); the same script then drops its task records — the archive
-holds every start and end — and schedules the removal. Failed and terminated
+holds every start and end — and schedules the removal. What is left of it becomes
+one entry of a shared hash (``Keys.compacted``, read by :mod:`lifecycle.compact`),
+its removal an entry of a list in due order (``Keys.expiring_compacted``): what a
+finished workflow keeps until then is that, its index entry, and its input and
+output. Failed and terminated
 workflows keep theirs: a restart runs from them.
 """
 
@@ -19,6 +23,7 @@ import re
 
 import redis
 
+from lifecycle import compact
 from lifecycle import records as rec
 from lifecycle.errors import LifecycleError
 from lifecycle.keys import Keys
@@ -52,9 +57,24 @@ def retention_pump(
     their time comes (``start()`` it, or ``fire_due()``)."""
     return Pump(
         lua.load_script(client, "expire", _SCRIPTS),
-        [keys.expiring, keys.workflows, keys.stopped],
+        [
+            keys.expiring,
+            keys.workflows,
+            keys.stopped,
+            keys.compacted,
+            keys.expiring_compacted,
+            keys.expiring_compacted_last,
+            keys.graph_refs,
+        ],
         name="retention",
         interval=interval,
         batch=batch,
-        args=[keys.workflow(""), rec.EXPIRES, rec.COMPACTED, *rec.COMPACTED_PREFIXES],
+        args=[
+            keys.workflow(""),
+            rec.EXPIRES,
+            rec.COMPACTED,
+            " ".join(compact.KEPT),
+            " ".join(compact.DROPPED),
+            *rec.COMPACTED_PREFIXES,
+        ],
     )

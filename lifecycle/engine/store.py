@@ -11,6 +11,7 @@ import redis
 from flowlang.graph import Graph
 from flowlang.limits import DEFAULT_LIMITS, Limits
 from flowlang.machine import Machine, State
+from lifecycle import compact
 from lifecycle.errors import FlowNotStored, UnknownWorkflow
 from lifecycle.keys import Keys
 from lifecycle.stored_state import state_from_fields
@@ -70,7 +71,7 @@ def _json(value: bytes | None) -> Any:
 
 
 def load_workflow(client: redis.Redis, keys: Keys, workflow_id: str) -> WorkflowRecord:
-    raw: dict[bytes, bytes] = client.hgetall(keys.workflow(workflow_id))  # type: ignore[assignment]
+    raw = compact.read_record(client, keys, workflow_id)
     if not raw:
         raise UnknownWorkflow(f"no workflow {workflow_id!r}")
     starts, ends = {}, {}

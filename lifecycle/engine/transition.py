@@ -419,6 +419,15 @@ class Transition:
                     if state is None and kind == ev.ADMIT_WORKFLOW:
                         result.duplicates.append(event_id)  # deleted before its turn
                         continue
+                    if item.compacted and item.digest is None and state is not None:
+                        # Finished, compacted: its tokens' secret and attempts are gone, so
+                        # an answer or a timer is the duplicate one for a finished workflow
+                        # mostly is; a control is refused as for one.
+                        if type(event) is ev.Control:
+                            self._control(None, state, item, event_id, event, commit, now, result)
+                        else:
+                            result.duplicates.append(event_id)
+                        continue
                     if state is None or item.digest is None:
                         result.rejected.append(
                             (event_id, f"event {event_id}: no workflow {item.workflow!r}")

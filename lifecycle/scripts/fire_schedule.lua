@@ -5,6 +5,7 @@
 -- KEYS[3]  the schedule's runs ({flow}:schedule-runs:<name>): workflow id -> fire time
 -- KEYS[4]  the workflows index ({flow}:workflows)
 -- KEYS[5]  the lifecycle stream ({flow}:lifecycle)
+-- KEYS[6]  the compacted workflows ({flow}:compacted): each one has ended
 -- ARGV[1]  the schedule's name
 -- ARGV[2]  the next fire time the caller read (ms); '' for run-now, which does not move it
 -- ARGV[3]  the next fire time after these (ms); '' leaves it
@@ -45,6 +46,7 @@ local function running(id)
   if id == '' then return false end
   local claimed = redis.call('ZSCORE', KEYS[4], id)
   if not claimed or redis.call('HGET', ARGV[6] .. id, ARGV[7]) then return false end
+  if redis.call('HEXISTS', KEYS[6], id) == 1 then return false end
   return redis.call('EXISTS', ARGV[6] .. id) == 1 or plan['now'] - tonumber(claimed) < 60000
 end
 

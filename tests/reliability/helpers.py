@@ -22,6 +22,8 @@ import redis
 
 from flowlang.compiler import compile_text
 from flowlang.runner import run
+from lifecycle import compact
+from lifecycle import records as rec
 from lifecycle.keys import Keys
 from lifecycle.submit import start_workflows
 from rqse.keys import dead_letter_key
@@ -133,10 +135,8 @@ def states(client: redis.Redis, ids: list[str]) -> dict[str, dict]:
     found: dict[str, dict] = {}
     for first in range(0, len(ids), 5000):
         chunk = ids[first : first + 5000]
-        pipe = client.pipeline(transaction=False)
-        for workflow in chunk:
-            pipe.hget(KEYS.workflow(workflow), "s")
-        for workflow, s in zip(chunk, pipe.execute(), strict=True):
+        rows = compact.read_fields(client, KEYS, chunk, [rec.STATE])  # either form
+        for workflow, (s,) in zip(chunk, rows, strict=True):
             found[workflow] = orjson.loads(s) if s else {}
     return found
 

@@ -7,13 +7,14 @@
 -- KEYS[5]  the outcome counters         ({flow}:outcomes)
 -- KEYS[6]  retention's schedule         ({flow}:expiring)
 -- KEYS[7]  the stop records            ({flow}:stopped: workflow id -> stopped attempts)
+-- KEYS[8]  the compacted workflows     ({flow}:compacted: workflow id -> record)
 --
 -- ARGV[1]  the lifecycle consumer group
 -- ARGV[2]  the version the transition was computed from ('' = the workflow must not exist)
 -- ARGV[3]  the name of the version field of KEYS[1]
 -- ARGV[4]  the workflow id (the member of KEYS[4])
 -- ARGV[5]  '1' to delete the workflow's record first (KEYS[1] and its members of KEYS[4],
---          [6], [7]), before anything below writes: a start after a delete writes anew
+--          [6], [7], [8]), before anything below writes: a start after a delete writes anew
 -- then six sections, each led by its count:
 --   acks    n, entry id × n                          XACK on KEYS[2]
 --   fields  n, (field, value) × n                    HSET on KEYS[1] (includes the new version)
@@ -71,6 +72,7 @@ if ARGV[5] ~= '' then
   redis.call('ZREM', KEYS[4], ARGV[4])
   redis.call('ZREM', KEYS[6], ARGV[4])
   redis.call('HDEL', KEYS[7], ARGV[4])
+  redis.call('HDEL', KEYS[8], ARGV[4])
 end
 
 local i = 6
