@@ -328,14 +328,12 @@ class Advancer:
             if item.state is None and item.corrupt is None and asked.get(item):
                 # It finished and was compacted: it takes events as a finished one does.
                 item.state, item.compacted = State(status=rec.FINISHED), True
-            if item.corrupt is not None or item.compacted:
-                continue
-            if item.digest is not None:
+            if item.digest is not None and item.corrupt is None and not item.compacted:
                 digests.add(item.digest)
-            else:  # new: its graph comes with its start-workflow
-                digests.update(
-                    event.graph for _, kind, event in item.events if kind == ev.START_WORKFLOW
-                )
+        for item in starts:  # a new run's graph, whatever ran under its id before
+            digests.update(
+                event.graph for _, kind, event in item.events if kind == ev.START_WORKFLOW
+            )
         self.graphs.load(digests)
 
     def _read_command(self, item: Pending, key: str) -> Any:

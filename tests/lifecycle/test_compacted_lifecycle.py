@@ -204,6 +204,26 @@ def test_a_delete_then_a_start_of_a_compacted_id_in_one_batch_run_it_anew(
     assert describe_workflow(redis_client, KEYS, "wf")["output"]["n"] == 105
 
 
+def test_a_new_run_of_a_deleted_compacted_id_has_its_graph_loaded_with_the_batch(
+    redis_client: redis.Redis,
+) -> None:
+    # The transition reads no Redis: every graph a batch needs is loaded before it, the
+    # new run's too, though its id's record said nothing of that graph.
+    from flowlang.compiler import compile_text
+
+    harness = compacting(redis_client)
+    run_and_compact(harness, "wf")
+    Client(redis_client, KEYS).delete("wf")
+    start_workflow(redis_client, compile_text("@flow other\nU0 → U1"), None, "wf", KEYS)
+    (_, fields), *_ = redis_client.xrevrange(KEYS.lifecycle, count=1)
+    wanted = decode(fields)["graph"]
+    loaded: list[str] = []
+    load = harness.advancer.graphs.load
+    harness.advancer.graphs.load = lambda digests: (loaded.extend(digests), load(digests))
+    assert advance(harness) == ([], [], 1)
+    assert wanted in loaded
+
+
 def test_the_audit_replays_a_duplicate_start_and_a_delete_of_compacted_workflows(
     redis_client: redis.Redis, tmp_path: Path
 ) -> None:
