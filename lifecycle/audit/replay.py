@@ -149,11 +149,11 @@ class WorkflowReplay:
 def replay_workflow(item: WorkflowReplay, graphs: ArchiveGraphs, keys: Keys) -> WorkflowReplay:
     """Feed ``item.inputs`` to the live transition code; check against ``item.emitted``."""
     transition = Transition(graphs, keys, graphs.limits)
-    starts: dict[str, Entry] = {}
+    starts: dict[StartKey, Entry] = {}
     ends: list[Entry] = []
     for entry in item.emitted:
         if entry[2].get("kind") == ev.START_TASK:
-            first = starts.get(str(entry[2].get("id")))
+            first = starts.get(_start_key(entry[2]))
             if entry[2].get(ev.RECOVERED) and first is not None:
                 continue  # sent again by recover: checked as the original
             if first is not None and _same(first[2], entry[2], _START_FIELDS):
@@ -163,12 +163,12 @@ def replay_workflow(item: WorkflowReplay, graphs: ArchiveGraphs, keys: Keys) -> 
                 continue
             if first is not None:
                 item.diverge(entry[1], entry[0], f"start-task {entry[2]['id']} archived twice")
-            starts[str(entry[2].get("id"))] = entry
+            starts[_start_key(entry[2])] = entry
         elif any(_same(end[2], entry[2], _END_FIELDS) for end in ends):
             continue  # an end redone after Redis lost the first, as above
         else:
             ends.append(entry)
-    matched: set[str] = set()
+    matched: set[StartKey] = set()
     version = 0
     last_output = max((id_order(entry[1]) for entry in item.emitted), default=(-1, -1))
     inputs = list(item.inputs)
@@ -237,18 +237,19 @@ def replay_workflow(item: WorkflowReplay, graphs: ArchiveGraphs, keys: Keys) -> 
                 item.unarchived.append((out_stream, out))
                 continue
             if out["kind"] == ev.START_TASK:
-                archived = starts.get(out["id"])
-                if archived is None and at_ms == last_ms:
+                found = _archived_start(starts, out)
+                if found is None and at_ms == last_ms:
                     item.unarchived.append((out_stream, out))
                     continue
-                if archived is None:
+                if found is None:
                     item.diverge(
                         entry_id,
                         stream,
                         f"{where}: replay starts {out['id']}, the archive never did",
                     )
                     continue
-                matched.add(out["id"])
+                key, archived = found
+                matched.add(key)
                 for name in _START_FIELDS:
                     if name not in archived[2] and name not in out:
                         continue
@@ -285,25 +286,49 @@ def replay_workflow(item: WorkflowReplay, graphs: ArchiveGraphs, keys: Keys) -> 
                             f"({archived_end[1]}), replay computes {_short(out.get(name))}",
                         )
                         break
-    for task_id, (stream, entry_id, _) in starts.items():
-        if task_id not in matched:
+    for key, (stream, entry_id, _) in starts.items():
+        if key not in matched:
             item.diverge(
-                entry_id, stream, f"archived start-task {task_id} ({entry_id}) never started"
+                entry_id, stream, f"archived start-task {key[0]} ({entry_id}) never started"
             )
     for stream, entry_id, event in ends:
         item.diverge(entry_id, stream, f"archived {event.get('kind')} {entry_id} never happened")
     return item
 
 
-def _admitted_in_commit(commit: Any, starts: dict[str, Entry]) -> bool:
+# A start-task archived: its id (<workflow>/<key>/<attempt>) and its token. Two runs of
+# one id (deleted, then started again) send the same ids, with tokens of their own.
+StartKey = tuple[str, Any]
+
+
+def _start_key(event: dict[str, Any]) -> StartKey:
+    return str(event.get("id")), event.get("token")
+
+
+def _archived_start(
+    starts: dict[StartKey, Entry], out: dict[str, Any]
+) -> tuple[StartKey, Entry] | None:
+    """The archived start-task replay's ``out`` stands for: the same id and token, or the
+    same id without one (archived before start-tasks carried tokens)."""
+    for key in (_start_key(out), (str(out.get("id")), None)):
+        archived = starts.get(key)
+        if archived is not None:
+            return key, archived
+    return None
+
+
+def _admitted_in_commit(commit: Any, starts: dict[StartKey, Entry]) -> bool:
     """Whether the gate admitted the workflow this commit queued in the commit's own
     transaction: the start-tasks it offered are archived as the gate sends them
     (events.ADMITTED; any one will do, as the archive may lag on one task stream). An
     empty offer is archived as an admit-workflow instead."""
     for _, fields in commit.offered_events():
         names = [name.decode() if isinstance(name, bytes) else name for name in fields[::2]]
-        archived = starts.get(orjson.loads(fields[1 + 2 * names.index("id")]))
-        if archived is not None and archived[2].get(ev.ADMITTED) is True:
+        offered = {"id": orjson.loads(fields[1 + 2 * names.index("id")])}
+        if "token" in names:
+            offered["token"] = orjson.loads(fields[1 + 2 * names.index("token")])
+        found = _archived_start(starts, offered)
+        if found is not None and found[1][2].get(ev.ADMITTED) is True:
             return True
     return False
 

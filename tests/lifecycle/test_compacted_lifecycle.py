@@ -295,3 +295,28 @@ def test_a_deleted_workflows_later_removal_no_longer_keeps_the_next_ones_off_the
     assert [entry.split()[0] for entry in listed] == [b"short"]
     assert pump.fire_due(short) == 1
     assert gone(redis_client, "short")
+
+
+@pytest.mark.parametrize("compacted", [True, False])
+@pytest.mark.parametrize("one_batch", [True, False])
+def test_an_id_deleted_and_started_again_replays_equal(
+    redis_client: redis.Redis, tmp_path: Path, compacted: bool, one_batch: bool
+) -> None:
+    # Both runs send start-tasks of the same ids, each run with tokens of its own salt:
+    # the audit matches each run's to its own.
+    harness = compacting(redis_client)
+    if compacted:
+        run_and_compact(harness, "wf")
+    else:
+        harness.submit(CHAIN, {"n": 0}, "wf")
+        harness.pump(ok)
+    Client(redis_client, KEYS).delete("wf")
+    if not one_batch:
+        harness.advance()
+    start_workflow(redis_client, CHAIN, {"n": 100}, "wf", KEYS)
+    harness.pump(ok)
+    assert describe_workflow(redis_client, KEYS, "wf")["output"]["n"] == 105
+    archive_all(redis_client, tmp_path / "archive")
+    report = audit_archive(tmp_path / "archive", KEYS, client=redis_client)
+    assert report.ok, report.first_problem
+    assert {w.workflow: w.live for w in report.workflows} == {"wf": "equal"}
