@@ -10,6 +10,7 @@ export class StatusPage {
     this.session = session;
     this.timer = null;
     this.deadCount = null; // dead letters in the last status: the list is re-read when it moves
+    this.deadAction = ""; // what the last requeue did, shown with the list until the next one
     this.auto = document.getElementById("status-auto");
     document.getElementById("status-refresh").addEventListener("click", () => this.load());
     this.auto.addEventListener("change", () => this.schedule());
@@ -82,9 +83,11 @@ export class StatusPage {
       return;
     }
     const items = answer.items || [];
-    note.textContent = items.length
+    const count = items.length
       ? `${items.length}${items.length === DEAD_SHOWN ? " (the first)" : ""} dead letter${items.length === 1 ? "" : "s"}.`
       : "None.";
+    // The last requeue's outcome stays in front of the count the refreshes rewrite.
+    note.textContent = this.deadAction ? `${this.deadAction} ${count}` : count;
     const operator = this.session.role !== "read";
     body.replaceChildren(...items.map((letter) => deadRow(letter, operator, () => this.requeue(letter))));
   }
@@ -99,12 +102,13 @@ export class StatusPage {
     if (!answer.ok) return;
     try {
       const done = await api("POST", "/api/dead-letters/requeue", { stream: letter.source, id: letter.id });
-      note.textContent = done.new_id
+      this.deadAction = done.new_id
         ? `Requeued ${letter.id} on ${done.stream} as ${done.new_id}.`
         : `${letter.id} was no longer there (requeued or purged meanwhile).`;
     } catch (problem) {
-      note.textContent = `Requeue failed: ${problem.message}`;
+      this.deadAction = `Requeue of ${letter.id} failed: ${problem.message}.`;
     }
+    note.textContent = this.deadAction;
     this.deadCount = null;
     this.load();
   }
