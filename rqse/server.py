@@ -121,6 +121,15 @@ def find_server_binary(include_path: bool = True) -> str:
     )
 
 
+_PORT_ATTEMPTS = 5
+
+
+def port_taken(error: BaseException, port: int) -> bool:
+    """Whether a server failed to start because ``port`` was taken."""
+    text = str(error)
+    return "Address already in use" in text and str(port) in text
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that nothing listens on right now."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
@@ -156,6 +165,7 @@ class RedisServer:
             )
         self.binary = binary or find_server_binary()
         self.port = port or free_port()
+        self._port_chosen = not port  # ours to change if another process takes it first
         self._own_dir = data_dir is None
         self.data_dir = Path(data_dir or tempfile.mkdtemp(prefix="rqse-redis-"))
         self.persistence = persistence
@@ -170,7 +180,19 @@ class RedisServer:
         return f"redis://127.0.0.1:{self.port}/0"
 
     def start(self, timeout: float = 10.0) -> RedisServer:
-        """Start the process and wait until it answers PING."""
+        """Start the process and wait until it answers PING. A port this object chose
+        that another process took meanwhile is chosen again (a few times)."""
+        for attempt in range(_PORT_ATTEMPTS):
+            try:
+                return self._start(timeout)
+            except RqseError as error:
+                chosen_again = self._port_chosen and port_taken(error, self.port)
+                if not chosen_again or attempt + 1 == _PORT_ATTEMPTS:
+                    raise
+                self.port = free_port()
+        raise AssertionError("unreachable")
+
+    def _start(self, timeout: float) -> RedisServer:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         args = [
             self.binary,
@@ -336,6 +358,7 @@ class LocalCluster:
         self.nodes = [
             RedisServer(
                 binary,
+                port=free_port(),  # (given: a taken one is chosen again here, with the bus's)
                 persistence=persistence,
                 extra_args=[*cluster_args, "--cluster-port", str(bus_port)],
                 allocator=allocator,
@@ -366,13 +389,30 @@ class LocalCluster:
         ``cluster_state:ok`` and every replica is in sync with its master."""
         deadline = time.monotonic() + timeout
         try:
-            for node in self.nodes:
-                node.start()
+            for index in range(len(self.nodes)):
+                self._start_node(index)
             self._form(deadline)
         except BaseException:
             self.stop()
             raise
         return self
+
+    def _start_node(self, index: int) -> None:
+        """Start node ``index``; its ports, if another process took one meanwhile, are
+        chosen again, and the cluster file the failed start wrote goes."""
+        node = self.nodes[index]
+        for attempt in range(_PORT_ATTEMPTS):
+            try:
+                node.start()
+                return
+            except RqseError as error:
+                taken = port_taken(error, node.port) or port_taken(error, self.bus_ports[index])
+                if not taken or attempt + 1 == _PORT_ATTEMPTS:
+                    raise
+                (node.data_dir / "nodes.conf").unlink(missing_ok=True)
+                node.port, self.bus_ports[index] = free_port(), free_port()
+                at = node.extra_args.index("--cluster-port")
+                node.extra_args[at + 1] = str(self.bus_ports[index])
 
     def _form(self, deadline: float) -> None:
         clients = [redis.Redis(port=node.port, decode_responses=True) for node in self.nodes]

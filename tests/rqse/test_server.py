@@ -56,3 +56,27 @@ def test_a_library_path_the_loader_would_split_is_not_preloaded(
 
     monkeypatch.setattr("importlib.metadata.files", lambda _: [Found()])
     assert allocator_library() is None
+
+
+def test_a_port_taken_between_choosing_and_starting_is_chosen_again() -> None:
+    # Many servers start at once in a test run: a port free when chosen may be taken by
+    # the time the server binds it, the cluster bus port (chosen apart) as well.
+    import socket
+
+    from rqse.server import LocalCluster
+
+    cluster = LocalCluster(masters=1, replicas=0)
+    node = cluster.nodes[0]
+    taken = [node.port, cluster.bus_ports[0]]
+    holders = []
+    for port in taken:
+        holder = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        holder.bind(("127.0.0.1", port))  # bound, not listening: a bind fails, a connect too
+        holders.append(holder)
+    try:
+        with cluster:
+            assert node.port != taken[0] and cluster.bus_ports[0] != taken[1]
+            assert redis.Redis(port=node.port).cluster("info")["cluster_state"] == "ok"
+    finally:
+        for holder in holders:
+            holder.close()
