@@ -59,6 +59,18 @@ def advance(harness: Any) -> tuple[list[str], list[tuple[str, str]], int]:
     return list(result.duplicates), list(result.rejected), result.committed
 
 
+def before_and_after_compaction(harness: Any, event: dict[str, Any]) -> tuple[Any, Any]:
+    """What a batch of ``event`` gives for the finished workflow "wf" as a hash, then
+    again once retention compacted it (``advance``'s triple each)."""
+    flat = {name: orjson.dumps(value) for name, value in event.items()}
+    harness.client.xadd(KEYS.lifecycle, flat)
+    as_hash = advance(harness)
+    ended = int(harness.client.hget(KEYS.workflow("wf"), rec.ENDED) or 0)
+    assert retention_pump(harness.client, KEYS).fire_due(ended) == 1
+    harness.client.xadd(KEYS.lifecycle, flat)
+    return as_hash, advance(harness)
+
+
 def gone(client: redis.Redis, workflow_id: str) -> bool:
     return not (
         client.exists(KEYS.workflow(workflow_id))
@@ -107,13 +119,7 @@ def test_a_late_answer_for_a_compacted_workflow_is_a_duplicate_as_before_compact
     [(_, fields)] = started
     harness.pump(ok)
     answer = end_task(decode(fields), {"n": 1}, worker="late")  # T0's, answered again
-    flat = {k: orjson.dumps(v) for k, v in answer.items()}
-    redis_client.xadd(KEYS.lifecycle, flat)  # type: ignore[arg-type]
-    before = advance(harness)
-    ended = int(redis_client.hget(KEYS.workflow("wf"), rec.ENDED) or 0)
-    assert retention_pump(redis_client, KEYS).fire_due(ended) == 1
-    redis_client.xadd(KEYS.lifecycle, flat)  # type: ignore[arg-type]
-    after = advance(harness)
+    before, after = before_and_after_compaction(harness, answer)
     assert (len(before[0]), before[1:]) == (len(after[0]), after[1:]) == (1, ([], 0))
 
 
@@ -126,13 +132,7 @@ def test_a_control_for_a_compacted_workflow_is_refused_as_for_a_finished_one(
     harness = compacting(redis_client)
     harness.submit(CHAIN, {"n": 0}, "wf")
     harness.pump(ok)
-    event = {k: orjson.dumps(v) for k, v in ev.control(kind, "wf", "why").items()}
-    redis_client.xadd(KEYS.lifecycle, event)  # type: ignore[arg-type]
-    as_hash = advance(harness)
-    run_ended = int(redis_client.hget(KEYS.workflow("wf"), rec.ENDED) or 0)
-    assert retention_pump(redis_client, KEYS).fire_due(run_ended) == 1
-    redis_client.xadd(KEYS.lifecycle, event)  # type: ignore[arg-type]
-    compacted = advance(harness)
+    as_hash, compacted = before_and_after_compaction(harness, ev.control(kind, "wf", "why"))
     reasons = [[reason.partition(": ")[2] for _, reason in r[1]] for r in (as_hash, compacted)]
     assert reasons[0] == reasons[1] == [f"{kind} of wf: " + ev.refusal(kind, "finished")]  # type: ignore[operator]
     assert (as_hash[0], as_hash[2]) == (compacted[0], compacted[2]) == ([], 0)
