@@ -37,16 +37,17 @@
 -- (no key of its own, no field names, no version or attempt salt, which nothing reads
 -- once it finished; and a hash with a value over 64 bytes is a table, far larger).
 -- Its removal joins KEYS[5] (about 15 bytes an entry, against 80 to 110 in a sorted
--- set) unless one due later is listed already (KEYS[6]): then KEYS[1] keeps it. Anything else (a concurrency key, a chunked state's
--- entries) stays a hash, its task records dropped.
+-- set) unless one due later is listed already (KEYS[6]): then KEYS[1] keeps it.
+-- Anything else (a concurrency key, a chunked state's entries) stays a hash, its task
+-- records dropped.
 --
 -- Any other due workflow is removed: its record, its index entry and its schedule
 -- entry go together, so a restart (which takes it off the schedule in the same
 -- step) never races a half-removed record. Then the due head of KEYS[5] goes: a
 -- compacted record due when its entry says (an entry whose record was deleted, or
 -- written again since with another due time, is dropped: it never holds the head; one
--- written again due at the same time is removed then, and its own entry dropped). Costs O(what
--- is due, and the fields of what is compacted). Returns the number handled.
+-- written again due at the same time is removed then, and its own entry dropped).
+-- Costs O(what is due, and the fields of what is compacted). Returns the number handled.
 
 if redis.replicate_commands then redis.replicate_commands() end  -- TIME before writes
 
