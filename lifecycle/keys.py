@@ -131,8 +131,9 @@ class Keys:
     @property
     def expiring_compacted(self) -> str:
         """List of the compacted workflows (:attr:`compacted`) in the order retention
-        removes them, ``<id> <tag>`` each (the record says when): cheaper per workflow
-        than :attr:`expiring`; :attr:`expiring_compacted_last` is when its last is due."""
+        removes them, ``<id> <due>`` each (ms, base 36; the record says it too): cheaper
+        per workflow than :attr:`expiring`; :attr:`expiring_compacted_last` is when its
+        last is due."""
         return f"{self.prefix}:expiring-compacted"
 
     @property

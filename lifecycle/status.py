@@ -338,7 +338,7 @@ def count_workflows(client: redis.Redis, keys: Keys, limit: int = COUNT_LIMIT) -
     scheduled, first, listed_too, head = pipe.execute()
     expiring = int(scheduled) + int(listed_too)
     dues = [int(first[0][1])] if first else []
-    if head:  # '<id> <tag>': compacted workflows, in due order
+    if head:  # '<id> <due>': compacted workflows, in due order
         record: Any = client.hget(keys.compacted, head.rpartition(b" ")[0])
         listed_due = compact.removal_due(record) if record is not None else None
         if listed_due is not None:
