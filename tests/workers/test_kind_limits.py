@@ -107,8 +107,11 @@ def test_a_limit_raised_or_removed_takes_effect_on_running_workers(
     for _ in range(5):
         threads.start(Counting(runs, gate, pool=threads.pool, handle_signals=False, block_ms=100))
     workflows = [submit(redis_client, "lim:work") for _ in range(5)]
-    wait_until(lambda: redis_client.zcard(KEYS.slot_queue("lim")) == 4, what="4 to wait")
-    assert len(started) == 1
+    # The holder's run() may begin a moment after it took the slot: wait for both.
+    wait_until(
+        lambda: redis_client.zcard(KEYS.slot_queue("lim")) == 4 and len(started) == 1,
+        what="1 to run and 4 to wait",
+    )
     assert main(["limit", "set", "lim", "3", "--redis-url", redis_url]) == 0
     wait_until(lambda: len(started) == 3, timeout=5, what="3 to run")
     assert main(["limit", "remove", "lim", "--redis-url", redis_url]) == 0
