@@ -37,6 +37,8 @@ from bench.rig import (
 from bench.shapes import GROWING, SHAPES, Workload, workload
 from flowlang.compiler import compile_text
 from flowlang.errors import FlowError
+from lifecycle.keys import DEFAULT_KIND
+from lifecycle.kind_limits import set_kind_limit
 from lifecycle.submit import start_workflows
 from rqse import fastpipe
 from rqse.server import PERSISTENCE_OPTIONS
@@ -181,6 +183,8 @@ def throughput(args: argparse.Namespace) -> Figures:
             flags += ("--keep-details", args.keep_details)
         rig = start_rig(stack, args, flags, args.persistence)
         client = rig.client
+        if args.kind_limit is not None:
+            set_kind_limit(client, KEYS, DEFAULT_KIND, args.kind_limit)
         warm_ended = rig.warm_up()
         # The server allocates each command's statistics at its first call: not the run's.
         watching = stack.enter_context(fastpipe.session(client))
@@ -327,6 +331,12 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         metavar="N",
         help="every workflow under one concurrency key with at most N running: the gate's cost",
+    )
+    parser.add_argument(
+        "--kind-limit",
+        type=int,
+        metavar="N",
+        help="the tasks' kind limited to N running at once (lifecycle limit set): the slots' cost",
     )
     parser.add_argument(
         "--max-rss-gb",

@@ -133,6 +133,7 @@ def _time(
 # The same, its kind limited (lifecycle limit set default 1000: never reached, so what
 # is measured is the slots' leasing, not waiting).
 LIMITED = "the same, kind limited to 1,000 running"
+NOOP_LIMITED = "workers noop, 1 process, kind limited to 1,000"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -143,6 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     echo = ["run", "bench.noop_workers:Echo"]
     setups = {
         "workers noop, 1 process": [noop],
+        NOOP_LIMITED: [noop],
         "workers noop, 2 processes": [noop, noop],
         "workers run Echo (TaskListener), --concurrency 4": [[*echo, "--concurrency", "4"]],
         LIMITED: [[*echo, "--concurrency", "4"]],
@@ -153,7 +155,13 @@ def main(argv: list[str] | None = None) -> int:
         print("the workers' Redis commands")
         for name, commands in setups.items():
             tasks = args.tasks if "noop" in name else args.tasks // 5
-            f = _time(server.url, client, tasks, commands, 1000 if name == LIMITED else None)
+            f = _time(
+                server.url,
+                client,
+                tasks,
+                commands,
+                1000 if name in (LIMITED, NOOP_LIMITED) else None,
+            )
             print(
                 f"{name:50} {tasks:6d} tasks {f['seconds']:5.2f} s {tasks / f['seconds']:7.0f}/s"
                 f"  cpu {f['cpu_us']:5.1f} µs  redis {f['redis_us']:5.1f} µs"

@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,13 +30,13 @@ import redis
 from lifecycle.errors import LifecycleError
 from lifecycle.keys import Keys
 from rqse import lua
-from rqse.fastpipe import SLOT, Template
+from rqse.fastpipe import execute
 
 __all__ = [
     "BadKindLimit",
     "KindLimit",
     "KindSlots",
-    "Slot",
+    "GaveUp",
     "list_kind_limits",
     "remove_kind_limit",
     "set_kind_limit",
@@ -52,6 +52,7 @@ DEFAULT_CHECK_INTERVAL = 5.0  # longest a waiter blocks before it looks at cance
 # Seconds a limit read from another node is reused (several partitions): a limit set or
 # removed reaches the workers of other partitions within this.
 LIMIT_READ_REUSE = 1.0
+TAKE_AT_ONCE = 500  # tasks per take call: Lua's unpack() has a limit, and Redis blocks meanwhile
 
 
 class BadKindLimit(LifecycleError):
@@ -156,34 +157,12 @@ def entry_order(entry_id: str) -> int:
         return 0
 
 
-class Slot:
-    """A slot held: renewed by its :class:`KindSlots`'s renewer until :meth:`stop`; its
-    release is :meth:`release_command` (to send with the answer) or :meth:`release` (at
-    once)."""
+class GaveUp(Exception):
+    """A task waiting for a slot stopped waiting (cancelled, stopping): its ``reason``."""
 
-    def __init__(self, slots: KindSlots, member: str) -> None:
-        self._slots = slots
-        self.member = member
-        slots.renewer.hold(member)
-
-    def stop(self) -> None:
-        self._slots.renewer.drop(self.member)
-
-    def release_command(self) -> Template | None:
-        """The release, as an EVAL to send in the transaction of the task's answer; None
-        when the slots live on another node (release with :meth:`release` then)."""
-        if self._slots.apart:
-            return None
-        self.stop()
-        return self._slots.release_template
-
-    def release(self) -> None:
-        """Release now, best effort (the lease frees it anyway)."""
-        self.stop()
-        try:
-            self._slots.call("release", self.member)
-        except redis.RedisError as error:
-            log.info("slot %s: release failed, freed when its lease ends: %s", self.member, error)
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
 
 
 class _Renewer:
@@ -197,18 +176,18 @@ class _Renewer:
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
 
-    def hold(self, member: str) -> None:
+    def hold(self, *members: str) -> None:
         with self._lock:
-            self._held.add(member)
+            self._held.update(members)
             if self._thread is None:
                 self._thread = threading.Thread(
                     target=self._run, name=f"slots of {self._slots.kind}", daemon=True
                 )
                 self._thread.start()
 
-    def drop(self, member: str) -> None:
+    def drop(self, members: Iterable[str]) -> None:
         with self._lock:
-            self._held.discard(member)
+            self._held.difference_update(members)
 
     def _run(self) -> None:
         interval = self._slots.lease / 3
@@ -268,20 +247,22 @@ class KindSlots:
         self.along = ("HGET", keys.kind_limits, kind)
         #: False once Redis refused to tell the limit (ACL): nothing is asked any more.
         self.checking = True
-        ms = max(1, int(lease * 1000))
-        # EVAL rather than EVALSHA: it goes inside the answer's MULTI, where a NOSCRIPT
-        # (a restarted Redis) could not be retried.
-        self.release_template = Template(
+        # EVAL rather than EVALSHA: it goes inside the answers' MULTI, where a NOSCRIPT
+        # (a restarted Redis) could not be retried. Once per batch, its text is cheap.
+        self._source = lua.script_source(SCRIPT, _SCRIPTS)
+        self._release_head = (
             "EVAL",
-            lua.script_source(SCRIPT, _SCRIPTS),
+            self._source,
             4,
             *_script_keys(keys, kind),
             "release",
             kind,
-            SLOT,
-            0,
-            ms,
-            keys.slot_wake(kind),
+        )
+        self._release_tail = (0, max(1, int(lease * 1000)), keys.slot_wake(kind))
+        self._holder = " " + consumer
+        self._take_head = (
+            *_script_keys(keys, kind),
+            *_script_args(keys, kind, "take", self._holder, 0, lease),
         )
 
     def limited(self, along: Any) -> bool:
@@ -326,16 +307,77 @@ class KindSlots:
             args=_script_args(self.keys, self.kind, op, member, order, self.lease),
         )
 
-    def member(self, task_id: str) -> str:
-        return f"{task_id} {self.consumer}"
+    def member(self, entry_id: str) -> str:
+        """What holds a slot or waits for one: a task's stream entry id and its holder."""
+        return entry_id + self._holder
 
-    def acquire(
-        self, task_id: str, entry_id: str, give_up: Callable[[], str | None]
-    ) -> Slot | str | None:
-        """Wait in line for a slot of the kind. Returns the :class:`Slot` held, None when
-        the kind has no limit (any more), or the reason ``give_up()`` gave (checked
-        before each attempt: cancelled, stopping) — the place in line is left then."""
-        member = self.member(task_id)
+    def take(self, entry_ids: Sequence[bytes]) -> list[int] | None:
+        """Slots for a batch's tasks, by their stream entry ids, in one call per
+        :data:`TAKE_AT_ONCE`: for each, 1 when it holds a slot from now on (member
+        :meth:`member` of its id), 0 when it waits in line (:meth:`acquire` waits on).
+        None when the kind has no limit. Taken as :meth:`acquire` would, one at a time,
+        in line order."""
+        taken: list[int] = []
+        for at in range(0, len(entry_ids), TAKE_AT_ONCE):
+            chunk = entry_ids[at : at + TAKE_AT_ONCE]
+            reply = self._evalsha([*self._take_head, *chunk])
+            if reply[0] < 0:  # no limit (any more)
+                held = [entry_ids[i] for i, got in enumerate(taken) if got]
+                self.release([self.member(i.decode()) for i in held])
+                return None
+            got = reply[1:]
+            self.renewer.hold(
+                *[i.decode() + self._holder for i, g in zip(chunk, got, strict=True) if g]
+            )
+            taken += got
+        return taken
+
+    def _evalsha(self, arguments: list[Any]) -> Any:
+        """The script with ``arguments`` (its keys and ARGV), packed in C: a batch's take
+        sends hundreds of them, which redis-py would encode one by one in Python."""
+        (reply,) = execute(self._client, [("EVALSHA", self._script.sha, 4, *arguments)])
+        if isinstance(reply, redis.exceptions.NoScriptError):  # a restarted Redis
+            (reply,) = execute(self._client, [("EVAL", self._source, 4, *arguments)])
+        if isinstance(reply, BaseException):
+            raise reply
+        return reply
+
+    def release_command(self, members: Sequence[str]) -> list[Any] | None:
+        """The release of ``members``, an EVAL to send in the transaction of their tasks'
+        answers (renewals stop now); None when the slots live on another node
+        (:attr:`apart`: :meth:`release` them then)."""
+        if self.apart:
+            return None
+        self.renewer.drop(members)
+        return [*self._release_head, members[0], *self._release_tail, *members[1:]]
+
+    def release(self, members: Sequence[str]) -> None:
+        """Release ``members`` now, best effort (their leases free them anyway)."""
+        if not members:
+            return
+        self.renewer.drop(members)
+        try:
+            self._script(
+                keys=_script_keys(self.keys, self.kind),
+                args=[
+                    *_script_args(self.keys, self.kind, "release", members[0], 0, self.lease),
+                    *members[1:],
+                ],
+            )
+        except redis.RedisError as error:
+            log.info(
+                "slots %s of kind %s: release failed, freed when their leases end: %s",
+                ", ".join(members),
+                self.kind,
+                error,
+            )
+
+    def acquire(self, entry_id: str, give_up: Callable[[], str | None]) -> str | None:
+        """Wait in line for a slot of the kind. Returns the slot held (its member), None
+        when the kind has no limit (any more); raises :class:`GaveUp` with the reason
+        ``give_up()`` gave (checked before each attempt: cancelled, stopping), the place
+        in line left then."""
+        member = self.member(entry_id)
         order = entry_order(entry_id)
         wake = self.keys.slot_wake(self.kind) + member
         waited = False
@@ -343,16 +385,17 @@ class KindSlots:
             reason = give_up() if waited else None
             if reason is not None:
                 self.call("release", member)
-                return reason
+                raise GaveUp(reason)
             got, again = self.call("acquire", member, order)
             if got == 1:
                 if waited:
-                    log.debug("task %s: slot of kind %s taken", task_id, self.kind)
-                return Slot(self, member)
+                    log.debug("entry %s: slot of kind %s taken", entry_id, self.kind)
+                self.renewer.hold(member)
+                return member
             if got == 2:
                 return None
             if not waited:
-                log.debug("task %s: waiting for a slot of kind %s", task_id, self.kind)
+                log.debug("entry %s: waiting for a slot of kind %s", entry_id, self.kind)
             waited = True
             timeout = min(int(again) / 1000, self.check_interval)
             self._client.blpop([wake], timeout=max(timeout, 0.01))

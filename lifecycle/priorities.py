@@ -32,6 +32,7 @@ __all__ = [
     "kind_streams",
     "priority_member",
     "priority_streams",
+    "stream_kind",
     "stream_order",
     "stream_priority",
     "task_streams",
@@ -157,6 +158,11 @@ def stream_priority(keys: Keys, stream: str) -> int | None:
         return int(rest[1:])
     except ValueError:
         return None
+
+
+def stream_kind(keys: Keys, stream: str) -> str:
+    """The kind of a task stream of ``keys`` (its own or one of its priorities')."""
+    return stream[len(keys.tasks("")) :].partition(":")[0]
 
 
 def stream_order(keys: Keys) -> Callable[[str], int]:

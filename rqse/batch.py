@@ -160,6 +160,12 @@ class BatchHandler:
         ``read_replies`` holds the replies to the listener's ``read_along`` commands."""
         return None
 
+    def finish_batch(self, stream: str) -> None:
+        """Called once per batch after its last entry was handled (or the batch was cut
+        short: a stop, Redis weather), before its writes are sent: what it emits goes in
+        the batch's transaction. For what a whole batch shares, set up in
+        ``prepare_batch`` (a lease taken for all its entries, released in one write)."""
+
     def reject(self, event_id: str, reason: str) -> None:
         """From process_batch(): move one event of the batch to the dead-letter stream."""
         entry_id, fields, deliveries = self._batch_entries[event_id]
@@ -269,6 +275,7 @@ class BatchHandler:
                     stats.declined += 1
             if batch and weather is None:
                 weather = self._handle_batch(stream, batch, acks)
+            self.finish_batch(stream)
         finally:
             self._in_batch = False
             self._current_stream = None

@@ -36,6 +36,7 @@ __all__ = [
     "execute",
     "execute_transaction",
     "internals_missing",
+    "pack",
     "read",
     "send",
     "session",
@@ -79,6 +80,11 @@ class Template:
         """The arguments ``fill(*values)`` packs, as a list."""
         slots = iter(values)
         return [next(slots) if a is SLOT else a for a in self.arguments]
+
+
+def pack(arguments: Sequence[Argument]) -> bytes:
+    """One command packed, as a Template's fill gives it."""
+    return hiredis.pack_command(tuple(arguments))  # type: ignore[arg-type,no-any-return]
 
 
 def _filler(format_: bytes, slots: int) -> Callable[..., bytes]:

@@ -62,7 +62,7 @@ from rqse.connection import translate_errors
 from rqse.durability import server_warnings
 from rqse.errors import ConfigurationError, RedisCommandError
 from rqse.events import KIND, encode_event, raw_stream_items
-from rqse.fastpipe import Template, execute, read, send, transaction_replies
+from rqse.fastpipe import Template, execute, pack, read, send, transaction_replies
 from rqse.lease import Lease
 from rqse.outbox import Outbox
 from rqse.recovery import Recovery
@@ -363,6 +363,18 @@ class EventListener(Recovery, EventClient):
                     raise reply
             return
         self._outbox.adds.append(command)  # add_packed(), less a call per answer
+
+    def emit_command(self, *arguments: bytes | str | int | float) -> None:
+        """Send a command of any kind in the transaction of the batch in hand, after what
+        it emitted (outside ``process`` and ``finish_batch``: at once). Its reply is not
+        seen: for writes that go with the batch, such as releasing what it held."""
+        if not self._in_batch:
+            with translate_errors(str(arguments[0]), f"at {self.location}"):
+                (reply,) = execute(self._redis, [arguments])
+                if isinstance(reply, BaseException):
+                    raise reply
+            return
+        self._outbox.add_packed(pack(arguments))
 
     def sleep(self, seconds: float) -> bool:
         """Wait ``seconds`` or until a stop is requested; True if stopping."""

@@ -19,11 +19,13 @@ import orjson
 from flowlang.graph import Graph, NodeKind
 from lifecycle.events import START_TASK, end_task, end_task_template
 from lifecycle.keys import DEFAULT_KIND, TASK_GROUP, Keys
-from lifecycle.priorities import stream_order, task_streams
+from lifecycle.kind_limits import GaveUp, KindSlots
+from lifecycle.priorities import stream_kind, stream_order, task_streams
 from lifecycle.records import GRAPH
 from rqse import EventListener
 from rqse.deadletter import REJECTED
 from rqse.errors import MalformedEntry
+from workers.slots import BatchSlots
 from workers.task import StoppedWorkflows
 
 __all__ = ["NoopWorker", "SimulatedWorker", "served_kinds"]
@@ -80,12 +82,15 @@ class NoopWorker(EventListener):
         super().__init__(streams, TASK_GROUP, [START_TASK], **options)
         self._end_task = end_task_template(self.keys.lifecycle, self.consumer)
         self._stopped = StoppedWorkflows(self.connection, self.keys, self.consumer)
-        self.read_along = (self._stopped.along,)
+        # Whether any kind has a limit, read with each batch: none costs nothing more.
+        self.read_along = (self._stopped.along, ("EXISTS", self.keys.kind_limits))
+        self._slots: dict[str, BatchSlots] = {}  # by kind, for kinds found limited
+        self._batch_slots: BatchSlots | None = None  # the batch in hand's, when limited
         self.flush_with_next_read = True  # one round trip per batch
         # The echo is this class's own: a subclass that computes its output or handles
         # tasks itself gets decoded events.
         cls = type(self)
-        self._passes_through = cls.output is NoopWorker.output and cls.process is NoopWorker.process
+        self._passes_through = cls.output is NoopWorker.output and cls.answer is NoopWorker.answer
 
     def _every_kind(self) -> list[str]:
         """The task streams of every known kind but the built-in ones, priority streams
@@ -100,8 +105,45 @@ class NoopWorker(EventListener):
         self, stream: str, entries: Sequence[tuple[bytes, dict[bytes, bytes]]]
     ) -> set[bytes] | None:
         """Start-tasks of attempts a workflow stopped are not answered (one HMGET, when
-        any stop record exists)."""
-        return self._stopped(entries, self.read_replies[0] if self.read_replies else None)
+        any stop record exists); when the kind has a limit, the others take their slots
+        (:class:`BatchSlots`, one call)."""
+        replies = self.read_replies
+        skipped = self._stopped(entries, replies[0] if replies else None)
+        self._batch_slots = None
+        if len(self.read_along) < 2:  # not allowed to read the limits
+            return skipped
+        any_limit = replies[1] if replies and len(replies) > 1 else True  # claimed: look
+        if isinstance(any_limit, BaseException):
+            self.read_along = self.read_along[:1]
+            log.warning(
+                "consumer %s: cannot read %s (%s); kinds run without their limits",
+                self.consumer,
+                self.keys.kind_limits,
+                any_limit,
+            )
+            return skipped
+        if not any_limit:
+            return skipped
+        slots = self._kind_slots(stream)
+        if slots.take([i for i, f in entries if f and not (skipped and i in skipped)]):
+            self._batch_slots = slots
+        return skipped
+
+    def _kind_slots(self, stream: str) -> BatchSlots:
+        kind = stream_kind(self.keys, stream)
+        slots = self._slots.get(kind)
+        if slots is None:
+            kind_slots = KindSlots(self.connection, self.keys, kind, self.consumer)
+            slots = self._slots[kind] = BatchSlots(kind_slots)
+        return slots
+
+    def finish_batch(self, stream: str) -> None:
+        """The slots of the batch's tasks go with their answers."""
+        slots, self._batch_slots = self._batch_slots, None
+        if slots is not None:
+            release = slots.finish()
+            if release is not None:
+                self.emit_command(*release)
 
     def decode_entry(self, fields: dict[bytes, bytes], event_id: str) -> dict[str, Any]:
         if not self._passes_through or fields.get(b"kind") != _START_TASK_JSON:
@@ -147,6 +189,29 @@ class NoopWorker(EventListener):
         return event.get("input")
 
     def process(self, event_id: str, event: dict[str, Any]) -> bool:
+        """Answer the task, once it holds a slot when its kind has a limit."""
+        slots = self._batch_slots
+        if slots is None:
+            return self.answer(event)
+        try:
+            slot = slots.hold(event_id, self._stopping_reason)
+        except GaveUp as gave_up:  # left pending, for another worker to take over
+            raise InterruptedError(gave_up.reason) from None
+        try:
+            answered = self.answer(event)
+        except BaseException:
+            if slot is not None:
+                slots.failed(slot)
+            raise
+        if slot is not None:
+            slots.ran(slot)
+        return answered
+
+    def _stopping_reason(self) -> str | None:
+        return "stopping while it waited for a slot" if self.stopping else None
+
+    def answer(self, event: dict[str, Any]) -> bool:
+        """Send the task's answer (output = input): a hook for subclasses."""
         copied = event.get(_RAW)
         if copied is None:
             answer = end_task(event, self.output(event), worker=self.consumer)
@@ -178,7 +243,7 @@ class SimulatedWorker(NoopWorker):
         self.random = random.Random(seed)
         self._graphs: dict[bytes, Graph] = {}  # by content hash: a graph never changes
 
-    def process(self, event_id: str, event: dict[str, Any]) -> bool:
+    def answer(self, event: dict[str, Any]) -> bool:
         if self.task_seconds is None:
             return self._simulate(event)
         started = monotonic()

@@ -38,15 +38,23 @@ import redis
 from flowlang.limits import DEFAULT_LIMITS, LimitExceeded, Limits, encode_value
 from lifecycle.events import START_TASK, end_task, is_start_task, sent_again
 from lifecycle.keys import TASK_GROUP, Keys
-from lifecycle.kind_limits import DEFAULT_CHECK_INTERVAL, DEFAULT_LEASE, KindSlots, Slot
+from lifecycle.kind_limits import DEFAULT_CHECK_INTERVAL, DEFAULT_LEASE, GaveUp, KindSlots
 from lifecycle.priorities import kind_streams, stream_order
 from rqse import EventListener
 from rqse.events import encode_event
 from rqse.fastpipe import execute
 from workers.errors import BadTask
 from workers.scripts import load_script
+from workers.slots import BatchSlots
 
-__all__ = ["HandBack", "StoppedWorkflows", "Task", "TaskListener", "encode_output", "error_text"]
+__all__ = [
+    "HandBack",
+    "StoppedWorkflows",
+    "Task",
+    "TaskListener",
+    "encode_output",
+    "error_text",
+]
 
 log = logging.getLogger(__name__)
 _loads = orjson.loads
@@ -357,6 +365,8 @@ class TaskListener(EventListener):
             else (self._stopped.along, self._slots.along)
         )
         self._limit_reply = 1  # where the kind's limit is among read_replies
+        self._batch_slots = BatchSlots(self._slots)
+        self._limited = False  # whether the batch in hand took slots
         self.flush_with_next_read = True  # one round trip per batch
 
     def _kind_streams(self) -> list[str]:
@@ -366,8 +376,27 @@ class TaskListener(EventListener):
     def prepare_batch(
         self, stream: str, entries: Sequence[tuple[bytes, dict[bytes, bytes]]]
     ) -> set[bytes] | None:
-        """Start-tasks of workflows that have ended are not run (:class:`StoppedWorkflows`)."""
-        return self._stopped(entries, self.read_replies[0] if self.read_replies else None)
+        """Start-tasks of workflows that have ended are not run (:class:`StoppedWorkflows`);
+        when the kind has a limit, the others take their slots (:class:`BatchSlots`)."""
+        replies, at = self.read_replies, self._limit_reply
+        skipped = self._stopped(entries, replies[0] if replies else None)
+        self._limited = False
+        if not self._slots.limited(replies[at] if replies and len(replies) > at else None):
+            if not self._slots.checking and len(self.read_along) > at:
+                self.read_along = self.read_along[:at]  # refused: not sent any more
+            return skipped
+        self._limited = self._batch_slots.take(
+            [i for i, fields in entries if fields and not (skipped and i in skipped)]
+        )
+        return skipped
+
+    def finish_batch(self, stream: str) -> None:
+        """The slots of the batch's tasks that ran go with their answers."""
+        if self._limited:
+            self._limited = False
+            release = self._batch_slots.finish()
+            if release is not None:
+                self.emit_command(*release)
 
     def run(self, task: Task) -> Any:
         """Do the task; return its output (None means ``{}``). Raise to fail it."""
@@ -389,20 +418,18 @@ class TaskListener(EventListener):
 
     def process(self, event_id: str, event: dict[str, Any]) -> bool:
         task = self.task(event_id, event)
-        replies, at = self.read_replies, self._limit_reply
-        if not self._slots.limited(replies[at] if replies and len(replies) > at else None):
-            if not self._slots.checking and len(self.read_along) > at:
-                self.read_along = self.read_along[:at]  # refused: not sent any more
+        if not self._limited:
             return self._answer(task, event)
-        slot = self._slots.acquire(task.id, event_id, lambda: self._give_up(task))
-        if slot is None:  # the limit went meanwhile
-            return self._answer(task, event)
-        if isinstance(slot, str):
-            if slot == "stopping":  # back on the stream, its place in line for another
+        try:
+            slot = self._batch_slots.hold(event_id, lambda: self._give_up(task))
+        except GaveUp as gave_up:
+            if gave_up.reason == "stopping":  # back on the stream, its place for another
                 self.emit(sent_again(event), self.current_stream)
                 return False
-            log.info("task %s not started: %s while it waited for a slot", task.id, slot)
+            log.info("task %s not started: %s while it waited for a slot", task.id, gave_up)
             return True
+        if slot is None:  # the limit went meanwhile
+            return self._answer(task, event)
         return self._answer_holding(task, event, slot)
 
     def _give_up(self, task: Task) -> str | None:
@@ -413,21 +440,15 @@ class TaskListener(EventListener):
             return f"its workflow {task.workflow} ended or the attempt was replaced"
         return None
 
-    def _answer_holding(self, task: Task, event: dict[str, Any], slot: Slot) -> bool:
-        """:meth:`_answer` while holding ``slot``, released in the answer's transaction."""
-        sent = False
+    def _answer_holding(self, task: Task, event: dict[str, Any], slot: str) -> bool:
+        """:meth:`_answer` while holding ``slot``, released with the batch's answers."""
         try:
             handled = self._answer(task, event)
-            release = slot.release_command()
-            if release is None:  # the slots live on another node: released on their own
-                slot.release()
-            else:
-                self.emit_filled(release, slot.member.encode())
-            sent = True
-            return handled
-        finally:
-            if not sent:  # raised: the entry stays pending, its slot goes now
-                slot.release()
+        except BaseException:  # the entry stays pending: its slot goes now
+            self._batch_slots.failed(slot)
+            raise
+        self._batch_slots.ran(slot)
+        return handled
 
     def _answer(self, task: Task, event: dict[str, Any]) -> bool:
         try:

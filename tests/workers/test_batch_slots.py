@@ -1,0 +1,141 @@
+"""A batch's tasks take their kind's slots in one call and release them in one."""
+
+from __future__ import annotations
+
+import orjson
+import redis
+
+from lifecycle.kind_limits import TAKE_AT_ONCE, KindSlots, entry_order, set_kind_limit
+from tests.conftest import wait_until
+from tests.workers.helpers import KEYS, Threads, state, submit, wait_for_end
+from tests.workers.test_kind_limits import Recorder, most_at_once
+from workers.noop import NoopWorker
+
+
+def slots_of(client: redis.Redis, kind: str = "lim", lease: float = 30.0) -> KindSlots:
+    return KindSlots(client, KEYS, kind, "tester", lease=lease)
+
+
+def ids(*entry_ids: str) -> list[bytes]:
+    return [entry_id.encode() for entry_id in entry_ids]
+
+
+def test_a_batch_takes_a_slot_for_each_task_that_has_room_and_lines_up_the_rest(
+    redis_client: redis.Redis,
+) -> None:
+    set_kind_limit(redis_client, KEYS, "lim", 3)
+    slots = slots_of(redis_client)
+    batch = ids(*[f"1732600000000-{n}" for n in range(5)])
+    assert slots.take(batch) == [1, 1, 1, 0, 0]
+    assert redis_client.zcard(KEYS.slots("lim")) == 3
+    assert redis_client.zrange(KEYS.slot_queue("lim"), 0, -1, withscores=True) == [
+        (b"1732600000000-3 tester", entry_order("1732600000000-3")),
+        (b"1732600000000-4 tester", entry_order("1732600000000-4")),
+    ]
+    slots.release([slots.member(i.decode()) for i in batch[:3]])
+    assert redis_client.zcard(KEYS.slots("lim")) == 0
+
+
+def test_a_task_waiting_ahead_in_line_keeps_its_place_against_a_whole_batch(
+    redis_client: redis.Redis,
+) -> None:
+    set_kind_limit(redis_client, KEYS, "lim", 1)
+    slots = slots_of(redis_client)
+    assert slots.call("acquire", "holder", entry_order("1732600000000-1"))[0] == 1
+    early = entry_order("1732600000000-2")
+    assert slots.call("acquire", "early", early)[0] == 0  # waits, first in line
+    slots.release(["holder"])
+    assert slots.take(ids("1732600000000-3")) == [0]
+    assert redis_client.zrange(KEYS.slot_queue("lim"), 0, -1) == [
+        b"early",
+        b"1732600000000-3 tester",
+    ]
+    assert slots.call("acquire", "early", early)[0] == 1
+
+
+def test_a_redelivered_task_already_holding_its_slot_keeps_it(
+    redis_client: redis.Redis,
+) -> None:
+    set_kind_limit(redis_client, KEYS, "lim", 1)
+    slots = slots_of(redis_client)
+    assert slots.take(ids("5-0")) == [1]
+    assert slots.take(ids("5-0", "6-0")) == [1, 0]
+    assert redis_client.zrange(KEYS.slots("lim"), 0, -1) == [b"5-0 tester"]
+
+
+def test_a_kind_without_a_limit_takes_nothing(redis_client: redis.Redis) -> None:
+    slots = slots_of(redis_client)
+    assert slots.take(ids("5-0")) is None
+    assert redis_client.exists(KEYS.slots("lim"), KEYS.slot_queue("lim")) == 0
+
+
+def test_a_batch_larger_than_one_call_takes_in_several_up_to_the_limit(
+    redis_client: redis.Redis,
+) -> None:
+    limit = TAKE_AT_ONCE + 100
+    set_kind_limit(redis_client, KEYS, "lim", limit)
+    slots = slots_of(redis_client)
+    taken = slots.take(ids(*[f"7-{n}" for n in range(limit + 50)]))
+    assert taken == [1] * limit + [0] * 50
+    assert redis_client.zcard(KEYS.slots("lim")) == limit
+    assert redis_client.zcard(KEYS.slot_queue("lim")) == 50
+
+
+class Batched(Recorder):
+    """Reads ten tasks at a time, with a lease far longer than the test may take."""
+
+    slot_lease = 60.0
+
+
+def test_a_batch_under_a_limit_of_one_runs_its_tasks_in_turn_not_waiting_for_its_own_answers(
+    redis_client: redis.Redis, threads: Threads
+) -> None:
+    set_kind_limit(redis_client, KEYS, "lim", 1)
+    runs: list[tuple[str, float, float]] = []
+    threads.lifecycle()
+    threads.start(
+        Batched(runs, pool=threads.pool, handle_signals=False, block_ms=100, batch_size=10)
+    )
+    items = orjson.dumps([{"s": 0.01, "n": n} for n in range(10)]).decode()
+    workflow = submit(redis_client, f"<{items}> → * lim:work")
+    # A task waiting on the batch's own unsent release would wait out the 60 s lease.
+    assert wait_for_end(redis_client, workflow, timeout=15)["status"] == "finished"
+    assert len(runs) == 10
+    assert most_at_once(runs) == 1
+    assert redis_client.zcard(KEYS.slots("lim")) == 0
+    assert redis_client.zcard(KEYS.slot_queue("lim")) == 0
+
+
+def test_a_noop_worker_answers_a_limited_kinds_tasks_only_once_they_hold_slots(
+    redis_client: redis.Redis, threads: Threads
+) -> None:
+    set_kind_limit(redis_client, KEYS, "lim", 1)
+    outside = slots_of(redis_client)
+    assert outside.call("acquire", "outside", 1)[0] == 1  # the only slot, held elsewhere
+    threads.lifecycle()
+    threads.start(NoopWorker(["lim"], KEYS, pool=threads.pool, handle_signals=False, block_ms=100))
+    workflows = [submit(redis_client, "lim:work", {"n": n}) for n in range(5)]
+    wait_until(lambda: redis_client.zcard(KEYS.slot_queue("lim")) == 5, what="5 in line")
+    assert all(state(redis_client, w).get("status") == "running" for w in workflows)
+    outside.release(["outside"])
+    for workflow in workflows:
+        assert wait_for_end(redis_client, workflow)["status"] == "finished"
+    assert redis_client.zcard(KEYS.slots("lim")) == 0
+    assert redis_client.zcard(KEYS.slot_queue("lim")) == 0
+
+
+def test_noop_workers_finish_every_task_of_a_limited_kind_and_leave_no_slot(
+    redis_client: redis.Redis, threads: Threads
+) -> None:
+    set_kind_limit(redis_client, KEYS, "lim", 2)
+    threads.lifecycle()
+    for _ in range(2):
+        threads.start(
+            NoopWorker(["lim"], KEYS, pool=threads.pool, handle_signals=False, block_ms=100)
+        )
+    items = orjson.dumps(list(range(300))).decode()
+    workflow = submit(redis_client, f"<{items}> → * lim:work")
+    assert wait_for_end(redis_client, workflow, timeout=30)["status"] == "finished"
+    assert redis_client.zcard(KEYS.slots("lim")) == 0
+    assert redis_client.zcard(KEYS.slot_queue("lim")) == 0
+    assert redis_client.xpending(KEYS.tasks("lim"), "workers")["pending"] == 0

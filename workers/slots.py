@@ -1,0 +1,84 @@
+"""The slots a task worker holds for the batch in hand, when its kind has a limit.
+
+A batch's tasks take their slots in one call as the batch comes
+(:meth:`lifecycle.kind_limits.KindSlots.take`), and the slots of the tasks that ran
+are released in one call sent with the batch's answers: two scripts per batch, not per
+task. A task the batch got no slot for waits in line when its turn comes, after the
+slots of the tasks that already ran are released (they are done: a limit of 1 would
+otherwise wait for the batch's own answers).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from lifecycle.kind_limits import KindSlots
+
+__all__ = ["BatchSlots"]
+
+
+class BatchSlots:
+    """One kind's slots for the batch in hand, by entry id (:meth:`take` per batch,
+    :meth:`hold` per task, :meth:`finish` at the batch's end)."""
+
+    def __init__(self, slots: KindSlots):
+        self.slots = slots
+        self._taken: list[str] = []  # entry ids holding a slot taken for the batch
+        self._waiting: set[str] = set()  # entry ids the batch found no slot for
+        self._held: list[str] = []  # entry ids handed the slot taken for them
+        self._ran: list[str] = []  # members whose task ran: released with the answers
+
+    def take(self, entry_ids: Sequence[bytes]) -> bool:
+        """Take slots for the batch's tasks to run; False when the kind has no limit."""
+        self._release_unused()
+        taken = self.slots.take(entry_ids) if entry_ids else None
+        if taken is None:
+            return False
+        self._taken = [i.decode() for i, got in zip(entry_ids, taken, strict=True) if got]
+        if len(self._taken) < len(entry_ids):
+            self._waiting = {i.decode() for i, got in zip(entry_ids, taken, strict=True) if not got}
+        return True
+
+    def hold(self, entry_id: str, give_up: Callable[[], str | None]) -> str | None:
+        """The slot for this entry's task: the one taken for it, else one waited for in
+        line (:class:`lifecycle.kind_limits.GaveUp` when ``give_up()`` gave a reason
+        meanwhile); None when the kind's limit went meanwhile (run it without)."""
+        if entry_id not in self._waiting:
+            self._held.append(entry_id)
+            return self.slots.member(entry_id)
+        self._waiting.discard(entry_id)
+        self._release_ran()
+        return self.slots.acquire(entry_id, give_up)
+
+    def ran(self, slot: str) -> None:
+        """The slot's task ran: its slot goes with the batch's answers."""
+        self._ran.append(slot)
+
+    def failed(self, slot: str) -> None:
+        """The slot's task raised (its entry stays pending): its slot goes now."""
+        self.slots.release([slot])
+
+    def finish(self) -> list[Any] | None:
+        """At the batch's end: the release to send with its answers (None: nothing to
+        send); slots taken for tasks that did not run (a stop) are released now."""
+        self._release_unused()
+        ran, self._ran = self._ran, []
+        if not ran:
+            return None
+        command = self.slots.release_command(ran)
+        if command is None:  # the slots live on another node than the answers
+            self.slots.release(ran)
+        return command
+
+    def _release_ran(self) -> None:
+        ran, self._ran = self._ran, []
+        self.slots.release(ran)
+
+    def _release_unused(self) -> None:
+        """Slots taken for entries never handed theirs (the batch was cut short)."""
+        taken, held = self._taken, self._held
+        self._taken, self._held, self._waiting = [], [], set()
+        if len(held) < len(taken):
+            handed = set(held)
+            self.slots.release([self.slots.member(i) for i in taken if i not in handed])
