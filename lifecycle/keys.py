@@ -187,9 +187,15 @@ class Keys:
         return f"{self.shared}:kind-limits"
 
     def slots(self, kind: str) -> str:
-        """Sorted set of the slots held on ``kind``'s limit: ``<task id> <consumer>`` ->
-        lease expiry (ms, Redis clock); a holder renews it while its task runs."""
+        """Sorted set of the holders of ``kind``'s slots: ``<entry id> <consumer>`` ->
+        lease expiry (ms, Redis clock); a holder renews it while its tasks run. A holder
+        holds one slot, or a batch's (:meth:`slot_batches`)."""
         return f"{self.shared}:slots:{kind}"
+
+    def slot_batches(self, kind: str) -> str:
+        """Sorted set of the holders that hold a whole batch's slots: member -> how many
+        (2 or more); member ``+``: the sum of their slots beyond one each."""
+        return f"{self.shared}:slot-batches:{kind}"
 
     def slot_queue(self, kind: str) -> str:
         """Sorted set of the tasks waiting for a slot of ``kind``, by their order (from

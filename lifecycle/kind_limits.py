@@ -1,9 +1,10 @@
 """Concurrency limits per task kind: at most N tasks of a kind run at once, across all
 workers (``python -m lifecycle limit set KIND N``).
 
-A slot is a lease: a member ``<task id> <consumer>`` of ``{flow}:slots:<kind>`` scored
-by when it expires (Redis's clock). The holder renews it while its task runs and
-releases it in the transaction that sends the task's answer; a holder that dies frees
+A slot is a lease: a member ``<stream entry id> <consumer>`` of ``{flow}:slots:<kind>``
+scored by when it expires (Redis's clock). A worker takes the slots of a batch's tasks
+in one call (:meth:`KindSlots.take`), renews them while they run and releases them in
+the transaction that sends the batch's answers; a holder that dies frees
 its slot when the lease lapses, so a kind limited to 1 is never blocked for longer
 than a lease by a dead worker. Tasks without a slot wait in line
 (``{flow}:slot-queue:<kind>``, by stream entry id), each blocked on its own wake-up
@@ -13,7 +14,7 @@ again at the latest when the earliest holder's lease ends or its own needs renew
 
 Workers read the limit with each batch of start-tasks (one HGET in the read's round
 trip), so a kind without a limit costs nothing more and a change takes effect at the
-next task, without a restart.
+next batch, without a restart.
 """
 
 from __future__ import annotations
@@ -52,7 +53,6 @@ DEFAULT_CHECK_INTERVAL = 5.0  # longest a waiter blocks before it looks at cance
 # Seconds a limit read from another node is reused (several partitions): a limit set or
 # removed reaches the workers of other partitions within this.
 LIMIT_READ_REUSE = 1.0
-TAKE_AT_ONCE = 500  # tasks per take call: Lua's unpack() has a limit, and Redis blocks meanwhile
 
 
 class BadKindLimit(LifecycleError):
@@ -91,14 +91,23 @@ def _call(client: redis.Redis, keys: Keys, kind: str, *args: Any) -> Any:
     return script(keys=_script_keys(keys, kind), args=_script_args(keys, kind, *args))
 
 
+_KEYS = 4  # the script's KEYS
+
+
 def _script_keys(keys: Keys, kind: str) -> list[str]:
-    return [keys.kind_limits, keys.slots(kind), keys.slot_queue(kind), keys.slot_waiting(kind)]
+    return [
+        keys.slots(kind),
+        keys.slot_queue(kind),
+        keys.slot_waiting(kind),
+        keys.slot_batches(kind),
+    ]
 
 
 def _script_args(
     keys: Keys, kind: str, op: str, member: str = "", order: int = 0, lease: float = 0
 ) -> list[Any]:
-    return [op, kind, member, order, max(1, int(lease * 1000)), keys.slot_wake(kind)]
+    ms = max(1, int(lease * 1000))
+    return [op, kind, member, order, ms, keys.slot_wake(kind), keys.kind_limits]
 
 
 def set_kind_limit(
@@ -138,13 +147,17 @@ def list_kind_limits(client: redis.Redis, keys: Keys) -> list[KindLimit]:
     now = now_s * 1000 + now_us // 1000
     pipe = client.pipeline(transaction=False)
     for kind in kinds:
-        pipe.zcount(keys.slots(kind), f"({now}", "+inf")
+        pipe.zrangebyscore(keys.slots(kind), f"({now}", "+inf")
+        pipe.zrange(keys.slot_batches(kind), 0, -1, withscores=True)
         pipe.zcount(keys.slot_waiting(kind), f"({now}", "+inf")
-    counts = pipe.execute()
-    return [
-        KindLimit(kind, limits[kind], int(counts[2 * i]), int(counts[2 * i + 1]))
-        for i, kind in enumerate(kinds)
-    ]
+    replies = pipe.execute()
+    found = []
+    for i, kind in enumerate(kinds):
+        holders, batches, waiting = replies[3 * i : 3 * i + 3]
+        counts = dict(batches)
+        running = sum(int(counts.get(holder, 1)) for holder in holders)
+        found.append(KindLimit(kind, limits[kind], running, int(waiting)))
+    return found
 
 
 def entry_order(entry_id: str) -> int:
@@ -253,12 +266,12 @@ class KindSlots:
         self._release_head = (
             "EVAL",
             self._source,
-            4,
+            _KEYS,
             *_script_keys(keys, kind),
             "release",
             kind,
         )
-        self._release_tail = (0, max(1, int(lease * 1000)), keys.slot_wake(kind))
+        self._release_tail = _script_args(keys, kind, "release", "", 0, lease)[3:]
         self._holder = " " + consumer
         self._take_head = (
             *_script_keys(keys, kind),
@@ -311,33 +324,40 @@ class KindSlots:
         """What holds a slot or waits for one: a task's stream entry id and its holder."""
         return entry_id + self._holder
 
-    def take(self, entry_ids: Sequence[bytes]) -> list[int] | None:
-        """Slots for a batch's tasks, by their stream entry ids, in one call per
-        :data:`TAKE_AT_ONCE`: for each, 1 when it holds a slot from now on (member
-        :meth:`member` of its id), 0 when it waits in line (:meth:`acquire` waits on).
-        None when the kind has no limit. Taken as :meth:`acquire` would, one at a time,
-        in line order."""
-        taken: list[int] = []
-        for at in range(0, len(entry_ids), TAKE_AT_ONCE):
-            chunk = entry_ids[at : at + TAKE_AT_ONCE]
-            reply = self._evalsha([*self._take_head, *chunk])
-            if reply[0] < 0:  # no limit (any more)
-                held = [entry_ids[i] for i, got in enumerate(taken) if got]
-                self.release([self.member(i.decode()) for i in held])
-                return None
-            got = reply[1:]
-            self.renewer.hold(
-                *[i.decode() + self._holder for i, g in zip(chunk, got, strict=True) if g]
-            )
-            taken += got
-        return taken
+    def take(self, entry_ids: Sequence[bytes]) -> str | list[int] | None:
+        """Slots for a batch's tasks, by their stream entry ids, in one call: the member
+        that holds them all (when there was room for all and nobody waited), else for
+        each task 1 when it holds a slot of its own from now on (member :meth:`member`
+        of its id), 0 when it waits in line (:meth:`acquire` waits on). None when the
+        kind has no limit. What is held is renewed until released."""
+        reply = self._evalsha([*self._take_head, *entry_ids])
+        if reply[0] == 0:
+            whole = self.member(entry_ids[0].decode())
+            self.renewer.hold(whole)
+            return whole
+        if reply[0] < 0:
+            return None
+        got: list[int] = reply[1:]
+        self.renewer.hold(
+            *[i.decode() + self._holder for i, g in zip(entry_ids, got, strict=True) if g]
+        )
+        return got
+
+    def give(self, member: str, count: int) -> None:
+        """Give back ``count`` of the slots ``member`` holds, now (all: it holds none)."""
+        self._evalsha(
+            [
+                *_script_keys(self.keys, self.kind),
+                *_script_args(self.keys, self.kind, "give", member, count, self.lease),
+            ]
+        )
 
     def _evalsha(self, arguments: list[Any]) -> Any:
         """The script with ``arguments`` (its keys and ARGV), packed in C: a batch's take
         sends hundreds of them, which redis-py would encode one by one in Python."""
-        (reply,) = execute(self._client, [("EVALSHA", self._script.sha, 4, *arguments)])
+        (reply,) = execute(self._client, [("EVALSHA", self._script.sha, _KEYS, *arguments)])
         if isinstance(reply, redis.exceptions.NoScriptError):  # a restarted Redis
-            (reply,) = execute(self._client, [("EVAL", self._source, 4, *arguments)])
+            (reply,) = execute(self._client, [("EVAL", self._source, _KEYS, *arguments)])
         if isinstance(reply, BaseException):
             raise reply
         return reply

@@ -25,6 +25,8 @@ import pytest
 import redis
 
 from flowlang.compiler import compile_text
+from lifecycle.keys import Keys
+from lifecycle.kind_limits import set_kind_limit
 from lifecycle.submit import start_workflow
 from rqse import EventClient, message
 from rqse.server import RedisServer
@@ -206,6 +208,8 @@ def test_every_component_runs_workflows_end_to_end_under_its_documented_acl_user
     deployment: Deployment, tmp_path: Path
 ) -> None:
     admin = deployment.admin()
+    # Kind k limited: its workers take and release slots (kind_slots.lua) as they run.
+    set_kind_limit(admin, Keys(), "k", 4)
     flows = {
         "files": "<in.json> → A → k:b → wait:delay (- duration: 100ms -) → <out.json>",
         "retried": "k:fail (- {$retries: 1, $backoff: 0.1} -)",

@@ -176,7 +176,9 @@ def _command(
         workers: list[NoopWorker] = []
         for keys, pool in places:
             if args.command == "noop":
-                workers.append(NoopWorker(kinds, keys, pool=pool, handle_signals=alone, **options))
+                workers.append(
+                    NoopWorker(kinds, keys, home_pool, pool=pool, handle_signals=alone, **options)
+                )
             else:
                 workers.append(
                     SimulatedWorker(
@@ -185,6 +187,7 @@ def _command(
                         delay_max=args.delay_max,
                         failures=args.failures,
                         seed=args.seed,
+                        home_pool=home_pool,
                         pool=pool,
                         handle_signals=alone,
                         **options,

@@ -15,6 +15,7 @@ from time import monotonic
 from typing import Any
 
 import orjson
+import redis
 
 from flowlang.graph import Graph, NodeKind
 from lifecycle.events import START_TASK, end_task, end_task_template
@@ -65,9 +66,21 @@ class NoopWorker(EventListener):
     """
 
     def __init__(
-        self, kinds: Iterable[str] | None = None, keys: Keys | None = None, **options: Any
+        self,
+        kinds: Iterable[str] | None = None,
+        keys: Keys | None = None,
+        home_pool: redis.ConnectionPool | None = None,
+        **options: Any,
     ) -> None:
+        """``home_pool``: a pool on the Redis of the partitions' shared keys (the kinds'
+        limits), when ``keys`` is one of several partitions; None: the listener's own."""
         self.keys = keys or Keys()
+        # The limits live on another node: looked up there (lifecycle.kind_limits).
+        self._home = (
+            redis.Redis(connection_pool=home_pool)
+            if home_pool is not None and self.keys.home
+            else None
+        )
         if kinds is None:
             streams = [self.keys.tasks(DEFAULT_KIND)]
             options.setdefault("discover", self._every_kind)
@@ -84,6 +97,8 @@ class NoopWorker(EventListener):
         self._stopped = StoppedWorkflows(self.connection, self.keys, self.consumer)
         # Whether any kind has a limit, read with each batch: none costs nothing more.
         self.read_along = (self._stopped.along, ("EXISTS", self.keys.kind_limits))
+        if self._home is not None:
+            self.read_along = self.read_along[:1]
         self._slots: dict[str, BatchSlots] = {}  # by kind, for kinds found limited
         self._batch_slots: BatchSlots | None = None  # the batch in hand's, when limited
         self.flush_with_next_read = True  # one round trip per batch
@@ -110,9 +125,12 @@ class NoopWorker(EventListener):
         replies = self.read_replies
         skipped = self._stopped(entries, replies[0] if replies else None)
         self._batch_slots = None
-        if len(self.read_along) < 2:  # not allowed to read the limits
+        if self._home is not None:
+            any_limit: Any = self._kind_slots(stream).slots.limited(None)
+        elif len(self.read_along) < 2:  # not allowed to read the limits
             return skipped
-        any_limit = replies[1] if replies and len(replies) > 1 else True  # claimed: look
+        else:
+            any_limit = replies[1] if replies and len(replies) > 1 else True  # claimed: look
         if isinstance(any_limit, BaseException):
             self.read_along = self.read_along[:1]
             log.warning(
@@ -133,7 +151,7 @@ class NoopWorker(EventListener):
         kind = stream_kind(self.keys, stream)
         slots = self._slots.get(kind)
         if slots is None:
-            kind_slots = KindSlots(self.connection, self.keys, kind, self.consumer)
+            kind_slots = KindSlots(self.connection, self.keys, kind, self.consumer, home=self._home)
             slots = self._slots[kind] = BatchSlots(kind_slots)
         return slots
 

@@ -1,21 +1,27 @@
 """The slots a task worker holds for the batch in hand, when its kind has a limit.
 
 A batch's tasks take their slots in one call as the batch comes
-(:meth:`lifecycle.kind_limits.KindSlots.take`), and the slots of the tasks that ran
-are released in one call sent with the batch's answers: two scripts per batch, not per
-task. A task the batch got no slot for waits in line when its turn comes, after the
-slots of the tasks that already ran are released (they are done: a limit of 1 would
-otherwise wait for the batch's own answers).
+(:meth:`lifecycle.kind_limits.KindSlots.take`), and release them in one call sent with
+the batch's answers: two scripts per batch, not per task. With room for all and nobody
+waiting, one holder holds the whole batch's slots. Otherwise each task holds its own or
+waits in line when its turn comes, after the slots of the batch's tasks that already
+ran are released (they are done: a limit of 1 would otherwise wait for the batch's own
+answers).
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Sequence
 from typing import Any
+
+import redis
 
 from lifecycle.kind_limits import KindSlots
 
 __all__ = ["BatchSlots"]
+
+log = logging.getLogger(__name__)
 
 
 class BatchSlots:
@@ -24,7 +30,8 @@ class BatchSlots:
 
     def __init__(self, slots: KindSlots):
         self.slots = slots
-        self._taken: list[str] = []  # entry ids holding a slot taken for the batch
+        self._whole: str | None = None  # the holder of the whole batch's slots
+        self._taken: list[str] = []  # else: entry ids holding a slot of their own
         self._waiting: set[str] = set()  # entry ids the batch found no slot for
         self._held: list[str] = []  # entry ids handed the slot taken for them
         self._ran: list[str] = []  # members whose task ran: released with the answers
@@ -32,9 +39,24 @@ class BatchSlots:
     def take(self, entry_ids: Sequence[bytes]) -> bool:
         """Take slots for the batch's tasks to run; False when the kind has no limit."""
         self._release_unused()
-        taken = self.slots.take(entry_ids) if entry_ids else None
+        if not entry_ids or not self.slots.checking:
+            return False
+        try:
+            taken = self.slots.take(entry_ids)
+        except redis.exceptions.NoPermissionError as error:
+            self.slots.checking = False
+            log.warning(
+                "consumer %s: may not hold slots of kind %s (%s); it runs without its limit",
+                self.slots.consumer,
+                self.slots.kind,
+                error,
+            )
+            return False
         if taken is None:
             return False
+        if isinstance(taken, str):
+            self._whole = taken
+            return True
         self._taken = [i.decode() for i, got in zip(entry_ids, taken, strict=True) if got]
         if len(self._taken) < len(entry_ids):
             self._waiting = {i.decode() for i, got in zip(entry_ids, taken, strict=True) if not got}
@@ -44,6 +66,8 @@ class BatchSlots:
         """The slot for this entry's task: the one taken for it, else one waited for in
         line (:class:`lifecycle.kind_limits.GaveUp` when ``give_up()`` gave a reason
         meanwhile); None when the kind's limit went meanwhile (run it without)."""
+        if self._whole is not None:
+            return self._whole
         if entry_id not in self._waiting:
             self._held.append(entry_id)
             return self.slots.member(entry_id)
@@ -53,19 +77,28 @@ class BatchSlots:
 
     def ran(self, slot: str) -> None:
         """The slot's task ran: its slot goes with the batch's answers."""
-        self._ran.append(slot)
+        if slot is not self._whole:
+            self._ran.append(slot)
 
     def failed(self, slot: str) -> None:
         """The slot's task raised (its entry stays pending): its slot goes now."""
-        self.slots.release([slot])
+        if slot is self._whole:
+            self.slots.give(slot, 1)
+        else:
+            self.slots.release([slot])
 
     def finish(self) -> list[Any] | None:
         """At the batch's end: the release to send with its answers (None: nothing to
-        send); slots taken for tasks that did not run (a stop) are released now."""
-        self._release_unused()
-        ran, self._ran = self._ran, []
-        if not ran:
-            return None
+        send); slots taken for tasks that did not run (a stop) are released now, but
+        a whole batch's, which go with the answers."""
+        whole, self._whole = self._whole, None
+        if whole is not None:
+            ran = [whole]
+        else:
+            self._release_unused()
+            ran, self._ran = self._ran, []
+            if not ran:
+                return None
         command = self.slots.release_command(ran)
         if command is None:  # the slots live on another node than the answers
             self.slots.release(ran)
@@ -77,8 +110,10 @@ class BatchSlots:
 
     def _release_unused(self) -> None:
         """Slots taken for entries never handed theirs (the batch was cut short)."""
-        taken, held = self._taken, self._held
-        self._taken, self._held, self._waiting = [], [], set()
-        if len(held) < len(taken):
+        whole, taken, held = self._whole, self._taken, self._held
+        self._whole, self._taken, self._held, self._waiting = None, [], [], set()
+        if whole is not None:
+            self.slots.release([whole])
+        elif len(held) < len(taken):
             handed = set(held)
             self.slots.release([self.slots.member(i) for i in taken if i not in handed])

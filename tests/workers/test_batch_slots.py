@@ -5,7 +5,10 @@ from __future__ import annotations
 import orjson
 import redis
 
-from lifecycle.kind_limits import TAKE_AT_ONCE, KindSlots, entry_order, set_kind_limit
+from flowlang.compiler import compile_text
+from lifecycle.kind_limits import KindSlots, entry_order, list_kind_limits, set_kind_limit
+from lifecycle.stored_state import state_from_fields
+from lifecycle.submit import start_workflow
 from tests.conftest import wait_until
 from tests.workers.helpers import KEYS, Threads, state, submit, wait_for_end
 from tests.workers.test_kind_limits import Recorder, most_at_once
@@ -53,14 +56,46 @@ def test_a_task_waiting_ahead_in_line_keeps_its_place_against_a_whole_batch(
     assert slots.call("acquire", "early", early)[0] == 1
 
 
-def test_a_redelivered_task_already_holding_its_slot_keeps_it(
+def test_a_batch_with_room_and_nobody_waiting_holds_its_slots_under_one_member(
     redis_client: redis.Redis,
 ) -> None:
-    set_kind_limit(redis_client, KEYS, "lim", 1)
+    set_kind_limit(redis_client, KEYS, "lim", 10)
     slots = slots_of(redis_client)
-    assert slots.take(ids("5-0")) == [1]
-    assert slots.take(ids("5-0", "6-0")) == [1, 0]
+    assert slots.take(ids(*[f"5-{n}" for n in range(6)])) == "5-0 tester"
     assert redis_client.zrange(KEYS.slots("lim"), 0, -1) == [b"5-0 tester"]
+    assert list_kind_limits(redis_client, KEYS)[0].running == 6
+    # 4 left: a second batch of 5 gets each task's own slot or a place in line.
+    assert slots.take(ids(*[f"6-{n}" for n in range(5)])) == [1, 1, 1, 1, 0]
+    assert list_kind_limits(redis_client, KEYS)[0].running == 10
+    slots.give("5-0 tester", 2)
+    assert list_kind_limits(redis_client, KEYS)[0].running == 8
+    slots.release(["5-0 tester"])
+    assert list_kind_limits(redis_client, KEYS)[0].running == 4
+    assert redis_client.exists(KEYS.slot_batches("lim")) == 0
+
+
+def test_a_batch_taken_again_by_its_holder_holds_its_slots_once(
+    redis_client: redis.Redis,
+) -> None:
+    set_kind_limit(redis_client, KEYS, "lim", 3)
+    slots = slots_of(redis_client)
+    assert slots.take(ids("5-0", "5-1", "5-2")) == "5-0 tester"
+    assert slots.take(ids("5-0", "5-1", "5-2")) == "5-0 tester"  # redelivered to it
+    assert list_kind_limits(redis_client, KEYS)[0].running == 3
+
+
+def test_a_batch_holder_whose_lease_lapsed_frees_every_slot_it_held(
+    redis_client: redis.Redis,
+) -> None:
+    set_kind_limit(redis_client, KEYS, "lim", 4)
+    dead = slots_of(redis_client, lease=0.2)
+    assert dead.take(ids("5-0", "5-1", "5-2", "5-3")) == "5-0 tester"
+    dead.renewer.drop(["5-0 tester"])  # its process died: nobody renews it
+    alive = KindSlots(redis_client, KEYS, "lim", "alive")
+    assert alive.take(ids("6-0")) == [0]
+    wait_until(lambda: alive.take(ids("6-0")) == "6-0 alive", what="the lapsed batch's slots")
+    assert list_kind_limits(redis_client, KEYS)[0].running == 1
+    assert redis_client.exists(KEYS.slot_batches("lim")) == 0
 
 
 def test_a_kind_without_a_limit_takes_nothing(redis_client: redis.Redis) -> None:
@@ -69,16 +104,20 @@ def test_a_kind_without_a_limit_takes_nothing(redis_client: redis.Redis) -> None
     assert redis_client.exists(KEYS.slots("lim"), KEYS.slot_queue("lim")) == 0
 
 
-def test_a_batch_larger_than_one_call_takes_in_several_up_to_the_limit(
+def test_a_batch_of_thousands_is_taken_and_released_in_one_call_each(
     redis_client: redis.Redis,
 ) -> None:
-    limit = TAKE_AT_ONCE + 100
-    set_kind_limit(redis_client, KEYS, "lim", limit)
+    set_kind_limit(redis_client, KEYS, "lim", 2500)
     slots = slots_of(redis_client)
-    taken = slots.take(ids(*[f"7-{n}" for n in range(limit + 50)]))
-    assert taken == [1] * limit + [0] * 50
-    assert redis_client.zcard(KEYS.slots("lim")) == limit
-    assert redis_client.zcard(KEYS.slot_queue("lim")) == 50
+    whole = ids(*[f"7-{n}" for n in range(2000)])
+    assert slots.take(whole) == "7-0 tester"
+    each = slots.take(ids(*[f"8-{n}" for n in range(1500)]))  # 500 left
+    assert each == [1] * 500 + [0] * 1000
+    assert list_kind_limits(redis_client, KEYS)[0].running == 2500
+    assert redis_client.zcard(KEYS.slot_queue("lim")) == 1000
+    slots.release(["7-0 tester", *[slots.member(f"8-{n}") for n in range(1500)]])
+    assert list_kind_limits(redis_client, KEYS)[0].running == 0
+    assert redis_client.zcard(KEYS.slot_queue("lim")) == 0
 
 
 class Batched(Recorder):
@@ -139,3 +178,37 @@ def test_noop_workers_finish_every_task_of_a_limited_kind_and_leave_no_slot(
     assert redis_client.zcard(KEYS.slots("lim")) == 0
     assert redis_client.zcard(KEYS.slot_queue("lim")) == 0
     assert redis_client.xpending(KEYS.tasks("lim"), "workers")["pending"] == 0
+
+
+def test_noop_workers_of_every_partition_share_their_kinds_limit_at_home(
+    redis_client: redis.Redis, threads: Threads
+) -> None:
+    from lifecycle.partitions import Partitions
+    from lifecycle.worker import LifecycleWorker
+
+    partitions = Partitions("{flow}", 3)
+    set_kind_limit(redis_client, partitions.home, "lim", 1)
+    outside = KindSlots(redis_client, partitions.home, "lim", "tester")
+    assert outside.call("acquire", "outside", 1)[0] == 1  # the only slot, held elsewhere
+    for keys in partitions.all:
+        threads.start(LifecycleWorker(keys, pool=threads.pool, handle_signals=False, block_ms=100))
+        threads.start(
+            NoopWorker(
+                ["lim"], keys, threads.pool, pool=threads.pool, handle_signals=False, block_ms=100
+            )
+        )
+    graph = compile_text("lim:work")
+    workflows = [f"w{n}" for n in range(6)]
+    for workflow in workflows:
+        start_workflow(redis_client, graph, None, workflow, partitions.keys_for(workflow))
+    assert len({partitions.index_of(w) for w in workflows}) == 3
+    home_line = partitions.home.slot_queue("lim")
+    wait_until(lambda: redis_client.zcard(home_line) == 6, what="all 6 in the home line")
+    outside.release(["outside"])
+
+    def status(workflow: str) -> str | None:
+        fields = redis_client.hgetall(partitions.keys_for(workflow).workflow(workflow))
+        return state_from_fields(fields).status if fields else None  # type: ignore[arg-type]
+
+    wait_until(lambda: all(status(w) == "finished" for w in workflows), what="all 6 to finish")
+    assert redis_client.zcard(partitions.home.slots("lim")) == 0
