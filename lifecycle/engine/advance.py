@@ -181,6 +181,7 @@ class Advancer:
             with fastpipe.session(self.client) as send:
                 self._load(pending, send, watch=watched)
                 commits = []
+                quiet = []  # workflows whose events change nothing: (item, what was said)
                 now = self.clock()  # one reading per round: its records share a time
                 plain_step = self.transition.plain_step
                 for item in pending:
@@ -192,23 +193,40 @@ class Advancer:
                     # this round said of its events counts only if the round's commit wins.
                     commit, said = self._compute(item, now, send)
                     if commit is None:
-                        said.into(result)
+                        quiet.append((item, said))
                     else:
                         commits.append((item, commit, said))
                 if watched:
                     # Events that change nothing are acknowledged in the same transaction
-                    # (not in a round trip of their own) when it wins.
-                    extra = result.duplicates + [
-                        d for _, _, said in commits for d in said.duplicates
-                    ]
-                    outcome: Sequence[bool | redis.ResponseError] = self._commit_watched(
+                    # (not in a round trip of their own) when it wins; so are those of
+                    # the workflows they change nothing of, as judged under the WATCH (a
+                    # start judged a duplicate of a workflow a delete removes meanwhile
+                    # is judged again).
+                    extra = (
+                        result.duplicates
+                        + [d for _, said in quiet for d in said.duplicates]
+                        + [d for _, _, said in commits for d in said.duplicates]
+                    )
+                    won_all = self._commit_watched(
                         [commit for _, commit, _ in commits], extra, send
                     )
-                    if extra and (outcome[0] if outcome else True):
+                    outcome: Sequence[bool | redis.ResponseError] = won_all or [False] * len(
+                        commits
+                    )
+                    if won_all is None:
+                        pending = [item for item, _ in quiet]
+                        result.conflicts += len(pending)
+                    else:
                         result.acknowledged += extra
+                        for _, said in quiet:
+                            said.into(result)
+                        pending = []
+                else:
+                    for _, said in quiet:
+                        said.into(result)
+                    pending = []
             if not watched:
                 outcome = self._commit([(item, commit) for item, commit, _ in commits])
-            pending = []
             for (item, commit, said), won in zip(commits, outcome, strict=True):
                 if isinstance(won, redis.ResponseError):
                     if item.refused is None:  # fail the workflow alone, with the reason
@@ -412,16 +430,20 @@ class Advancer:
 
     def _commit_watched(
         self, commits: list[Commit], extra_acks: list[str], send: fastpipe.Send
-    ) -> list[bool | redis.ResponseError]:
+    ) -> list[bool | redis.ResponseError] | None:
         """All ``commits`` in one MULTI/EXEC on the connection that sent the WATCH, with the
-        acknowledgement of their events and of ``extra_acks``: all written (True each) or,
-        when a watched workflow changed, none (False each). A commit one of whose writes
-        Redis refused for that workflow's sake gets the error in its place."""
+        acknowledgement of their events and of ``extra_acks``: all written (True each, a
+        commit one of whose writes Redis refused for that workflow's sake gets the error
+        in its place) or, when a watched workflow changed, none (None)."""
         xack = ("XACK", self._shared[0], self.keys.lifecycle_group)
         if not commits:
-            _raise_errors(
-                send([("UNWATCH",), (*xack, *extra_acks)] if extra_acks else [("UNWATCH",)])
-            )
+            if not extra_acks:
+                _raise_errors(send([("UNWATCH",)]))
+                return []
+            written = fastpipe.transaction(send, [(*xack, *extra_acks)], raise_errors=False)
+            if written is None:
+                return None
+            _raise_errors(written)
             return []
         commands: list[Any] = []
         sizes = []  # commands per commit: which commit a failed command belongs to
@@ -453,7 +475,7 @@ class Advancer:
         commands.append((*xack, *acks, *extra_acks))
         replies = fastpipe.transaction(send, commands, raise_errors=False)
         if replies is None:
-            return [False] * len(commits)
+            return None
         outcome: list[bool | redis.ResponseError] = [True] * len(commits)
         sections_failed = gate_at >= 0 and (
             not isinstance(replies[gate_at], list)
