@@ -25,7 +25,8 @@ from bench.engine import SHAPES, redis_cpu_seconds
 from flowlang.compiler import compile_text
 from lifecycle.audit.receipts import ReceiptsWorker
 from lifecycle.audit.segments import SegmentSink
-from lifecycle.keys import Keys
+from lifecycle.keys import DEFAULT_KIND, Keys
+from lifecycle.kind_limits import set_kind_limit
 from lifecycle.submit import start_workflows
 from lifecycle.worker import LifecycleWorker
 from rqse.process import settle_process
@@ -67,6 +68,7 @@ def run(
     commands: dict[str, dict[str, list[int]]] | None = None,
     max_running: int | None = None,
     mark_lifecycle: bool = False,
+    kind_limit: int | None = None,
 ) -> dict[str, dict[str, float]]:
     """``idle``: how long a phase waits for more input before it counts as drained
     (longer under valgrind, where start-up alone takes longer than the default).
@@ -74,7 +76,8 @@ def run(
     nothing else makes, so that ``valgrind --tool=callgrind
     --toggle-collect=functools_reduce`` counts the lifecycle's instructions alone.
     ``commands``, when given, gathers each phase's Redis commands: name -> [calls,
-    usec] (INFO commandstats; the INFO calls themselves included)."""
+    usec] (INFO commandstats; the INFO calls themselves included). ``kind_limit``: the
+    tasks' kind limited to that many at once (the no-op worker takes and releases slots)."""
     text, _ = SHAPES[shape]
     graph = compile_text(text)
     cpu: dict[str, float] = defaultdict(float)
@@ -85,6 +88,8 @@ def run(
         tempfile.TemporaryDirectory() as archive,
     ):
         client = redis.Redis.from_url(server.url)
+        if kind_limit is not None:
+            set_kind_limit(client, KEYS, DEFAULT_KIND, kind_limit)
         lifecycle = LifecycleWorker(
             KEYS, timers=False, consumer="lc", pool=client.connection_pool, handle_signals=False
         )
@@ -178,6 +183,12 @@ def main(argv: list[str] | None = None) -> int:
         "--workflows: none waits)",
     )
     parser.add_argument(
+        "--kind-limit",
+        type=int,
+        metavar="N",
+        help="the tasks' kind limited to N at once (lifecycle limit set): the slots' cost",
+    )
+    parser.add_argument(
         "--mark-lifecycle",
         action="store_true",
         help="run each lifecycle phase inside functools.reduce, for "
@@ -197,6 +208,7 @@ def main(argv: list[str] | None = None) -> int:
             commands,
             args.max_running,
             args.mark_lifecycle,
+            args.kind_limit,
         ).items():
             kept = best.setdefault(name, figures)
             for key, value in figures.items():

@@ -45,11 +45,12 @@ def test_a_tiny_benchmark_run_finishes_every_workflow_and_writes_its_figures(
     assert figures["redis_us_per_task"]["xadd"] > 0
 
 
-def test_a_tiny_run_at_a_priority_under_a_concurrency_key_finishes_every_workflow(
+def test_a_tiny_run_at_a_priority_under_a_key_and_a_kind_limit_finishes_every_workflow(
     tmp_path: Path,
 ) -> None:
     out = tmp_path / "figures.json"
     argv = ["--workflows", "60", "--shape", "chain10", "--priority", "4", "--max-running", "7"]
+    argv += ["--kind-limit", "5"]  # the no-op worker takes and releases slots
     assert main([*argv, "--json", str(out), "--stall", "20"]) == 0
     figures = orjson.loads(out.read_bytes())
     assert (figures["finished"], figures["failed"], figures["stuck"]) == (60, 0, 0)
