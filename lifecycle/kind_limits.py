@@ -273,10 +273,11 @@ class KindSlots:
         )
         self._release_tail = _script_args(keys, kind, "release", "", 0, lease)[3:]
         self._holder = " " + consumer
-        self._take_head = (
+        self._take_args = (
             *_script_keys(keys, kind),
             *_script_args(keys, kind, "take", self._holder, 0, lease),
         )
+        self._take_count = len(self._take_args) - 4  # ARGV[4]: the batch's size
 
     def limited(self, along: Any) -> bool:
         """Whether the kind has a limit: from the reply to :attr:`along` sent with the
@@ -330,12 +331,18 @@ class KindSlots:
         each task 1 when it holds a slot of its own from now on (member :meth:`member`
         of its id), 0 when it waits in line (:meth:`acquire` waits on). None when the
         kind has no limit. What is held is renewed until released."""
-        reply = self._evalsha([*self._take_head, *entry_ids])
+        arguments = list(self._take_args)
+        arguments[self._take_count] = len(entry_ids)
+        # The first id is enough when all get in at once (the common case); the others
+        # are sent when each needs its own slot or place in line.
+        reply = self._evalsha([*arguments, entry_ids[0]])
+        if reply[0] == -2:
+            reply = self._evalsha([*arguments, *entry_ids])
         if reply[0] == 0:
             whole = self.member(entry_ids[0].decode())
             self.renewer.hold(whole)
             return whole
-        if reply[0] < 0:
+        if reply[0] == -1:
             return None
         got: list[int] = reply[1:]
         self.renewer.hold(

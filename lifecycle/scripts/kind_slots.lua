@@ -13,15 +13,15 @@
 -- ARGV[3]  the member (a task's stream entry id and its holder), the new limit for
 --          'set', or for 'take' the holder's part of a member (' <holder>')
 -- ARGV[4]  acquire: the member's order in the line (from its stream entry id);
---          give: how many of the member's slots it gives back
+--          give: how many of the member's slots it gives back; take: the batch's size
 -- ARGV[5]  lease, ms
 -- ARGV[6]  prefix of the wake-up lists (<prefix><member>), in the same hash tag
 -- ARGV[7]  the limits hash ({flow}:kind-limits: kind -> N), in the same hash tag. Named
 --          here, not among KEYS: a key given to EVAL needs write access in the ACL,
 --          and workers may only read it (only set and remove, an administrator's, write)
--- ARGV[8..] take: the stream entry ids of a batch's tasks (a task's member is
---           <id><ARGV[3]>, its order ms * 1000 + seq, seq capped at 999, as
---           lifecycle.kind_limits.entry_order); release: more members to release
+-- ARGV[8..] take: the stream entry ids of a batch's tasks, the first alone or all of
+--           them (a task's member is <id><ARGV[3]>, its order ms * 1000 + seq, seq
+--           capped at 999, as lifecycle.kind_limits.entry_order); release: more members
 --
 -- A holder holds one slot, or a whole batch's: the member of a batch's first task
 -- then holds as many slots as the batch has tasks, counted in KEYS[4]. Slots in use:
@@ -37,7 +37,8 @@
 -- end among holders, or the waiter's own lease renewal). renew: 1 still held, 0 lost.
 -- take: {0} every task of the batch holds a slot, under the first one's member;
 -- {ms, flag per task} each its own (1 holding a slot, 0 waiting in line, ms as for
--- acquire); {-1} the kind has no limit. give, release, set, remove: how many waiters
+-- acquire); {-2} not every one could, and only the first id was given: call again
+-- with them all; {-1} the kind has no limit. give, release, set, remove: how many waiters
 -- were woken.
 
 local op, kind, member = ARGV[1], ARGV[2], ARGV[3]
@@ -124,8 +125,10 @@ local function again_ms()
   return math.max(again, 1)
 end
 
-local raw = redis.call('HGET', ARGV[7], kind)
-local limit = raw and tonumber(raw)
+local function the_limit()
+  local raw = redis.call('HGET', ARGV[7], kind)
+  return raw and tonumber(raw)
+end
 
 if op == 'set' then
   redis.call('HSET', ARGV[7], kind, member)
@@ -134,26 +137,22 @@ if op == 'set' then
 elseif op == 'remove' then
   redis.call('HDEL', ARGV[7], kind)
   return wake(nil)
-end
-
-expire()
-
-if op == 'renew' then
+elseif op == 'renew' then
   if not redis.call('ZSCORE', KEYS[1], member) then return 0 end
   redis.call('ZADD', KEYS[1], now + lease, member)
   return 1
 elseif op == 'release' then
+  -- What lapsed is cleared by those who take: a release only gives back its own.
   local members = {member}
   for i = 8, #ARGV do members[#members + 1] = ARGV[i] end
   drop(members)
-  -- Nobody in line: none of them is either, and a wake-up list left by an earlier
-  -- wait expires on its own.
-  if redis.call('ZCARD', KEYS[2]) > 0 or redis.call('ZCARD', KEYS[3]) > 0 then
-    each('ZREM', KEYS[2], members)
-    each('ZREM', KEYS[3], members)
-    for _, m in ipairs(members) do redis.call('DEL', wake_prefix .. m) end
-  end
-  return wake(limit)
+  -- Nobody in line: none of them is either, there is nobody to wake, and a wake-up
+  -- list left by an earlier wait expires on its own.
+  if redis.call('ZCARD', KEYS[2]) == 0 then return 0 end
+  each('ZREM', KEYS[2], members)
+  each('ZREM', KEYS[3], members)
+  for _, m in ipairs(members) do redis.call('DEL', wake_prefix .. m) end
+  return wake(the_limit())
 elseif op == 'give' then
   if redis.call('ZSCORE', KEYS[1], member) then
     local held = tonumber(redis.call('ZSCORE', KEYS[4], member) or 1)
@@ -169,12 +168,16 @@ elseif op == 'give' then
       add_extra(left - held)
     end
   end
-  return wake(limit)
+  if redis.call('ZCARD', KEYS[2]) == 0 then return 0 end
+  return wake(the_limit())
 end
+
+local limit = the_limit()
+expire()
 
 if op == 'take' then
   if not limit then return {-1} end
-  local count = #ARGV - 7
+  local count = tonumber(ARGV[4])
   local first = ARGV[8] .. member
   if redis.call('ZSCORE', KEYS[1], first) then drop({first}) end  -- the batch again: anew
   if limit - used() >= count and redis.call('ZCARD', KEYS[2]) == 0 then
@@ -186,6 +189,7 @@ if op == 'take' then
     end
     return {0}
   end
+  if #ARGV - 7 < count then return {-2} end  -- each needs its own: their ids, please
   -- Otherwise each in line, and in by its place there, as acquire does.
   local members = {}
   for i = 1, count do
