@@ -118,6 +118,33 @@ def test_a_running_task_learns_that_its_workflow_was_terminated(
     assert worker.noticed[0] - terminated_at < 2.0
 
 
+class AskingCancelled(TaskListener):
+    """Records what ``cancelled()`` says in each run."""
+
+    kind = "asking"
+
+    def __init__(self, said: list[bool], **options: Any) -> None:
+        super().__init__(**options)
+        self.said = said
+
+    def run(self, task: Task) -> Any:
+        self.said.append(task.cancelled())
+        return {}
+
+
+def test_a_task_of_a_workflow_with_chunked_state_is_not_cancelled_while_it_runs(
+    redis_client: redis.Redis, threads: Threads
+) -> None:
+    said: list[bool] = []
+    threads.lifecycle()
+    threads.start(AskingCancelled(said, pool=threads.pool, handle_signals=False, block_ms=100))
+    # A workflow with this many tasks running keeps each running instance as a field of
+    # its own (a chunked state, lifecycle/stored_state.py).
+    workflow = submit(redis_client, f"<{list(range(80))}> → * asking:work")
+    assert wait_for_end(redis_client, workflow)["status"] == "finished"
+    assert said == [False] * 80
+
+
 def test_the_seeds_sleep_listener_runs_a_workflow_with_its_index_only_end_tasks(
     redis_client: redis.Redis, threads: Threads
 ) -> None:
