@@ -41,6 +41,7 @@ __all__ = [
     "list_kind_limits",
     "remove_kind_limit",
     "set_kind_limit",
+    "slot_name",
 ]
 
 log = logging.getLogger(__name__)
@@ -161,13 +162,21 @@ def list_kind_limits(client: redis.Redis, keys: Keys) -> list[KindLimit]:
 
 
 def entry_order(entry_id: str) -> int:
-    """A stream entry id's place in line: ``ms * 1000 + seq`` (seq capped: entries of
-    one millisecond past the thousandth share a place, then go by task id)."""
-    ms, _, seq = entry_id.partition("-")
+    """A stream entry id's place in line: its millisecond; entries of one millisecond
+    go by their names (:func:`slot_name`), which sort as the stream does."""
+    ms, _, _ = entry_id.partition("-")
     try:
-        return int(ms) * 1000 + min(int(seq or 0), 999)
+        return int(ms)
     except ValueError:
         return 0
+
+
+def slot_name(entry_id: str) -> str:
+    """A task's name among the slots: its stream entry id, the sequence zero-padded so
+    that names of one millisecond sort in stream order (``…-999`` before ``…-1000``).
+    kind_slots.lua names a batch's tasks the same way."""
+    ms, dash, seq = entry_id.partition("-")
+    return f"{ms}{dash}{seq:0>20}"
 
 
 class GaveUp(Exception):
@@ -322,8 +331,8 @@ class KindSlots:
         )
 
     def member(self, entry_id: str) -> str:
-        """What holds a slot or waits for one: a task's stream entry id and its holder."""
-        return entry_id + self._holder
+        """What holds a slot or waits for one: a task's :func:`slot_name` and its holder."""
+        return slot_name(entry_id) + self._holder
 
     def take(self, entry_ids: Sequence[bytes]) -> str | list[int] | None:
         """Slots for a batch's tasks, by their stream entry ids, in one call: the member

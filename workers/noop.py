@@ -105,7 +105,11 @@ class NoopWorker(EventListener):
         # The echo is this class's own: a subclass that computes its output or handles
         # tasks itself gets decoded events.
         cls = type(self)
-        self._passes_through = cls.output is NoopWorker.output and cls.answer is NoopWorker.answer
+        self._passes_through = (
+            cls.output is NoopWorker.output
+            and cls.answer is NoopWorker.answer
+            and cls.process is NoopWorker.process
+        )
 
     def _every_kind(self) -> list[str]:
         """The task streams of every known kind but the built-in ones, priority streams

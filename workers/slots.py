@@ -31,6 +31,7 @@ class BatchSlots:
     def __init__(self, slots: KindSlots):
         self.slots = slots
         self._whole: str | None = None  # the holder of the whole batch's slots
+        self._whole_left = 0  # how many of them it still holds (each failed task gives one)
         self._taken: list[str] = []  # else: entry ids holding a slot of their own
         self._waiting: set[str] = set()  # entry ids the batch found no slot for
         self._held: list[str] = []  # entry ids handed the slot taken for them
@@ -55,7 +56,7 @@ class BatchSlots:
         if taken is None:
             return False
         if isinstance(taken, str):
-            self._whole = taken
+            self._whole, self._whole_left = taken, len(entry_ids)
             return True
         self._taken = [i.decode() for i, got in zip(entry_ids, taken, strict=True) if got]
         if len(self._taken) < len(entry_ids):
@@ -84,6 +85,10 @@ class BatchSlots:
         """The slot's task raised (its entry stays pending): its slot goes now."""
         if slot is self._whole:
             self.slots.give(slot, 1)
+            self._whole_left -= 1
+            if not self._whole_left:  # all given back: the holder is gone
+                self.slots.renewer.drop([slot])
+                self._whole = None
         else:
             self.slots.release([slot])
 
@@ -109,11 +114,14 @@ class BatchSlots:
         self.slots.release(ran)
 
     def _release_unused(self) -> None:
-        """Slots taken for entries never handed theirs (the batch was cut short)."""
-        whole, taken, held = self._whole, self._taken, self._held
+        """Slots taken for entries never handed theirs, and places in line of entries
+        never run (the batch was cut short: a stop, an entry dead-lettered unread)."""
+        whole, taken, held, waiting = self._whole, self._taken, self._held, self._waiting
         self._whole, self._taken, self._held, self._waiting = None, [], [], set()
+        unused = [self.slots.member(i) for i in waiting]
         if whole is not None:
-            self.slots.release([whole])
+            unused.append(whole)
         elif len(held) < len(taken):
             handed = set(held)
-            self.slots.release([self.slots.member(i) for i in taken if i not in handed])
+            unused += [self.slots.member(i) for i in taken if i not in handed]
+        self.slots.release(unused)

@@ -20,8 +20,9 @@
 --          here, not among KEYS: a key given to EVAL needs write access in the ACL,
 --          and workers may only read it (only set and remove, an administrator's, write)
 -- ARGV[8..] take: the stream entry ids of a batch's tasks, the first alone or all of
---           them (a task's member is <id><ARGV[3]>, its order ms * 1000 + seq, seq
---           capped at 999, as lifecycle.kind_limits.entry_order); release: more members
+--           them (a task's member is <name><ARGV[3]>, its name the id with the sequence
+--           zero-padded to 20 digits, its order in line the id's millisecond: as
+--           lifecycle.kind_limits.slot_name and entry_order); release: more members
 --
 -- A holder holds one slot, or a whole batch's: the member of a batch's first task
 -- then holds as many slots as the batch has tasks, counted in KEYS[4]. Slots in use:
@@ -125,6 +126,14 @@ local function again_ms()
   return math.max(again, 1)
 end
 
+-- A task's name and order in line, from its stream entry id: names of one millisecond
+-- sort as the stream does (the order, a score, ties by name).
+local function named(id)
+  local ms, seq = string.match(id, '^(%d+)-(%d+)$')
+  if not ms then return id, '0' end
+  return ms .. '-' .. string.rep('0', 20 - #seq) .. seq, ms
+end
+
 local function the_limit()
   local raw = redis.call('HGET', ARGV[7], kind)
   return raw and tonumber(raw)
@@ -178,7 +187,7 @@ expire()
 if op == 'take' then
   if not limit then return {-1} end
   local count = tonumber(ARGV[4])
-  local first = ARGV[8] .. member
+  local first = named(ARGV[8]) .. member
   if redis.call('ZSCORE', KEYS[1], first) then drop({first}) end  -- the batch again: anew
   if limit - used() >= count and redis.call('ZCARD', KEYS[2]) == 0 then
     -- Room for all and nobody in line, the common case: one holder for the batch.
@@ -190,35 +199,31 @@ if op == 'take' then
     return {0}
   end
   if #ARGV - 7 < count then return {-2} end  -- each needs its own: their ids, please
-  -- Otherwise each in line, and in by its place there, as acquire does.
-  local members = {}
-  for i = 1, count do
-    local id = ARGV[7 + i]
-    local m = id .. member
-    members[i] = m
-    if not redis.call('ZSCORE', KEYS[1], m) then
-      -- As a string: Lua would print a number this large in 14 digits only.
-      local ms, seq = string.match(id, '^(%d+)-(%d+)$')
-      local order = ms and (ms .. string.format('%03d', math.min(tonumber(seq), 999))) or '0'
-      redis.call('ZADD', KEYS[2], 'NX', order, m)
-    end
-  end
+  -- Otherwise one at a time, in batch order, each in by its place in line as acquire
+  -- would, until one has to wait: that one and the later ones join the line when their
+  -- turn comes (acquire), at the place their ids give them. So the tasks holding slots
+  -- are the first of the batch, and no slot waits for one of its tasks in line behind
+  -- those it runs first.
   local result, took = {0}, false
   for i = 1, count do
-    local m = members[i]
-    local rank = redis.call('ZRANK', KEYS[2], m)
-    if not rank then  -- held already (a redelivery to us)
+    local name, ms = named(ARGV[7 + i])
+    local m = name .. member
+    if redis.call('ZSCORE', KEYS[1], m) then  -- held already (a redelivery to us)
       redis.call('ZADD', KEYS[1], now + lease, m)
       result[i + 1] = 1
-    elseif rank < limit - used() then
-      redis.call('ZREM', KEYS[2], m)
-      redis.call('ZREM', KEYS[3], m)
-      redis.call('ZADD', KEYS[1], now + lease, m)
-      result[i + 1] = 1
-      took = true
     else
-      redis.call('ZADD', KEYS[3], now + lease, m)
-      result[i + 1] = 0
+      local added = redis.call('ZADD', KEYS[2], 'NX', ms, m)
+      if redis.call('ZRANK', KEYS[2], m) < limit - used() then
+        redis.call('ZREM', KEYS[2], m)
+        redis.call('ZREM', KEYS[3], m)
+        redis.call('ZADD', KEYS[1], now + lease, m)
+        result[i + 1] = 1
+        took = true
+      else
+        if added == 1 then redis.call('ZREM', KEYS[2], m) end
+        for j = i, count do result[j + 1] = 0 end
+        break
+      end
     end
   end
   if took then wake(limit) end

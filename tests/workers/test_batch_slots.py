@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import orjson
 import redis
 
@@ -13,6 +15,7 @@ from tests.conftest import wait_until
 from tests.workers.helpers import KEYS, Threads, state, submit, wait_for_end
 from tests.workers.test_kind_limits import Recorder, most_at_once
 from workers.noop import NoopWorker
+from workers.slots import BatchSlots
 
 
 def slots_of(client: redis.Redis, kind: str = "lim", lease: float = 30.0) -> KindSlots:
@@ -31,10 +34,8 @@ def test_a_batch_takes_a_slot_for_each_task_that_has_room_and_lines_up_the_rest(
     batch = ids(*[f"1732600000000-{n}" for n in range(5)])
     assert slots.take(batch) == [1, 1, 1, 0, 0]
     assert redis_client.zcard(KEYS.slots("lim")) == 3
-    assert redis_client.zrange(KEYS.slot_queue("lim"), 0, -1, withscores=True) == [
-        (b"1732600000000-3 tester", entry_order("1732600000000-3")),
-        (b"1732600000000-4 tester", entry_order("1732600000000-4")),
-    ]
+    # The first to wait and the later ones join the line when their turn comes.
+    assert redis_client.zcard(KEYS.slot_queue("lim")) == 0
     slots.release([slots.member(i.decode()) for i in batch[:3]])
     assert redis_client.zcard(KEYS.slots("lim")) == 0
 
@@ -44,16 +45,14 @@ def test_a_task_waiting_ahead_in_line_keeps_its_place_against_a_whole_batch(
 ) -> None:
     set_kind_limit(redis_client, KEYS, "lim", 1)
     slots = slots_of(redis_client)
-    assert slots.call("acquire", "holder", entry_order("1732600000000-1"))[0] == 1
-    early = entry_order("1732600000000-2")
-    assert slots.call("acquire", "early", early)[0] == 0  # waits, first in line
-    slots.release(["holder"])
+    other = KindSlots(redis_client, KEYS, "lim", "other")
+    holder, early = other.member("1732600000000-1"), other.member("1732600000000-2")
+    assert other.call("acquire", holder, entry_order("1732600000000-1"))[0] == 1
+    assert other.call("acquire", early, entry_order("1732600000000-2"))[0] == 0  # in line
+    other.release([holder])
     assert slots.take(ids("1732600000000-3")) == [0]
-    assert redis_client.zrange(KEYS.slot_queue("lim"), 0, -1) == [
-        b"early",
-        b"1732600000000-3 tester",
-    ]
-    assert slots.call("acquire", "early", early)[0] == 1
+    assert redis_client.zrange(KEYS.slot_queue("lim"), 0, -1) == [early.encode()]
+    assert other.call("acquire", early, entry_order("1732600000000-2"))[0] == 1
 
 
 def test_a_batch_with_room_and_nobody_waiting_holds_its_slots_under_one_member(
@@ -61,15 +60,15 @@ def test_a_batch_with_room_and_nobody_waiting_holds_its_slots_under_one_member(
 ) -> None:
     set_kind_limit(redis_client, KEYS, "lim", 10)
     slots = slots_of(redis_client)
-    assert slots.take(ids(*[f"5-{n}" for n in range(6)])) == "5-0 tester"
-    assert redis_client.zrange(KEYS.slots("lim"), 0, -1) == [b"5-0 tester"]
+    assert slots.take(ids(*[f"5-{n}" for n in range(6)])) == slots.member("5-0")
+    assert redis_client.zrange(KEYS.slots("lim"), 0, -1) == [slots.member("5-0").encode()]
     assert list_kind_limits(redis_client, KEYS)[0].running == 6
     # 4 left: a second batch of 5 gets each task's own slot or a place in line.
     assert slots.take(ids(*[f"6-{n}" for n in range(5)])) == [1, 1, 1, 1, 0]
     assert list_kind_limits(redis_client, KEYS)[0].running == 10
-    slots.give("5-0 tester", 2)
+    slots.give(slots.member("5-0"), 2)
     assert list_kind_limits(redis_client, KEYS)[0].running == 8
-    slots.release(["5-0 tester"])
+    slots.release([slots.member("5-0")])
     assert list_kind_limits(redis_client, KEYS)[0].running == 4
     assert redis_client.exists(KEYS.slot_batches("lim")) == 0
 
@@ -79,8 +78,8 @@ def test_a_batch_taken_again_by_its_holder_holds_its_slots_once(
 ) -> None:
     set_kind_limit(redis_client, KEYS, "lim", 3)
     slots = slots_of(redis_client)
-    assert slots.take(ids("5-0", "5-1", "5-2")) == "5-0 tester"
-    assert slots.take(ids("5-0", "5-1", "5-2")) == "5-0 tester"  # redelivered to it
+    assert slots.take(ids("5-0", "5-1", "5-2")) == slots.member("5-0")
+    assert slots.take(ids("5-0", "5-1", "5-2")) == slots.member("5-0")  # redelivered to it
     assert list_kind_limits(redis_client, KEYS)[0].running == 3
 
 
@@ -89,11 +88,13 @@ def test_a_batch_holder_whose_lease_lapsed_frees_every_slot_it_held(
 ) -> None:
     set_kind_limit(redis_client, KEYS, "lim", 4)
     dead = slots_of(redis_client, lease=0.2)
-    assert dead.take(ids("5-0", "5-1", "5-2", "5-3")) == "5-0 tester"
-    dead.renewer.drop(["5-0 tester"])  # its process died: nobody renews it
+    assert dead.take(ids("5-0", "5-1", "5-2", "5-3")) == dead.member("5-0")
+    dead.renewer.drop([dead.member("5-0")])  # its process died: nobody renews it
     alive = KindSlots(redis_client, KEYS, "lim", "alive")
     assert alive.take(ids("6-0")) == [0]
-    wait_until(lambda: alive.take(ids("6-0")) == "6-0 alive", what="the lapsed batch's slots")
+    wait_until(
+        lambda: alive.take(ids("6-0")) == alive.member("6-0"), what="the lapsed batch's slots"
+    )
     assert list_kind_limits(redis_client, KEYS)[0].running == 1
     assert redis_client.exists(KEYS.slot_batches("lim")) == 0
 
@@ -110,14 +111,77 @@ def test_a_batch_of_thousands_is_taken_and_released_in_one_call_each(
     set_kind_limit(redis_client, KEYS, "lim", 2500)
     slots = slots_of(redis_client)
     whole = ids(*[f"7-{n}" for n in range(2000)])
-    assert slots.take(whole) == "7-0 tester"
+    assert slots.take(whole) == slots.member("7-0")
     each = slots.take(ids(*[f"8-{n}" for n in range(1500)]))  # 500 left
     assert each == [1] * 500 + [0] * 1000
     assert list_kind_limits(redis_client, KEYS)[0].running == 2500
-    assert redis_client.zcard(KEYS.slot_queue("lim")) == 1000
-    slots.release(["7-0 tester", *[slots.member(f"8-{n}") for n in range(1500)]])
+    slots.release([slots.member("7-0"), *[slots.member(f"8-{n}") for n in range(500)]])
     assert list_kind_limits(redis_client, KEYS)[0].running == 0
+
+
+def test_tasks_of_one_millisecond_past_the_thousandth_keep_stream_order(
+    redis_client: redis.Redis,
+) -> None:
+    set_kind_limit(redis_client, KEYS, "lim", 1)
+    slots = slots_of(redis_client)
+    # The batch's first gets the slot, not the one whose name sorts first as text.
+    assert slots.take(ids("9-999", "9-1000", "9-1001")) == [1, 0, 0]
+    assert redis_client.zrange(KEYS.slots("lim"), 0, -1) == [slots.member("9-999").encode()]
+    # The later ones wait in stream order, whichever asks first.
+    for entry_id in ("9-1001", "9-1000"):
+        assert slots.call("acquire", slots.member(entry_id), entry_order(entry_id))[0] == 0
+    line = redis_client.zrange(KEYS.slot_queue("lim"), 0, -1)
+    assert line == [slots.member("9-1000").encode(), slots.member("9-1001").encode()]
+    slots.release([slots.member("9-999")])
+    assert slots.call("acquire", slots.member("9-1001"), entry_order("9-1001"))[0] == 0
+    assert slots.call("acquire", slots.member("9-1000"), entry_order("9-1000"))[0] == 1
+
+
+def test_a_slot_freed_while_a_batch_runs_goes_to_the_next_in_line_not_to_its_later_tasks(
+    redis_client: redis.Redis,
+) -> None:
+    set_kind_limit(redis_client, KEYS, "lim", 2)
+    other = KindSlots(redis_client, KEYS, "lim", "other")
+    assert other.call("acquire", other.member("4-0"), 4)[0] == 1
+    batch = BatchSlots(slots_of(redis_client))
+    assert batch.take(ids("5-0", "5-1"))  # 5-0 holds a slot, 5-1 must wait: not in line yet
     assert redis_client.zcard(KEYS.slot_queue("lim")) == 0
+    other.release([other.member("4-0")])
+    later = KindSlots(redis_client, KEYS, "lim", "later")
+    assert later.call("acquire", later.member("6-0"), 6)[0] == 1  # not kept for 5-1
+
+
+def test_a_batch_cut_short_leaves_no_slot_held_and_no_place_in_line(
+    redis_client: redis.Redis,
+) -> None:
+    set_kind_limit(redis_client, KEYS, "lim", 1)
+    slots = slots_of(redis_client)
+    other = KindSlots(redis_client, KEYS, "lim", "other")
+    assert other.call("acquire", other.member("4-0"), 4)[0] == 1
+    # 5-1 waited in line before (a redelivery): the batch finds it there.
+    assert slots.call("acquire", slots.member("5-1"), 5)[0] == 0
+    batch = BatchSlots(slots)
+    assert batch.take(ids("5-0", "5-1"))
+    assert batch.finish() is None  # a stop before either ran
+    assert redis_client.zcard(KEYS.slot_queue("lim")) == 0
+    assert redis_client.zcard(KEYS.slot_waiting("lim")) == 0
+    assert redis_client.zrange(KEYS.slots("lim"), 0, -1) == [other.member("4-0").encode()]
+
+
+def test_a_whole_batch_whose_every_task_failed_holds_nothing_and_is_not_renewed(
+    redis_client: redis.Redis,
+) -> None:
+    set_kind_limit(redis_client, KEYS, "lim", 5)
+    slots = slots_of(redis_client)
+    batch = BatchSlots(slots)
+    assert batch.take(ids("5-0", "5-1"))
+    for entry_id in ("5-0", "5-1"):
+        slot = batch.hold(entry_id, lambda: None)
+        assert slot == slots.member("5-0")
+        batch.failed(slot)
+    assert list_kind_limits(redis_client, KEYS)[0].running == 0
+    assert slots.member("5-0") not in slots.renewer._held
+    assert batch.finish() is None
 
 
 class Batched(Recorder):
@@ -154,7 +218,9 @@ def test_a_noop_worker_answers_a_limited_kinds_tasks_only_once_they_hold_slots(
     threads.lifecycle()
     threads.start(NoopWorker(["lim"], KEYS, pool=threads.pool, handle_signals=False, block_ms=100))
     workflows = [submit(redis_client, "lim:work", {"n": n}) for n in range(5)]
-    wait_until(lambda: redis_client.zcard(KEYS.slot_queue("lim")) == 5, what="5 in line")
+    # The first waits in line; the others join it when their turn comes.
+    wait_until(lambda: redis_client.zcard(KEYS.slot_queue("lim")) == 1, what="1 in line")
+    time.sleep(0.3)
     assert all(state(redis_client, w).get("status") == "running" for w in workflows)
     outside.release(["outside"])
     for workflow in workflows:
@@ -203,7 +269,8 @@ def test_noop_workers_of_every_partition_share_their_kinds_limit_at_home(
         start_workflow(redis_client, graph, None, workflow, partitions.keys_for(workflow))
     assert len({partitions.index_of(w) for w in workflows}) == 3
     home_line = partitions.home.slot_queue("lim")
-    wait_until(lambda: redis_client.zcard(home_line) == 6, what="all 6 in the home line")
+    # One task of each partition's worker waits in the home line, the next behind it.
+    wait_until(lambda: redis_client.zcard(home_line) == 3, what="3 in the home line")
     outside.release(["outside"])
 
     def status(workflow: str) -> str | None:

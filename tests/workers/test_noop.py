@@ -109,7 +109,8 @@ def test_a_subclass_that_handles_tasks_itself_gets_decoded_events(
             seen.append(event)
             return super().process(event_id, event)
 
-    start = _start_task("w1", "1", {"n": 1})
+    # With its token: an entry the no-op worker itself would pass through undecoded.
+    start = _start_task("w1", "1", {"n": 1}, token="0123456789abcdef")
     _add(redis_client, _encoded(start))
     _run(Recording(["default"], **_options(redis_client)), 1)
     assert seen == [start]
