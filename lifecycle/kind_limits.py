@@ -355,7 +355,7 @@ class KindSlots:
             return None
         got: list[int] = reply[1:]
         self.renewer.hold(
-            *[i.decode() + self._holder for i, g in zip(entry_ids, got, strict=True) if g]
+            *[self.member(i.decode()) for i, g in zip(entry_ids, got, strict=True) if g]
         )
         return got
 
@@ -370,7 +370,7 @@ class KindSlots:
 
     def _evalsha(self, arguments: list[Any]) -> Any:
         """The script with ``arguments`` (its keys and ARGV), packed in C: a batch's take
-        sends hundreds of them, which redis-py would encode one by one in Python."""
+        may send hundreds, which redis-py would encode one by one in Python."""
         (reply,) = execute(self._client, [("EVALSHA", self._script.sha, _KEYS, *arguments)])
         if isinstance(reply, redis.exceptions.NoScriptError):  # a restarted Redis
             (reply,) = execute(self._client, [("EVAL", self._source, _KEYS, *arguments)])

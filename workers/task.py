@@ -47,14 +47,7 @@ from workers.errors import BadTask
 from workers.scripts import load_script
 from workers.slots import BatchSlots
 
-__all__ = [
-    "HandBack",
-    "StoppedWorkflows",
-    "Task",
-    "TaskListener",
-    "encode_output",
-    "error_text",
-]
+__all__ = ["HandBack", "StoppedWorkflows", "Task", "TaskListener", "encode_output", "error_text"]
 
 log = logging.getLogger(__name__)
 _loads = orjson.loads

@@ -127,6 +127,7 @@ def test_tasks_of_one_millisecond_past_the_thousandth_keep_stream_order(
     # The batch's first gets the slot, not the one whose name sorts first as text.
     assert slots.take(ids("9-999", "9-1000", "9-1001")) == [1, 0, 0]
     assert redis_client.zrange(KEYS.slots("lim"), 0, -1) == [slots.member("9-999").encode()]
+    assert slots.renewer._held == {slots.member("9-999")}  # what is held is what is renewed
     # The later ones wait in stream order, whichever asks first.
     for entry_id in ("9-1001", "9-1000"):
         assert slots.call("acquire", slots.member(entry_id), entry_order(entry_id))[0] == 0
