@@ -187,7 +187,7 @@ class Keys:
         return f"{self.shared}:kind-limits"
 
     def slots(self, kind: str) -> str:
-        """Sorted set of the holders of ``kind``'s slots: ``<entry id> <consumer>`` ->
+        """Sorted set of the holders of ``kind``'s slots: ``<slot_name> <consumer>`` ->
         lease expiry (ms, Redis clock); a holder renews it while its tasks run. A holder
         holds one slot, or a batch's (:meth:`slot_batches`)."""
         return f"{self.shared}:slots:{kind}"

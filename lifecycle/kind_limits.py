@@ -1,11 +1,11 @@
 """Concurrency limits per task kind: at most N tasks of a kind run at once, across all
 workers (``python -m lifecycle limit set KIND N``).
 
-A slot is a lease: a member ``<stream entry id> <consumer>`` of ``{flow}:slots:<kind>``
-scored by when it expires (Redis's clock). A worker takes the slots of a batch's tasks
-in one call (:meth:`KindSlots.take`), renews them while they run and releases them in
-the transaction that sends the batch's answers; a holder that dies frees
-its slot when the lease lapses, so a kind limited to 1 is never blocked for longer
+A slot is a lease: a member ``<name> <consumer>`` (:func:`slot_name`) of
+``{flow}:slots:<kind>`` scored by when it expires (Redis's clock). A worker takes the
+slots of a batch's tasks in one call (:meth:`KindSlots.take`), renews them while they
+run and releases them in the transaction that sends the batch's answers; a holder that
+dies frees its slot when the lease lapses, so a kind limited to 1 is never blocked for longer
 than a lease by a dead worker. Tasks without a slot wait in line
 (``{flow}:slot-queue:<kind>``, by stream entry id), each blocked on its own wake-up
 list: a release, a raised or removed limit wakes the first in line, and a waiter looks

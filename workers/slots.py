@@ -3,10 +3,10 @@
 A batch's tasks take their slots in one call as the batch comes
 (:meth:`lifecycle.kind_limits.KindSlots.take`), and release them in one call sent with
 the batch's answers: two scripts per batch, not per task. With room for all and nobody
-waiting, one holder holds the whole batch's slots. Otherwise each task holds its own or
-waits in line when its turn comes, after the slots of the batch's tasks that already
-ran are released (they are done: a limit of 1 would otherwise wait for the batch's own
-answers).
+waiting, one holder holds the whole batch's slots. Otherwise the batch's first tasks
+hold one each, and the others wait in line when their turn comes, after the slots of
+the batch's tasks that already ran are released (they are done: a limit of 1 would
+otherwise wait for the batch's own answers).
 """
 
 from __future__ import annotations
@@ -73,7 +73,7 @@ class BatchSlots:
             self._held.append(entry_id)
             return self.slots.member(entry_id)
         self._waiting.discard(entry_id)
-        self._release_ran()
+        self._release_done()
         return self.slots.acquire(entry_id, give_up)
 
     def ran(self, slot: str) -> None:
@@ -109,9 +109,16 @@ class BatchSlots:
             self.slots.release(ran)
         return command
 
-    def _release_ran(self) -> None:
-        ran, self._ran = self._ran, []
-        self.slots.release(ran)
+    def _release_done(self) -> None:
+        """Before a task waits: the slots of the batch's tasks that ran, and of those
+        taken for entries never handed theirs (dead-lettered unread). The tasks taken
+        for lead the batch, so none of those will run any more."""
+        done, self._ran = self._ran, []
+        if len(self._held) < len(self._taken):
+            handed = set(self._held)
+            done += [self.slots.member(i) for i in self._taken if i not in handed]
+            self._taken = list(self._held)
+        self.slots.release(done)
 
     def _release_unused(self) -> None:
         """Slots taken for entries never handed theirs, and places in line of entries

@@ -169,6 +169,19 @@ def test_a_batch_cut_short_leaves_no_slot_held_and_no_place_in_line(
     assert redis_client.zrange(KEYS.slots("lim"), 0, -1) == [other.member("4-0").encode()]
 
 
+def test_a_slot_taken_for_an_entry_never_run_does_not_hold_back_the_batchs_next_task(
+    redis_client: redis.Redis,
+) -> None:
+    set_kind_limit(redis_client, KEYS, "lim", 1)
+    slots = slots_of(redis_client)
+    batch = BatchSlots(slots)
+    assert batch.take(ids("5-0", "5-1"))  # 5-0 holds the slot; it is dead-lettered unread
+    assert batch.hold("5-1", lambda: "it waited") == slots.member("5-1")
+    assert slots.renewer._held == {slots.member("5-1")}
+    batch.ran(slots.member("5-1"))
+    assert batch.finish() is not None
+
+
 def test_a_whole_batch_whose_every_task_failed_holds_nothing_and_is_not_renewed(
     redis_client: redis.Redis,
 ) -> None:
