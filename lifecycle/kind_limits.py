@@ -324,10 +324,14 @@ class KindSlots:
             self._limit_read = (now, limit)
         return limit
 
-    def call(self, op: str, member: str, order: int = 0) -> Any:
-        return self._script(
-            keys=_script_keys(self.keys, self.kind),
-            args=_script_args(self.keys, self.kind, op, member, order, self.lease),
+    def call(self, op: str, member: str, order: int = 0, *more: str) -> Any:
+        """One operation of the script (ARGV[4] ``order``, ARGV[8..] ``more``)."""
+        return self._evalsha(
+            [
+                *_script_keys(self.keys, self.kind),
+                *_script_args(self.keys, self.kind, op, member, order, self.lease),
+                *more,
+            ]
         )
 
     def member(self, entry_id: str) -> str:
@@ -361,16 +365,11 @@ class KindSlots:
 
     def give(self, member: str, count: int) -> None:
         """Give back ``count`` of the slots ``member`` holds, now (all: it holds none)."""
-        self._evalsha(
-            [
-                *_script_keys(self.keys, self.kind),
-                *_script_args(self.keys, self.kind, "give", member, count, self.lease),
-            ]
-        )
+        self.call("give", member, count)
 
     def _evalsha(self, arguments: list[Any]) -> Any:
-        """The script with ``arguments`` (its keys and ARGV), packed in C: a batch's take
-        may send hundreds, which redis-py would encode one by one in Python."""
+        """The script with ``arguments`` (its keys and ARGV), packed in C: a release or a
+        take may send hundreds, which redis-py would encode one by one in Python."""
         (reply,) = execute(self._client, [("EVALSHA", self._script.sha, _KEYS, *arguments)])
         if isinstance(reply, redis.exceptions.NoScriptError):  # a restarted Redis
             (reply,) = execute(self._client, [("EVAL", self._source, _KEYS, *arguments)])
@@ -393,13 +392,7 @@ class KindSlots:
             return
         self.renewer.drop(members)
         try:
-            self._script(
-                keys=_script_keys(self.keys, self.kind),
-                args=[
-                    *_script_args(self.keys, self.kind, "release", members[0], 0, self.lease),
-                    *members[1:],
-                ],
-            )
+            self.call("release", members[0], 0, *members[1:])
         except redis.RedisError as error:
             log.info(
                 "slots %s of kind %s: release failed, freed when their leases end: %s",

@@ -22,6 +22,12 @@ def slots_of(client: redis.Redis, kind: str = "lim", lease: float = 30.0) -> Kin
     return KindSlots(client, KEYS, kind, "tester", lease=lease)
 
 
+def limited_to(client: redis.Redis, limit: int) -> KindSlots:
+    """Kind ``lim`` limited to ``limit``, and a holder's side of its slots."""
+    set_kind_limit(client, KEYS, "lim", limit)
+    return slots_of(client)
+
+
 def ids(*entry_ids: str) -> list[bytes]:
     return [entry_id.encode() for entry_id in entry_ids]
 
@@ -29,8 +35,7 @@ def ids(*entry_ids: str) -> list[bytes]:
 def test_a_batch_takes_a_slot_for_each_task_that_has_room_and_lines_up_the_rest(
     redis_client: redis.Redis,
 ) -> None:
-    set_kind_limit(redis_client, KEYS, "lim", 3)
-    slots = slots_of(redis_client)
+    slots = limited_to(redis_client, 3)
     batch = ids(*[f"1732600000000-{n}" for n in range(5)])
     assert slots.take(batch) == [1, 1, 1, 0, 0]
     assert redis_client.zcard(KEYS.slots("lim")) == 3
@@ -43,8 +48,7 @@ def test_a_batch_takes_a_slot_for_each_task_that_has_room_and_lines_up_the_rest(
 def test_a_task_waiting_ahead_in_line_keeps_its_place_against_a_whole_batch(
     redis_client: redis.Redis,
 ) -> None:
-    set_kind_limit(redis_client, KEYS, "lim", 1)
-    slots = slots_of(redis_client)
+    slots = limited_to(redis_client, 1)
     other = KindSlots(redis_client, KEYS, "lim", "other")
     holder, early = other.member("1732600000000-1"), other.member("1732600000000-2")
     assert other.call("acquire", holder, entry_order("1732600000000-1"))[0] == 1
@@ -58,8 +62,7 @@ def test_a_task_waiting_ahead_in_line_keeps_its_place_against_a_whole_batch(
 def test_a_batch_with_room_and_nobody_waiting_holds_its_slots_under_one_member(
     redis_client: redis.Redis,
 ) -> None:
-    set_kind_limit(redis_client, KEYS, "lim", 10)
-    slots = slots_of(redis_client)
+    slots = limited_to(redis_client, 10)
     assert slots.take(ids(*[f"5-{n}" for n in range(6)])) == slots.member("5-0")
     assert redis_client.zrange(KEYS.slots("lim"), 0, -1) == [slots.member("5-0").encode()]
     assert list_kind_limits(redis_client, KEYS)[0].running == 6
@@ -76,8 +79,7 @@ def test_a_batch_with_room_and_nobody_waiting_holds_its_slots_under_one_member(
 def test_a_batch_taken_again_by_its_holder_holds_its_slots_once(
     redis_client: redis.Redis,
 ) -> None:
-    set_kind_limit(redis_client, KEYS, "lim", 3)
-    slots = slots_of(redis_client)
+    slots = limited_to(redis_client, 3)
     assert slots.take(ids("5-0", "5-1", "5-2")) == slots.member("5-0")
     assert slots.take(ids("5-0", "5-1", "5-2")) == slots.member("5-0")  # redelivered to it
     assert list_kind_limits(redis_client, KEYS)[0].running == 3
@@ -108,8 +110,7 @@ def test_a_kind_without_a_limit_takes_nothing(redis_client: redis.Redis) -> None
 def test_a_batch_of_thousands_is_taken_and_released_in_one_call_each(
     redis_client: redis.Redis,
 ) -> None:
-    set_kind_limit(redis_client, KEYS, "lim", 2500)
-    slots = slots_of(redis_client)
+    slots = limited_to(redis_client, 2500)
     whole = ids(*[f"7-{n}" for n in range(2000)])
     assert slots.take(whole) == slots.member("7-0")
     each = slots.take(ids(*[f"8-{n}" for n in range(1500)]))  # 500 left
@@ -122,8 +123,7 @@ def test_a_batch_of_thousands_is_taken_and_released_in_one_call_each(
 def test_tasks_of_one_millisecond_past_the_thousandth_keep_stream_order(
     redis_client: redis.Redis,
 ) -> None:
-    set_kind_limit(redis_client, KEYS, "lim", 1)
-    slots = slots_of(redis_client)
+    slots = limited_to(redis_client, 1)
     # The batch's first gets the slot, not the one whose name sorts first as text.
     assert slots.take(ids("9-999", "9-1000", "9-1001")) == [1, 0, 0]
     assert redis_client.zrange(KEYS.slots("lim"), 0, -1) == [slots.member("9-999").encode()]
@@ -155,8 +155,7 @@ def test_a_slot_freed_while_a_batch_runs_goes_to_the_next_in_line_not_to_its_lat
 def test_a_batch_cut_short_leaves_no_slot_held_and_no_place_in_line(
     redis_client: redis.Redis,
 ) -> None:
-    set_kind_limit(redis_client, KEYS, "lim", 1)
-    slots = slots_of(redis_client)
+    slots = limited_to(redis_client, 1)
     other = KindSlots(redis_client, KEYS, "lim", "other")
     assert other.call("acquire", other.member("4-0"), 4)[0] == 1
     # 5-1 waited in line before (a redelivery): the batch finds it there.
@@ -172,8 +171,7 @@ def test_a_batch_cut_short_leaves_no_slot_held_and_no_place_in_line(
 def test_a_slot_taken_for_an_entry_never_run_does_not_hold_back_the_batchs_next_task(
     redis_client: redis.Redis,
 ) -> None:
-    set_kind_limit(redis_client, KEYS, "lim", 1)
-    slots = slots_of(redis_client)
+    slots = limited_to(redis_client, 1)
     batch = BatchSlots(slots)
     assert batch.take(ids("5-0", "5-1"))  # 5-0 holds the slot; it is dead-lettered unread
     assert batch.hold("5-1", lambda: "it waited") == slots.member("5-1")
@@ -185,8 +183,7 @@ def test_a_slot_taken_for_an_entry_never_run_does_not_hold_back_the_batchs_next_
 def test_a_whole_batch_whose_every_task_failed_holds_nothing_and_is_not_renewed(
     redis_client: redis.Redis,
 ) -> None:
-    set_kind_limit(redis_client, KEYS, "lim", 5)
-    slots = slots_of(redis_client)
+    slots = limited_to(redis_client, 5)
     batch = BatchSlots(slots)
     assert batch.take(ids("5-0", "5-1"))
     for entry_id in ("5-0", "5-1"):
