@@ -102,6 +102,11 @@ def _classify_one(error: BaseException) -> str | None:
             return TRYAGAIN
         if isinstance(error, redis.exceptions.AskError):  # MovedError too
             return MOVED
+        if isinstance(error, redis.exceptions.ExecAbortError):
+            # EXEC refused whole (memory ran out after its commands were queued):
+            # "Transaction discarded because of: <the refusal>".
+            _, _, refusal = str(error).partition("because of: ")
+            return _CODES.get(refusal.split(" ", 1)[0])
         code = getattr(error, "status_code", None) or str(error).split(" ", 1)[0]
         return _CODES.get(code)
     if isinstance(error, redis.exceptions.BusyLoadingError):

@@ -12,6 +12,9 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+import pytest
+
+from lifecycle.kind_limits import set_kind_limit
 from rqse.keys import dead_letter_key
 from tests.reliability.helpers import (
     KEYS,
@@ -54,10 +57,13 @@ def no_dead_letters(engine: Engine) -> None:
             raise DeadLettered(f"{stream}: dead-lettered ({reason}): {fields[b'error'].decode()}")
 
 
+@pytest.mark.parametrize("kind_limit", [None, 1_000_000], ids=["unlimited", "kind-limited"])
 def test_redis_out_of_memory_for_a_while_dead_letters_nothing_and_everything_finishes(
-    engine_factory: Callable[..., Engine],
+    engine_factory: Callable[..., Engine], kind_limit: int | None
 ) -> None:
     engine = engine_factory("none", ["--maxmemory-policy", "noeviction"])
+    if kind_limit is not None:  # the workers take and release slots in the squeeze too
+        set_kind_limit(engine.client, KEYS, "default", kind_limit)
     ids, expected = submit(engine.client, WORKFLOWS)
     running = [engine.lifecycle("lifecycle-0"), engine.noop("noop-0"), engine.noop("noop-1")]
     wait_progress(engine.client, WORKFLOWS, 0.2)

@@ -21,7 +21,7 @@ import redis
 from rqse import Backoff, EventClient, EventListener, dead_letter_key, message
 from rqse.connection import RedisSettings
 from rqse.server import RedisServer, free_port
-from rqse.weather import classify, describe
+from rqse.weather import OUT_OF_MEMORY, classify, describe
 from tests.conftest import wait_until
 
 
@@ -217,6 +217,26 @@ def test_weather_is_described_in_one_line_and_real_errors_are_not_weather(server
         wrapped = RuntimeError("the handler's own error")
         wrapped.__cause__ = error
         assert classify(wrapped) is not None, "a handler's error caused by weather is weather"
+
+
+def test_a_transaction_refused_whole_for_a_full_redis_is_weather(server):
+    """Redis 7 refuses EXEC itself when memory ran out after the commands were queued:
+    EXECABORT, with the reason after "because of:"."""
+    side = redis.Redis(port=server.port)
+    connection = redis.Redis(port=server.port).connection_pool.get_connection("MULTI")
+    try:
+        for command in (("MULTI",), ("XADD", "s", "*", "a", "1")):
+            connection.send_command(*command)
+            connection.read_response()
+        side.config_set("maxmemory", 1)
+        connection.send_command("EXEC")
+        with pytest.raises(redis.ResponseError) as refused:
+            connection.read_response()
+    finally:
+        side.config_set("maxmemory", 0)
+        connection.disconnect()
+    assert "discarded" in str(refused.value)
+    assert classify(refused.value) == OUT_OF_MEMORY
 
 
 @pytest.mark.parametrize(
