@@ -223,7 +223,7 @@ def test_a_transaction_refused_whole_for_a_full_redis_is_weather(server):
     """Redis 7 refuses EXEC itself when memory ran out after the commands were queued:
     EXECABORT, with the reason after "because of:"."""
     side = redis.Redis(port=server.port)
-    connection = redis.Redis(port=server.port).connection_pool.get_connection("MULTI")
+    connection = redis.Redis(port=server.port).connection_pool.get_connection()
     try:
         for command in (("MULTI",), ("XADD", "s", "*", "a", "1")):
             connection.send_command(*command)
