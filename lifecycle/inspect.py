@@ -119,8 +119,10 @@ class StoredWorkflow:
     output: Any = None
     error: str | None = None
     running: dict[str, Any] = field(default_factory=dict)
-    starts: dict[str, list[Any]] = field(default_factory=dict)  # key -> [attempt, t0, input]
-    ends: dict[str, list[Any]] = field(default_factory=dict)  # key -> [t1, ok, output, error, w]
+    # key -> [attempt, started ms, input], [ended ms, ok, output, error, worker]: the times
+    # made times (records.record_time)
+    starts: dict[str, list[Any]] = field(default_factory=dict)
+    ends: dict[str, list[Any]] = field(default_factory=dict)
     paused: list[Any] | None = None  # held task keys while paused, else None
     concurrency: Any = None  # {"key", "max"[, "queued"]} under a concurrency key, else None
     compacted: int | None = None  # ms: when its task records went (it finished long ago)
@@ -321,6 +323,8 @@ def parse_workflow(workflow_id: str, raw: dict[bytes, bytes]) -> StoredWorkflow:
                     continue
                 parsed = read(name.decode(), parse)
                 if parsed is not None:
+                    at = 1 if into is found.starts else 0  # started, ended
+                    parsed[at] = rec.record_time(parsed[at], found.created)
                     into[key] = parsed
     return found
 

@@ -119,6 +119,12 @@ class ReceiptsWorker:
     waits before it reads again, so that the next batch is fuller: every batch costs a
     write, an fsync and its round trips whatever it holds. Entries are archived that
     much later; behind a backlog it never waits.
+
+    ``trim_every``: seconds between two trims of every stream (None: never trim).
+    ``trim_after``: a stream is also trimmed as soon as this many of its entries were
+    archived since its last trim. Under load, what a trim frees arrives faster than
+    once a second; an acknowledged entry kept until then is memory at the peak (about
+    35,000 entries a second on the 1M-task benchmark).
     """
 
     def __init__(
@@ -133,6 +139,7 @@ class ReceiptsWorker:
         rescan_every: float = 1.0,
         linger: float = 0.02,
         trim_every: float | None = 1.0,
+        trim_after: int = 5000,
         drain_timeout: float = 10.0,
         retry_max: float = 5.0,
         clock: Callable[[], float] = time.monotonic,
@@ -146,6 +153,7 @@ class ReceiptsWorker:
         self.rescan_every = rescan_every
         self.linger = linger
         self.trim_every = trim_every
+        self.trim_after = trim_after
         self.drain_timeout = drain_timeout
         if not retry_max > 0:
             raise ValueError(f"retry_max must be > 0 seconds, got {retry_max!r}")
@@ -155,6 +163,7 @@ class ReceiptsWorker:
         self.streams: list[str] = []
         self._last = sink.last_ids()
         self._positions: dict[str, str] = {}  # stream -> the id XREAD reads after
+        self._untrimmed: dict[str, int] = {}  # stream -> entries archived since its trim
         # A connection whose XREAD of the next batch went out before this batch was
         # archived (a backlog: Redis prepares it meanwhile); its reply not read yet.
         self._ahead: Any = None
@@ -202,9 +211,12 @@ class ReceiptsWorker:
                     if now >= next_rescan:
                         self._discover()
                         next_rescan = now + self.rescan_every
-                    if self.trim_every is not None and now >= next_trim:
-                        self._trim()
-                        next_trim = now + self.trim_every
+                    if self.trim_every is not None:
+                        if now >= next_trim:
+                            self._trim()
+                            next_trim = now + self.trim_every
+                        elif busy := self._busy_streams():
+                            self._trim(busy)
                     if self._read(self.block_ms):
                         last_entry = self.clock()
                         if self._ahead is None and self.linger > 0:  # keeping up
@@ -395,6 +407,9 @@ class ReceiptsWorker:
             return 0
         last = {stream: entries[-1][0].decode() for stream, entries in read.items()}
         positions.update(last)
+        untrimmed = self._untrimmed
+        for stream, entries in read.items():
+            untrimmed[stream] = untrimmed.get(stream, 0) + len(entries)
         self._send(
             [("XGROUP", "SETID", stream, RECEIPTS_GROUP, id_) for stream, id_ in last.items()]
         )
@@ -657,8 +672,14 @@ class ReceiptsWorker:
             batch.append({"graph": digest, "text": text.decode("utf-8", "replace")})
             graphs.add(digest)
 
-    def _trim(self) -> None:
-        """Trim lifecycle and task streams to what every group has acknowledged.
+    def _busy_streams(self) -> list[str]:
+        """The streams with ``trim_after`` entries or more archived since their trim."""
+        after = self.trim_after
+        return [stream for stream, count in self._untrimmed.items() if count >= after]
+
+    def _trim(self, streams: list[str] | None = None) -> None:
+        """Trim ``streams`` (default: every one), lifecycle and task streams, to what
+        every group has acknowledged.
 
         Only streams whose engine group exists: with the receipts group alone on a
         task stream, trimming would drop start-tasks no task worker has seen yet.
@@ -668,7 +689,8 @@ class ReceiptsWorker:
         restored from a backup) must not let unarchived entries go. Dead-letter
         streams are left for operators (they are archived all the same).
         """
-        for stream in self.streams:
+        for stream in self.streams if streams is None else streams:
+            self._untrimmed.pop(stream, None)
             if stream.endswith(DEAD_LETTER_SUFFIX):
                 continue
             engine_group = LIFECYCLE_GROUP if stream == self.keys.lifecycle else TASK_GROUP

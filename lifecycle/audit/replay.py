@@ -190,6 +190,8 @@ def replay_workflow(item: WorkflowReplay, graphs: ArchiveGraphs, keys: Keys) -> 
         pending.salt = salt.decode() if isinstance(salt, bytes) else salt
         priority = item.fields.get(rec.PRIORITY)
         pending.priority = int(priority) if priority is not None else 0
+        created = item.fields.get(rec.CREATED)
+        pending.created = int(created) if created is not None else None
         paused = item.fields.get(rec.PAUSED)
         pending.held = orjson.loads(paused) if paused is not None else None
         concurrency = item.fields.get(rec.CONCURRENCY)

@@ -59,6 +59,12 @@ def add_commands(commands: Any, common: argparse.ArgumentParser) -> None:
     receipts.add_argument(
         "--trim-interval", type=float, default=1.0, help="seconds between trims (1)"
     )
+    receipts.add_argument(
+        "--trim-after",
+        type=int,
+        default=5000,
+        help="also trim a stream once this many of its entries were archived (5000)",
+    )
     receipts.add_argument("--no-trim", action="store_true", help="never trim the streams")
     receipts.add_argument(
         "--partition",
@@ -239,6 +245,7 @@ def _archive(
             consumer=args.consumer,
             batch_size=args.batch_size,
             trim_every=None if args.no_trim else args.trim_interval,
+            trim_after=args.trim_after,
         )
         if metrics is not None and partitions.count == 1:
             from lifecycle.metrics import ReceiptsCollector

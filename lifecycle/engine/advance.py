@@ -57,7 +57,10 @@ _MAX_LOADS = 4  # loads of a chunked state's entries for one transition, before 
 _KNOWN_CHUNKED = 65536  # workflows remembered as chunked (their entries are loaded at once)
 _SHARED = frozenset({FANIN, WAITING})  # entries many events of one workflow touch
 _SHARED_ENTRIES = 64  # of those, remembered per workflow
-_LOADED = (rec.VERSION, rec.STATE, rec.GRAPH, rec.SALT, rec.PAUSED, rec.PRIORITY, rec.CONCURRENCY)
+_LOADED = (
+    rec.VERSION, rec.STATE, rec.GRAPH, rec.SALT, rec.PAUSED, rec.PRIORITY, rec.CONCURRENCY,
+    rec.CREATED,
+)  # fmt: skip
 # Events that send start-tasks again (or held ones), with the inputs recorded: the whole
 # record is read.
 _WHOLE_RECORD = frozenset({ev.RESUME_WORKFLOW, ev.RESTART_WORKFLOW, ev.ADMIT_WORKFLOW})
@@ -370,7 +373,9 @@ class Advancer:
             if item.resends:
                 item.read_fields(_pairs(values))
             else:
-                version, state, digest, salt, paused, priority, concurrency = values[:_LOADED_COUNT]
+                version, state, digest, salt, paused, priority, concurrency, created = values[
+                    :_LOADED_COUNT
+                ]
                 item.version = version.decode() if version else ""
                 core = orjson.loads(state) if state else None
                 if core is None:
@@ -386,6 +391,7 @@ class Advancer:
                 item.salt = salt.decode() if salt is not None else None
                 item.held = orjson.loads(paused) if paused is not None else None
                 item.priority = int(priority) if priority is not None else 0
+                item.created = int(created) if created is not None else None
                 item.concurrency = (
                     decoded_concurrency(concurrency) if concurrency is not None else None
                 )

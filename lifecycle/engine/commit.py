@@ -67,7 +67,7 @@ class Pending:
     __slots__ = (
         "workflow", "events", "version", "state", "digest", "inputs", "salt", "corrupt", "refused",
         "held", "resends", "entries", "input_keys", "priority", "concurrency", "key",
-        "compacted",
+        "compacted", "created",
     )  # fmt: skip
 
     def __init__(
@@ -99,6 +99,9 @@ class Pending:
         self.key: bytes | None = None
         # no hash, but an entry of Keys.compacted: it finished (state is a finished one)
         self.compacted = False
+        # its record's CREATED (ms): its task records' times count from there
+        # (records.record_offset); None without one
+        self.created: int | None = None
 
     def note_input(self, key: str, value: Any) -> None:
         """The input of a start-task held or sent in this batch: a resume or restart later
@@ -123,6 +126,8 @@ class Pending:
         self.held = orjson.loads(paused) if paused is not None else None
         priority = get(rec.PRIORITY)
         self.priority = int(priority) if priority is not None else 0
+        created = get(rec.CREATED)
+        self.created = int(created) if created is not None else None
         self.corrupt = None
         self.inputs = recorded_inputs(fields)
 

@@ -12,6 +12,7 @@ from flowlang.graph import Graph
 from flowlang.limits import DEFAULT_LIMITS, Limits
 from flowlang.machine import Machine, State
 from lifecycle import compact
+from lifecycle import records as rec
 from lifecycle.errors import FlowNotStored, UnknownWorkflow
 from lifecycle.keys import Keys
 from lifecycle.stored_state import state_from_fields
@@ -55,10 +56,10 @@ class WorkflowRecord:
     output: Any
     error: str | None
     state: State
-    starts: dict[str, list[Any]] = field(default_factory=dict)  # key -> [attempt, t0, input]
-    ends: dict[str, list[Any]] = field(
-        default_factory=dict
-    )  # key -> [t1, ok, output, error, worker]
+    # key -> [attempt, started ms, input]
+    starts: dict[str, list[Any]] = field(default_factory=dict)
+    # key -> [ended ms, ok, output, error, worker]
+    ends: dict[str, list[Any]] = field(default_factory=dict)
     compacted: int | None = None  # ms: when its task records went (the archive has them)
 
 
@@ -70,24 +71,36 @@ def _json(value: bytes | None) -> Any:
     return orjson.loads(value) if value is not None else None
 
 
+_START, _END = rec.START_PREFIX.encode(), rec.END_PREFIX.encode()
+
+
+def _timed(value: bytes, at: int, created: int | None) -> Any:
+    """A task record decoded, its time at ``at`` made a time (records.record_time)."""
+    record = orjson.loads(value)
+    if type(record) is list and len(record) > at:
+        record[at] = rec.record_time(record[at], created)
+    return record
+
+
 def load_workflow(client: redis.Redis, keys: Keys, workflow_id: str) -> WorkflowRecord:
     raw = compact.read_record(client, keys, workflow_id)
     if not raw:
         raise UnknownWorkflow(f"no workflow {workflow_id!r}")
+    created, ended, compacted = raw.get(b"created"), raw.get(b"ended"), raw.get(b"c")
+    since = int(created) if created else None
     starts, ends = {}, {}
     for name, value in raw.items():
-        if name.startswith(b"n:"):
-            starts[name[2:].decode()] = orjson.loads(value)
-        elif name.startswith(b"o:"):
-            ends[name[2:].decode()] = orjson.loads(value)
+        if name.startswith(_START):
+            starts[name[2:].decode()] = _timed(value, 1, since)
+        elif name.startswith(_END):
+            ends[name[2:].decode()] = _timed(value, 0, since)
     state = state_from_fields(raw)
-    created, ended, compacted = raw.get(b"created"), raw.get(b"ended"), raw.get(b"c")
     return WorkflowRecord(
         id=workflow_id,
         graph=_text(raw.get(b"g")) or "",
         name=_text(raw.get(b"name")) or None,
         status=state.status,
-        created=int(created) if created else None,
+        created=since,
         ended=int(ended) if ended else None,
         input=_json(raw.get(b"input")),
         output=state.output if state.status == "finished" else None,

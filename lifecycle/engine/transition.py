@@ -113,9 +113,6 @@ class Transition:
         self._tasks: dict[tuple[str, int], list[_TaskFacts | None]] = {}
         # (graph hash, priority) -> instance key -> what its node's plain step needs
         self._steps: dict[tuple[str | None, int], dict[str, _Step]] = {}
-        # The time of the records, the length of an end record's head, and a start
-        # record's head (first attempts): written once per time (a batch shares one).
-        self._now, self._head, self._started = -1, 0, b""
 
     def compute(self, item: Pending, result: BatchResult | Said, now: int) -> Commit | None:
         """Apply ``item.events`` to ``item.state``; return what to commit, or None when
@@ -257,8 +254,9 @@ class Transition:
         if step is _NOT_PLAIN or len(running) - 1 + len(starts) > _CHUNK_AT:
             return None  # (past _CHUNK_AT it would be stored chunked)
         output, worker = event.output, event.worker
+        at = now if item.created is None else now - item.created  # (rec.record_offset, inline)
         try:
-            record = _dumps([now, True, output, None, worker])
+            record = _dumps([at, True, output, None, worker])
         except orjson.JSONEncodeError:
             return None
         if (
@@ -275,17 +273,16 @@ class Transition:
             and (event.token is not None or not self.untokened_answers)
         ):
             return None  # refused by the general path, with the reason
-        if now != self._now:
-            self._set_now(now)
         # The successors' input: the output as the record encodes it (None starts them
         # with {}), cut out of the record rather than encoded again.
+        started = b"[1,%d," % at
         if output is None:
             input_json = b"{}"
         else:
             tail = 7 + (4 if worker is None else len(_dumps(worker)))  # ,null,<worker>]
-            input_json = record[self._head : len(record) - tail]
+            input_json = record[len(started) + 3 : len(record) - tail]  # after [<at>,true,
         del running[key]
-        start_record = b"%b%b]" % (self._started, input_json)  # [1, now, input]
+        start_record = b"%b%b]" % (started, input_json)  # [1, at, input]
         workflow_json = _dumps(workflow)
         commit = Commit(self.keys, workflow, self._shared)
         fields = commit.fields
@@ -322,9 +319,6 @@ class Transition:
         hset: tuple[bytes, ...] = (key_bytes, record, *repeat(start_record, len(starts)))
         commit.plain = (step.hset, (*hset, state_json, b"%d" % version))
         return commit
-
-    def _set_now(self, now: int) -> None:
-        self._now, self._head, self._started = now, len(b"[%d,true," % now), b"[1,%d," % now
 
     def _plain_facts(self, item: Pending, key: str) -> _Step | None:
         """What the plain step of ``key``'s node needs, cached per graph and priority:
@@ -390,6 +384,7 @@ class Transition:
                     machine = self.graphs.machine(event.graph)
                     state = State()
                     item.state, item.digest, item.salt = state, event.graph, event.salt
+                    item.created = now
                     commit.created = str(now)
                     commit.set(rec.CREATED, now)
                     commit.set(rec.GRAPH, event.graph)
@@ -546,7 +541,8 @@ class Transition:
                 # The record's encoding doubles as the depth check: orjson refuses values
                 # nested deeper than it can write (about the default limit), so the walk
                 # runs only where a lower limit is configured.
-                record = _dumps([now, True, output, None, event.worker])
+                at = rec.record_offset(now, item.created)
+                record = _dumps([at, True, output, None, event.worker])
             except orjson.JSONEncodeError as error:
                 raise LifecycleError(f"task {key}: output cannot be stored: {error}") from None
             if (
@@ -563,7 +559,8 @@ class Transition:
             reason, worker = event.error or "failed", event.worker
         else:
             reason, worker = f"timed out after {policy.timeout}s", None
-        commit.set(rec.end_field(key), _dumps([now, False, None, reason, worker]))
+        at = rec.record_offset(now, item.created)
+        commit.set(rec.end_field(key), _dumps([at, False, None, reason, worker]))
         tries = machine.invocation_attempt(state, key, attempt)  # not attempt: cycles
         retry = tries <= policy.retries
         actions = machine.task_failed(state, key, attempt, reason, retry, item.inputs.get(key))
@@ -669,13 +666,14 @@ class Transition:
         start_prefix = rec.START_PREFIX
         held = item.held
         offer = commit.offer
+        at = rec.record_offset(now, item.created)
         for action in actions:
             if isinstance(action, StartTask):
                 task = self._task(item, machine, action.node)
                 key, attempt = action.key, action.attempt
                 input_json = _dumps(action.input)
-                # n:<key> = [attempt, started ms, input], spliced: the input is encoded once
-                record = b"[%d,%d,%b]" % (attempt, now, input_json)
+                # n:<key> = [attempt, started, input], spliced: the input is encoded once
+                record = b"[%d,%d,%b]" % (attempt, at, input_json)
                 queued = held is not None
                 if held is not None:  # paused or queued: recorded, sent by resume or admission
                     commit.set(start_prefix + key, record)

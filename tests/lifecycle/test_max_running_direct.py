@@ -29,6 +29,7 @@ from lifecycle.audit.report import audit_archive
 from lifecycle.engine.advance import Advancer
 from lifecycle.engine.commit import Commit
 from lifecycle.engine.gate import gate_command, gate_packed
+from lifecycle.engine.store import load_workflow
 from lifecycle.keys import TASK_GROUP, Keys
 from lifecycle.submit import graph_task_kinds, start_workflow
 from tests.lifecycle.audit_helpers import archive_all
@@ -172,9 +173,7 @@ def test_a_direct_admission_sets_its_timeout_timer_and_replay_and_recover_agree(
     ((member, due),) = harness.client.zrange(KEYS.timers, 0, -1, withscores=True)
     timer = orjson.loads(member)
     assert (timer["kind"], timer["workflow"], timer["attempt"]) == (ev.TIMEOUT_TASK, workflow, 1)
-    t0 = orjson.loads(harness.client.hget(KEYS.workflow(workflow), rec.start_field(timer["key"])))[
-        1
-    ]
+    t0 = load_workflow(harness.client, KEYS, workflow).starts[timer["key"]][1]
     assert 3_599_000 <= due - t0 <= 3_601_000  # from the start, as an unkeyed workflow's
     archive_all(harness.client, tmp_path / "archive")
     report = audit_archive(tmp_path / "archive", KEYS, client=harness.client)

@@ -125,6 +125,9 @@ def items(draw: Any) -> tuple[Transition, Pending]:
     item = Pending(workflow, [("1-1", ev.END_TASK, event)], draw(st.sampled_from(["", "7"])))
     item.state, item.digest, item.salt = state, digest, salt
     item.priority = draw(st.sampled_from([0, 3]))
+    # Task record times count from its creation: none recorded, a while ago, a moment
+    # ahead (another worker's clock), long ago.
+    item.created = draw(st.sampled_from([None, NOW - 12_345, NOW + 5, NOW - 10**9]))
     # Under a concurrency key: admitted, or still waiting (its start-tasks held).
     concurrency = draw(st.sampled_from(["none", "admitted", "queued"]))
     if concurrency != "none":

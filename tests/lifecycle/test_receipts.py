@@ -163,6 +163,27 @@ def test_trimming_keeps_only_what_a_group_still_needs_and_the_archive_stays_comp
     assert_exactly_once(redis_client, tmp_path)
 
 
+@pytest.mark.parametrize("trim_after", [10, 10**9])
+def test_a_stream_is_trimmed_once_trim_after_of_its_entries_were_archived(
+    redis_client: redis.Redis, tmp_path: Path, trim_after: int
+) -> None:
+    run_in_harness(redis_client, 20)
+    before = redis_client.xlen(KEYS.lifecycle)
+    sink = SegmentSink(tmp_path)
+    # The interval's trim comes first, with nothing archived yet; the next is an hour on.
+    worker = ReceiptsWorker(
+        redis_client, sink, KEYS, block_ms=20, trim_every=3600.0, trim_after=trim_after
+    )
+    worker.run(idle_timeout=0.3)
+    sink.close()
+    if trim_after == 10:
+        assert redis_client.xlen(KEYS.lifecycle) <= 2 < before
+        assert redis_client.xlen(KEYS.tasks("default")) <= 2
+    else:
+        assert redis_client.xlen(KEYS.lifecycle) == before
+    assert_exactly_once(redis_client, tmp_path)
+
+
 def _add_odd_entries(client: redis.Redis) -> str:
     """Entries the fast path must leave to the decoding path, in a task stream of their
     own: values that are not JSON on their own (one pair that would be, joined), JSON
