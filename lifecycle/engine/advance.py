@@ -159,6 +159,7 @@ class Advancer:
             keep_details_ms=keep_details_ms,
         )
         self.script = lua.load_script(client, "advance", _SCRIPTS)
+        self.ack_script = lua.load_script(client, "ack_unchanged", _SCRIPTS)
         self._shared = shared_keys(self.keys)
         # Workflows last seen with a chunked state, and the entries of theirs that every
         # batch is likely to touch (an iteration's counter, a join's arrival count): with
@@ -204,10 +205,12 @@ class Advancer:
                     # (not in a round trip of their own) when it wins; so are those of
                     # the workflows they change nothing of, as judged under the WATCH (a
                     # start judged a duplicate of a workflow a delete removes meanwhile
-                    # is judged again).
+                    # is judged again). A workflow known by its compacted entry is not
+                    # under the WATCH: its judgement is confirmed after.
+                    covered = [(item, said) for item, said in quiet if not item.compacted]
                     extra = (
                         result.duplicates
-                        + [d for _, said in quiet for d in said.duplicates]
+                        + [d for _, said in covered for d in said.duplicates]
                         + [d for _, _, said in commits for d in said.duplicates]
                     )
                     won_all = self._commit_watched(
@@ -221,13 +224,12 @@ class Advancer:
                         result.conflicts += len(pending)
                     else:
                         result.acknowledged += extra
-                        for _, said in quiet:
+                        for _, said in covered:
                             said.into(result)
-                        pending = []
+                        compacted = [(item, said) for item, said in quiet if item.compacted]
+                        pending = self._confirm_quiet(compacted, send, result)
                 else:
-                    for _, said in quiet:
-                        said.into(result)
-                    pending = []
+                    pending = self._confirm_quiet(quiet, send, result)
             if not watched:
                 outcome = self._commit([(item, commit) for item, commit, _ in commits])
             for (item, commit, said), won in zip(commits, outcome, strict=True):
@@ -257,6 +259,47 @@ class Advancer:
         return result
 
     # -- steps -------------------------------------------------------------------
+
+    def _confirm_quiet(
+        self, quiet: list[tuple[Pending, Said]], send: fastpipe.Send, result: BatchResult
+    ) -> list[Pending]:
+        """What was said of the events of workflows they change nothing of, judged outside
+        a WATCH, counts if each workflow is still as it was read (ack_unchanged.lua, which
+        then acknowledges its duplicates): the workflows changed meanwhile are returned,
+        to be judged again."""
+        if not quiet:
+            return []
+        keys, group, sha = self.keys, self.keys.lifecycle_group, self.ack_script.sha
+        calls = [
+            (
+                "EVALSHA",
+                sha,
+                3,
+                keys.workflow(item.workflow),
+                keys.lifecycle,
+                keys.compacted,
+                group,
+                item.version,
+                rec.VERSION,
+                item.workflow,
+                "1" if item.compacted else "0",
+                *said.duplicates,
+            )  # fmt: skip
+            for item, said in quiet
+        ]
+        replies = send(calls)
+        if any(_is_noscript(reply) for reply in replies):  # after a restart or SCRIPT FLUSH
+            self.client.script_load(lua.script_source("ack_unchanged", _SCRIPTS))
+            replies = send(calls)
+        again = []
+        for (item, said), unchanged in zip(quiet, _raise_errors(replies), strict=True):
+            if unchanged:
+                result.acknowledged += said.duplicates
+                said.into(result)
+            else:
+                again.append(item)
+                result.conflicts += 1
+        return again
 
     def _compute(self, item: Pending, now: int, send: fastpipe.Send) -> tuple[Commit | None, Said]:
         """``item``'s transition; a chunked state's entries it finds missing are loaded and
