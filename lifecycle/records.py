@@ -49,6 +49,7 @@ __all__ = [
     "VERSION",
     "WAITING_PREFIX",
     "RELATIVE_BELOW",
+    "created_ms",
     "end_field",
     "is_queued",
     "record_offset",
@@ -135,6 +136,17 @@ def end_field(key: str) -> str:
     return END_PREFIX + key
 
 
+def created_ms(raw: bytes | str | int | None) -> int | None:
+    """A record's :data:`CREATED` as a whole number of ms; None when it has none or it
+    is not one (damaged by hand): task record times are then written as times."""
+    if raw is None:
+        return None
+    try:
+        return int(raw)
+    except ValueError:
+        return None
+
+
 def record_offset(now: int, created: int | None) -> int:
     """What a task record stores for the time ``now`` (ms) of a workflow created at
     ``created``: the time itself when the record has none (not the engine's writing)."""
@@ -142,11 +154,12 @@ def record_offset(now: int, created: int | None) -> int:
 
 
 def record_time(value: object, created: int | None) -> object:
-    """The time (ms) a task record's ``value`` stands for (:func:`record_offset`); a
-    value that is not a whole number is given back as it is, for the caller to judge."""
-    if type(value) is not int or created is None or value >= RELATIVE_BELOW:
+    """The time (ms) a task record's ``value`` stands for (:func:`record_offset`): None
+    for an offset whose base is unknown (``created`` missing or unreadable); a value
+    that is not a whole number is given back as it is, for the caller to judge."""
+    if type(value) is not int or value >= RELATIVE_BELOW:
         return value
-    return created + value
+    return None if created is None else created + value
 
 
 # Fields of a schedule's hash ({flow}:schedule:<name>, lifecycle.keys.Keys.schedule).

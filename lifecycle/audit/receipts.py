@@ -155,6 +155,8 @@ class ReceiptsWorker:
         self.trim_every = trim_every
         self.trim_after = trim_after
         self.drain_timeout = drain_timeout
+        if trim_after < 1:
+            raise ValueError(f"trim_after must be 1 or more entries, got {trim_after!r}")
         if not retry_max > 0:
             raise ValueError(f"retry_max must be > 0 seconds, got {retry_max!r}")
         self.retry_max = retry_max  # longest wait between two tries (refused flushes, errors)

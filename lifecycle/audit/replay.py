@@ -190,8 +190,7 @@ def replay_workflow(item: WorkflowReplay, graphs: ArchiveGraphs, keys: Keys) -> 
         pending.salt = salt.decode() if isinstance(salt, bytes) else salt
         priority = item.fields.get(rec.PRIORITY)
         pending.priority = int(priority) if priority is not None else 0
-        created = item.fields.get(rec.CREATED)
-        pending.created = int(created) if created is not None else None
+        pending.created = rec.created_ms(item.fields.get(rec.CREATED))
         paused = item.fields.get(rec.PAUSED)
         pending.held = orjson.loads(paused) if paused is not None else None
         concurrency = item.fields.get(rec.CONCURRENCY)

@@ -44,6 +44,28 @@ log = logging.getLogger(__name__)
 EXIT_DIFFERENT = EXIT_FAILED  # replay found a difference
 
 
+def _at_least_one(text: str) -> int:
+    """An argument that counts something: a whole number, 1 or more."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is below 1")
+    return value
+
+
+def _seconds(text: str) -> float:
+    """A duration in seconds, above 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"{text} seconds: expected more than 0 and finite")
+    return value
+
+
 def add_commands(commands: Any, common: argparse.ArgumentParser) -> None:
     """Add ``receipts`` and ``replay`` to the lifecycle CLI's subparsers."""
     receipts = commands.add_parser(
@@ -51,17 +73,17 @@ def add_commands(commands: Any, common: argparse.ArgumentParser) -> None:
     )
     receipts.add_argument("--archive", default="receipts", help="archive directory (./receipts)")
     receipts.add_argument("--consumer", default="receipts", help="consumer name (keep it stable)")
-    receipts.add_argument("--batch-size", type=int, default=1000, help="entries per read")
+    receipts.add_argument("--batch-size", type=_at_least_one, default=1000, help="entries per read")
     receipts.add_argument(
         "--segment-mb", type=float, default=64.0, help="rotate segments at this size (64)"
     )
     receipts.add_argument("--compress", action="store_true", help="gzip closed segments")
     receipts.add_argument(
-        "--trim-interval", type=float, default=1.0, help="seconds between trims (1)"
+        "--trim-interval", type=_seconds, default=1.0, help="seconds between trims (1)"
     )
     receipts.add_argument(
         "--trim-after",
-        type=int,
+        type=_at_least_one,
         default=5000,
         help="also trim a stream once this many of its entries were archived (5000)",
     )

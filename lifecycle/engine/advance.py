@@ -266,7 +266,9 @@ class Advancer:
         """What was said of the events of workflows they change nothing of, judged outside
         a WATCH, counts if each workflow is still as it was read (ack_unchanged.lua, which
         then acknowledges its duplicates): the workflows changed meanwhile are returned,
-        to be judged again."""
+        to be judged again. As strict as the WATCH (any commit since the read, not only a
+        delete): a resume refused as the workflow was not paused must be judged again
+        when a pause sent before it commits meanwhile."""
         if not quiet:
             return []
         keys, group, sha = self.keys, self.keys.lifecycle_group, self.ack_script.sha
@@ -434,7 +436,7 @@ class Advancer:
                 item.salt = salt.decode() if salt is not None else None
                 item.held = orjson.loads(paused) if paused is not None else None
                 item.priority = int(priority) if priority is not None else 0
-                item.created = int(created) if created is not None else None
+                item.created = rec.created_ms(created)
                 item.concurrency = (
                     decoded_concurrency(concurrency) if concurrency is not None else None
                 )

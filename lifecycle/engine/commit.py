@@ -126,8 +126,7 @@ class Pending:
         self.held = orjson.loads(paused) if paused is not None else None
         priority = get(rec.PRIORITY)
         self.priority = int(priority) if priority is not None else 0
-        created = get(rec.CREATED)
-        self.created = int(created) if created is not None else None
+        self.created = rec.created_ms(get(rec.CREATED))
         self.corrupt = None
         self.inputs = recorded_inputs(fields)
 

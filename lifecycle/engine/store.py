@@ -87,7 +87,7 @@ def load_workflow(client: redis.Redis, keys: Keys, workflow_id: str) -> Workflow
     if not raw:
         raise UnknownWorkflow(f"no workflow {workflow_id!r}")
     created, ended, compacted = raw.get(b"created"), raw.get(b"ended"), raw.get(b"c")
-    since = int(created) if created else None
+    since = rec.created_ms(created)
     starts, ends = {}, {}
     for name, value in raw.items():
         if name.startswith(_START):

@@ -15,6 +15,7 @@ from lifecycle.audit.receipts import ReceiptsWorker
 from lifecycle.audit.report import audit_archive
 from lifecycle.audit.segments import SegmentSink
 from lifecycle.audit.verify import check_chain
+from lifecycle.cli import main
 from lifecycle.keys import RECEIPTS_GROUP
 from lifecycle.submit import start_workflow
 from tests.lifecycle.archive_oracle import expected_fields
@@ -304,3 +305,30 @@ def test_a_sink_without_write_encoded_receives_events_as_dicts(
     events = [r["event"] for r in sink.records if "event" in r]
     assert events and all(type(e) is dict for e in events)
     assert {e["kind"] for e in events} >= {"start-workflow", "start-task", "end-task"}
+
+
+@pytest.mark.parametrize(
+    ("flag", "value", "why"),
+    [
+        ("--trim-after", "0", "0 is below 1"),
+        ("--trim-after", "many", "'many' is not a whole number"),
+        ("--batch-size", "-1", "-1 is below 1"),
+        ("--trim-interval", "0", "expected more than 0 and finite"),
+        ("--trim-interval", "inf", "expected more than 0 and finite"),
+    ],
+)
+def test_the_receipts_command_refuses_a_count_or_interval_out_of_range_in_one_line(
+    capsys: pytest.CaptureFixture[str], flag: str, value: str, why: str
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["receipts", flag, value])
+    assert exited.value.code == 2
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert f"argument {flag}: " in error and error.endswith(why)
+
+
+def test_a_receipts_worker_refuses_to_trim_after_fewer_than_one_entry(
+    redis_client: redis.Redis, tmp_path: Path
+) -> None:
+    with pytest.raises(ValueError, match="trim_after must be 1 or more"):
+        ReceiptsWorker(redis_client, SegmentSink(tmp_path), KEYS, trim_after=0)

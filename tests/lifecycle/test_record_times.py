@@ -96,3 +96,25 @@ def test_records_that_hold_the_time_itself_read_as_before_and_the_workflow_goes_
     shown = {t["key"]: t for t in describe_workflow(harness.client, KEYS, workflow_id)["tasks"]}
     assert shown["1"]["duration_ms"] == loaded.ends["1"][0] - old_start
     assert abs(_shown_ms(shown["1"]["started"]) - old_start) <= 1
+
+
+def test_a_workflow_whose_created_is_unreadable_goes_on_with_its_times_stored_whole(
+    harness: Harness,
+) -> None:
+    workflow_id = harness.submit(compile_text("A → B"), {"n": 1}, "wf-damaged")
+    harness.advance()  # A's start record: an offset from the creation
+    harness.client.hset(KEYS.workflow(workflow_id), rec.CREATED, b"garbage")
+    harness.pump(lambda call: call.input)
+    loaded = load_workflow(harness.client, KEYS, workflow_id)
+    assert loaded.status == rec.FINISHED and loaded.created is None
+    # What was written after the damage holds the times themselves.
+    assert before_now(loaded.ends["1"][0]) and before_now(loaded.starts["2"][1])
+    # A's start is an offset from a creation no longer known: unknown, not 1970.
+    assert loaded.starts["1"][1] is None
+    shown = {t["key"]: t for t in describe_workflow(harness.client, KEYS, workflow_id)["tasks"]}
+    assert shown["1"]["started"] is None and shown["1"]["duration_ms"] is None
+    assert shown["2"]["duration_ms"] == loaded.ends["2"][0] - loaded.starts["2"][1]
+
+
+def before_now(value: Any) -> bool:
+    return type(value) is int and rec.RELATIVE_BELOW <= value <= _now_ms()
