@@ -286,7 +286,7 @@ class Advancer:
                 item.workflow,
                 "1" if item.compacted else "0",
                 *said.duplicates,
-            )  # fmt: skip
+            )
             for item, said in quiet
         ]
         replies = send(calls)
