@@ -8,6 +8,7 @@ import orjson
 import redis
 
 from flowlang.compiler import compile_text
+from flowlang.graph import Graph
 from lifecycle import events as ev
 from lifecycle import records as rec
 from lifecycle.engine.advance import Advancer
@@ -23,22 +24,34 @@ from tests.lifecycle.test_max_running_direct import Racing, ok, read_batch
 KEYS = Keys()
 
 
+def delete_then_start(client: redis.Redis, graph: Graph, input: Any) -> tuple[Any, Any]:
+    """A delete of "w" and a start of "w" right behind it, both read from the lifecycle
+    stream (as one worker and another would read them), not applied yet."""
+    EventClient(KEYS.lifecycle, pool=client.connection_pool).append(
+        ev.control(ev.DELETE_WORKFLOW, "w")
+    )
+    (delete,) = read_batch(client)
+    start_workflow(client, graph, input, "w", KEYS)
+    (start,) = read_batch(client)
+    return delete, start
+
+
+def other_worker(client: redis.Redis) -> Advancer:
+    """A second lifecycle worker's advancer, on its own connections."""
+    return Advancer(redis.Redis(connection_pool=client.connection_pool), KEYS)
+
+
 def test_a_start_judged_a_duplicate_while_a_delete_commits_is_judged_again_and_runs(
     harness: Harness,
 ) -> None:
     graph = compile_text("A")
     harness.submit(graph, None, "w")
     harness.pump(ok)  # finished: a second start is a duplicate
-    EventClient(KEYS.lifecycle, pool=harness.client.connection_pool).append(
-        ev.control(ev.DELETE_WORKFLOW, "w")
-    )
-    (delete,) = read_batch(harness.client)
-    start_workflow(harness.client, graph, {"again": True}, "w", KEYS)
-    (start,) = read_batch(harness.client)
+    delete, start = delete_then_start(harness.client, graph, {"again": True})
     # This worker loads w (still there, finished), judges the start a duplicate; another
     # worker commits the delete before this one acknowledges that judgement.
     racing = Racing(harness.client, KEYS)
-    other = Advancer(redis.Redis(connection_pool=harness.client.connection_pool), KEYS)
+    other = other_worker(harness.client)
     racing.intrude = lambda: other.apply([delete])
     result = racing.apply([start])
     assert result.committed == 1 and result.duplicates == []
@@ -73,14 +86,9 @@ def test_a_start_judged_a_duplicate_after_a_lost_race_while_a_delete_commits_run
     harness.advance()
     harness.work(ok)  # z's answer for A waits on the stream
     (answer,) = read_batch(harness.client)
-    EventClient(KEYS.lifecycle, pool=harness.client.connection_pool).append(
-        ev.control(ev.DELETE_WORKFLOW, "w")
-    )
-    (delete,) = read_batch(harness.client)
-    start_workflow(harness.client, graph, {"again": True}, "w", KEYS)
-    (start,) = read_batch(harness.client)
+    delete, start = delete_then_start(harness.client, graph, {"again": True})
     racing = RacingTwice(harness.client, KEYS)
-    other = Advancer(redis.Redis(connection_pool=harness.client.connection_pool), KEYS)
+    other = other_worker(harness.client)
     # The batch's watched round loses (z changed meanwhile): the next round judges the
     # start a duplicate again, and the delete commits before that judgement is acted on.
     racing.intrude = lambda: harness.client.hset(KEYS.workflow("z"), "touched", 1)
@@ -97,16 +105,11 @@ def test_a_start_of_a_compacted_id_judged_a_duplicate_while_a_delete_commits_run
 ) -> None:
     harness = compacting(redis_client)
     run_and_compact(harness, "w")  # finished and compacted: a second start is a duplicate
-    EventClient(KEYS.lifecycle, pool=redis_client.connection_pool).append(
-        ev.control(ev.DELETE_WORKFLOW, "w")
-    )
-    (delete,) = read_batch(redis_client)
-    start_workflow(redis_client, CHAIN, {"n": 0}, "w", KEYS)
-    (start,) = read_batch(redis_client)
+    delete, start = delete_then_start(redis_client, CHAIN, {"n": 0})
     # Judged a duplicate by its compacted entry, which no WATCH covers; the delete
     # removes that entry before the judgement is acted on.
     racing = Racing(redis_client, KEYS, retain_ms=HOUR, keep_details_ms=0)
-    other = Advancer(redis.Redis(connection_pool=redis_client.connection_pool), KEYS)
+    other = other_worker(redis_client)
     racing.intrude = lambda: other.apply([delete])
     result = racing.apply([start])
     assert result.duplicates == [] and result.committed == 1

@@ -13,7 +13,7 @@ from lifecycle.stored_state import state_from_fields
 from lifecycle.submit import start_workflow
 from tests.conftest import wait_until
 from tests.workers.helpers import KEYS, Threads, state, submit, wait_for_end
-from tests.workers.test_kind_limits import Recorder, most_at_once
+from tests.workers.test_kind_limits import Recorder, assert_nothing_held, most_at_once
 from workers.noop import NoopWorker
 from workers.slots import BatchSlots
 
@@ -216,8 +216,7 @@ def test_a_batch_under_a_limit_of_one_runs_its_tasks_in_turn_not_waiting_for_its
     assert wait_for_end(redis_client, workflow, timeout=15)["status"] == "finished"
     assert len(runs) == 10
     assert most_at_once(runs) == 1
-    assert redis_client.zcard(KEYS.slots("lim")) == 0
-    assert redis_client.zcard(KEYS.slot_queue("lim")) == 0
+    assert_nothing_held(redis_client)
 
 
 def test_a_noop_worker_answers_a_limited_kinds_tasks_only_once_they_hold_slots(
@@ -236,8 +235,7 @@ def test_a_noop_worker_answers_a_limited_kinds_tasks_only_once_they_hold_slots(
     outside.release(["outside"])
     for workflow in workflows:
         assert wait_for_end(redis_client, workflow)["status"] == "finished"
-    assert redis_client.zcard(KEYS.slots("lim")) == 0
-    assert redis_client.zcard(KEYS.slot_queue("lim")) == 0
+    assert_nothing_held(redis_client)
 
 
 def test_noop_workers_finish_every_task_of_a_limited_kind_and_leave_no_slot(
@@ -252,8 +250,7 @@ def test_noop_workers_finish_every_task_of_a_limited_kind_and_leave_no_slot(
     items = orjson.dumps(list(range(300))).decode()
     workflow = submit(redis_client, f"<{items}> → * lim:work")
     assert wait_for_end(redis_client, workflow, timeout=30)["status"] == "finished"
-    assert redis_client.zcard(KEYS.slots("lim")) == 0
-    assert redis_client.zcard(KEYS.slot_queue("lim")) == 0
+    assert_nothing_held(redis_client)
     assert redis_client.xpending(KEYS.tasks("lim"), "workers")["pending"] == 0
 
 

@@ -42,6 +42,12 @@ class Recorder(TaskListener):
         return {"ok": True}
 
 
+def assert_nothing_held(client: redis.Redis, kind: str = "lim") -> None:
+    """No slot of ``kind`` held and nobody in its line."""
+    assert client.zcard(KEYS.slots(kind)) == 0
+    assert client.zcard(KEYS.slot_queue(kind)) == 0
+
+
 def most_at_once(runs: list[tuple[str, float, float]]) -> int:
     moments = sorted([(s, 1) for _, s, _ in runs] + [(e, -1) for _, _, e in runs])
     running = most = 0
@@ -70,8 +76,7 @@ def test_a_limit_of_two_never_runs_more_than_two_of_fifty_tasks_at_once(
     assert wait_for_end(redis_client, workflow, timeout=30)["status"] == "finished"
     assert len({name for name, _, _ in runs}) == 50
     assert most_at_once(runs) == 2
-    assert redis_client.zcard(KEYS.slots("lim")) == 0
-    assert redis_client.zcard(KEYS.slot_queue("lim")) == 0
+    assert_nothing_held(redis_client)
 
 
 def test_tasks_waiting_for_a_slot_start_in_the_order_they_were_sent(
