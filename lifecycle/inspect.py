@@ -194,6 +194,12 @@ def _start(raw: bytes) -> list[Any]:
 
 def _end(raw: bytes) -> list[Any]:
     value = _json(raw)
+    if isinstance(value, list) and len(value) == 3:  # its output in a successor's start
+        _opt(value[0], int, "ended")
+        _opt(value[1], str, "worker")
+        if not isinstance(value[2], str):
+            raise _Bad("expected [ended ms, worker, successor key]")
+        return value
     if not isinstance(value, list) or len(value) != 5:
         raise _Bad("expected [ended ms, ok, output, error, worker]")
     _opt(value[0], int, "ended")
@@ -326,6 +332,8 @@ def parse_workflow(workflow_id: str, raw: dict[bytes, bytes]) -> StoredWorkflow:
                     at = 1 if into is found.starts else 0  # started, ended
                     parsed[at] = rec.record_time(parsed[at], found.created)
                     into[key] = parsed
+    for key, end in found.ends.items():
+        found.ends[key] = rec.whole_end(end, found.starts.get)
     return found
 
 

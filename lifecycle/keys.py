@@ -87,7 +87,8 @@ class Keys:
 
         Fields: ``g`` graph hash, ``name``, ``status``, ``created``/``ended`` (ms),
         ``input``, ``output``, ``error``, ``s`` machine state, ``v`` version,
-        ``n:<key>`` task instance start record, ``o:<key>`` its end record.
+        ``n:<key>`` task instance start record, ``o:<key>`` its end record (their
+        forms: :mod:`lifecycle.records`).
         """
         return f"{self.prefix}:wf:{workflow_id}"
 

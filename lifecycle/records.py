@@ -6,6 +6,9 @@ to the Lua scripts as arguments (they spell none of them).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import orjson
 
 from flowlang.machine import FAILED, FINISHED, RUNNING, TERMINATED
@@ -56,6 +59,7 @@ __all__ = [
     "record_time",
     "shown_state",
     "start_field",
+    "whole_end",
 ]
 
 # Fields of {flow}:wf:<id> (lifecycle.keys.Keys.workflow).
@@ -78,6 +82,10 @@ PAUSED = "p"
 CONCURRENCY = "k"
 START_PREFIX = "n:"  # n:<key>: [attempt, started, input] of the instance's latest attempt
 END_PREFIX = "o:"  # o:<key>: [ended, ok, output, error, worker] of its latest end
+# ... or [ended, worker, successor]: ended well, its output the input the start record of
+# its instance `successor` holds. A chain's step stores each output once, not twice (a
+# plain successor's start record, ``Machine.plain_next``: it starts once a run, with that
+# very value, which its retries and restarts keep). See whole_end.
 # A task record's time (started, ended) is written as ms since the workflow's CREATED:
 # 4 or 5 digits where the time itself takes 13, twice per task, and the records are most
 # of a running workflow's hash (a chain of 10: 800 B instead of 1,056). Records written
@@ -160,6 +168,20 @@ def record_time(value: object, created: int | None) -> object:
     if type(value) is not int or value >= RELATIVE_BELOW:
         return value
     return None if created is None else created + value
+
+
+
+def whole_end(record: list[Any], start_of: Callable[[str], Any]) -> list[Any]:
+    """A decoded end record (:data:`END_PREFIX`) as ``[ended, ok, output, error,
+    worker]``: one that names its successor takes its output from that instance's start
+    record, ``start_of(key)`` (decoded; None, or not ``[attempt, started, input]``, when
+    it is gone or damaged: the output is then unknown, None)."""
+    if len(record) != 3:
+        return record
+    ended, worker, successor = record
+    start = start_of(successor) if type(successor) is str else None
+    output = start[2] if type(start) is list and len(start) == 3 else None
+    return [ended, True, output, None, worker]
 
 
 # Fields of a schedule's hash ({flow}:schedule:<name>, lifecycle.keys.Keys.schedule).

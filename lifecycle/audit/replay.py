@@ -381,8 +381,13 @@ def compare_live(client: redis.Redis, keys: Keys, item: WorkflowReplay) -> None:
         mine = orjson.loads(fields.get(rec.start_field(key), b"null")) or [None, None, None]
         if [attempt, task_input] != [mine[0], mine[2]]:
             conflicts.append(f"task {key} start [{attempt}, ...] live, [{mine[0]}, ...] replayed")
+
+    def replayed_start(key: str) -> Any:
+        return orjson.loads(fields.get(rec.start_field(key), b"null"))
+
     for key, end in record.ends.items():
         mine = orjson.loads(fields.get(rec.end_field(key), b"null")) or [None] * 5
+        mine = rec.whole_end(mine, replayed_start)
         if end[1:] != mine[1:]:
             conflicts.append(f"task {key} end {_short(end[1:])} live, {_short(mine[1:])} replayed")
     prefix = rec.START_PREFIX

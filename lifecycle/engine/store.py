@@ -94,6 +94,9 @@ def load_workflow(client: redis.Redis, keys: Keys, workflow_id: str) -> Workflow
             starts[name[2:].decode()] = _timed(value, 1, since)
         elif name.startswith(_END):
             ends[name[2:].decode()] = _timed(value, 0, since)
+    for key, end in ends.items():
+        if type(end) is list:
+            ends[key] = rec.whole_end(end, starts.get)
     state = state_from_fields(raw)
     return WorkflowRecord(
         id=workflow_id,

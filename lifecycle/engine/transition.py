@@ -256,7 +256,14 @@ class Transition:
         output, worker = event.output, event.worker
         at = now if item.created is None else now - item.created  # (rec.record_offset, inline)
         try:
-            record = _dumps([at, True, output, None, worker])
+            # The successors' input: the output (None starts them with {}). Encoding it
+            # doubles as the depth check, as the general path's record does.
+            if output is None:
+                input_json = b"{}"
+                record = _dumps([at, True, None, None, worker])
+            else:  # kept once, in the successors' start records (_end_record)
+                input_json = _dumps(output)
+                record = b"[%d,%b,%b]" % (at, _dumps(worker), starts[0][2])
         except orjson.JSONEncodeError:
             return None
         if (
@@ -273,16 +280,8 @@ class Transition:
             and (event.token is not None or not self.untokened_answers)
         ):
             return None  # refused by the general path, with the reason
-        # The successors' input: the output as the record encodes it (None starts them
-        # with {}), cut out of the record rather than encoded again.
-        started = b"[1,%d," % at
-        if output is None:
-            input_json = b"{}"
-        else:
-            tail = 7 + (4 if worker is None else len(_dumps(worker)))  # ,null,<worker>]
-            input_json = record[len(started) + 3 : len(record) - tail]  # after [<at>,true,
         del running[key]
-        start_record = b"%b%b]" % (started, input_json)  # [1, at, input]
+        start_record = b"[1,%d,%b]" % (at, input_json)  # [1, at, input]
         workflow_json = _dumps(workflow)
         commit = Commit(self.keys, workflow, self._shared)
         fields = commit.fields
@@ -538,11 +537,10 @@ class Transition:
         if end_task and event.success:
             output = event.output
             try:
-                # The record's encoding doubles as the depth check: orjson refuses values
+                # The output's encoding doubles as the depth check: orjson refuses values
                 # nested deeper than it can write (about the default limit), so the walk
                 # runs only where a lower limit is configured.
-                at = rec.record_offset(now, item.created)
-                record = _dumps([at, True, output, None, event.worker])
+                _dumps(output)
             except orjson.JSONEncodeError as error:
                 raise LifecycleError(f"task {key}: output cannot be stored: {error}") from None
             if (
@@ -553,8 +551,11 @@ class Transition:
                 raise LifecycleError(
                     f"task {key}: output nests deeper than {self.limits.depth} levels"
                 )
+            actions = machine.task_ended(state, key, attempt, output)
+            at = rec.record_offset(now, item.created)
+            record = _end_record(machine, key, at, output, event.worker, actions)
             commit.fields += (_END_PREFIX + key, record)
-            return machine.task_ended(state, key, attempt, output)
+            return actions
         if end_task:
             reason, worker = event.error or "failed", event.worker
         else:
@@ -809,6 +810,26 @@ def _order(event_id: str) -> int:
 
 
 _END_PREFIX = rec.END_PREFIX
+
+
+def _end_record(
+    machine: Machine, key: str, at: int, output: Any, worker: Any, actions: list[Any]
+) -> bytes:
+    """The end record of a task instance that ended well: its output named by reference
+    to the successor it started with that very output, where the graph makes that
+    successor start once a run (a plain successor: one predecessor, on no cycle and after
+    none; ``rec.END_PREFIX``); the output itself otherwise. The plain step writes the
+    same, inline."""
+    if (
+        output is not None
+        and machine.plain_next[int(key.partition(".")[0])] is not None
+        and machine.limits.task_starts is None
+        and actions
+        and type(actions[0]) is StartTask
+        and actions[0].input is output
+    ):
+        return _dumps([at, worker, actions[0].key])
+    return _dumps([at, True, output, None, worker])
 _START_PREFIX = rec.START_PREFIX
 _CHUNK_AT = 64  # entries of one table (or one iteration's items) past which it is chunked
 
