@@ -344,6 +344,11 @@ def build_parser() -> argparse.ArgumentParser:
         default=8.0,
         help="give up when a worker process holds more memory than this (default 8; 0: never)",
     )
+    parser.add_argument(
+        "--pack-answers",
+        action="store_true",
+        help="the no-op workers answer each batch with one end-tasks entry (an experiment)",
+    )
     parser.add_argument("--json", help="also write the figures to this file")
     return parser
 

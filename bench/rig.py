@@ -263,6 +263,8 @@ def start_rig(
         procs["lifecycle"].append(spawn(server.url, *command, *metrics(), log=log(f"lc{n}")))
     for n in range(args.workers):
         command = ("workers", "noop", "--kinds", "default", "--consumer", f"w{n}")
+        if getattr(args, "pack_answers", False):
+            command += ("--pack-answers",)
         procs["noop"].append(spawn(server.url, *command, *metrics(), log=log(f"w{n}")))
     if not args.no_receipts:
         archive = stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-receipts-"))

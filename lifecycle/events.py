@@ -36,6 +36,7 @@ __all__ = [
     "LIFECYCLE_INPUTS",
     "ROLES",
     "END_TASK",
+    "END_TASKS",
     "END_WORKFLOW",
     "FAILED_WORKFLOW",
     "RETRY_TASK",
@@ -54,6 +55,7 @@ __all__ = [
     "new_salt",
     "concurrency_problem",
     "parse_end_task",
+    "parse_end_tasks",
     "parse_input",
     "parse_start_workflow",
     "parse_task_timer",
@@ -66,6 +68,7 @@ __all__ = [
     "terminate_workflow",
     "timer_member",
     "end_task_template",
+    "end_tasks_fields",
     "RECOVERED",
     "sent_again",
     "is_start_task",
@@ -75,6 +78,9 @@ __all__ = [
 # Read by the lifecycle worker.
 START_WORKFLOW = "start-workflow"
 END_TASK = "end-task"
+# A task worker's successful answers of one batch in one entry (``answers``: a list of
+# ``[workflow, key, attempt, token, output]``): one XADD per batch instead of one per task.
+END_TASKS = "end-tasks"
 TERMINATE_WORKFLOW = "terminate-workflow"
 # Control of one workflow by an operator (lifecycle.client): each an event like the rest.
 PAUSE_WORKFLOW = "pause-workflow"  # start no task until resumed; ends are still recorded
@@ -271,6 +277,37 @@ def parse_end_task(event_id: str, event: dict[str, Any]) -> EndTask:
         output = event.get("output")
         return EndTask(workflow, key, attempt, True, output, None, worker, token)
     return _parse_end_task(event_id, event)
+
+
+def parse_end_tasks(event_id: str, event: dict[str, Any]) -> tuple[list[EndTask], list[str]]:
+    """The answers an ``end-tasks`` entry packs, each a successful :class:`EndTask`, and
+    the reasons its malformed answers (skipped) are not."""
+    answers = event.get("answers")
+    if type(answers) is not list:
+        raise BadEvent(
+            f"event {event_id} (end-tasks): field 'answers' is {answers!r}, expected list"
+        )
+    worker = event.get("worker")
+    if worker is not None and type(worker) is not str:
+        worker = str(worker)
+    parts, bad = [], []
+    for n, answer in enumerate(answers):
+        if (
+            type(answer) is list
+            and len(answer) == 5
+            and type(answer[0]) is str
+            and type(answer[1]) is str
+            and type(answer[2]) is int
+            and type(answer[3]) is str
+        ):
+            workflow, key, attempt, token, output = answer
+            parts.append(EndTask(workflow, key, attempt, True, output, None, worker, token))
+        else:
+            bad.append(
+                f"event {event_id} (end-tasks): answer {n} is {answer!r}, expected "
+                "[workflow, key, attempt, token, output]"
+            )
+    return parts, bad
 
 
 def _parse_end_task(event_id: str, event: dict[str, Any]) -> EndTask:
@@ -526,6 +563,17 @@ def end_task_template(stream: str, worker: str) -> fastpipe.Template:
         b"status", _dumps(SUCCESS),
         b"output", slot,
         b"worker", _dumps(worker),
+    )  # fmt: skip
+
+
+def end_tasks_fields(worker: str, answers: list[bytes]) -> tuple[bytes, ...]:
+    """The fields of an ``end-tasks`` entry (:data:`END_TASKS`), flattened, for a worker
+    that answers without decoding: each of ``answers`` is ``[workflow,key,attempt,token,
+    output]`` already in JSON (the start-task's own values)."""
+    return (
+        b"kind", _dumps(END_TASKS),
+        b"worker", _dumps(worker),
+        b"answers", b"[" + b",".join(answers) + b"]",
     )  # fmt: skip
 
 

@@ -126,9 +126,12 @@ class LifecycleWorker(EventListener):
             started = perf_counter()
             result = self.advancer.apply(batch)
             histogram.observe(perf_counter() - started)
+        rejected: set[str] = set()
         for event_id, reason in result.rejected:
             log.warning("lifecycle: rejected %s", reason)
-            self.reject(event_id, reason)
+            if event_id not in rejected:  # an end-tasks entry: one dead letter for it all
+                rejected.add(event_id)
+                self.reject(event_id, reason)
         if result.conflicts:
             log.debug("lifecycle: %d recomputations after concurrent advances", result.conflicts)
         return result.acknowledged

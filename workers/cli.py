@@ -68,7 +68,12 @@ def _parser() -> argparse.ArgumentParser:
 
     kinds = argparse.ArgumentParser(add_help=False)
     kinds.add_argument("--kinds", nargs="+", help="task kinds to serve")
-    commands.add_parser("noop", parents=[common, kinds], help="end every task at once")
+    noop = commands.add_parser("noop", parents=[common, kinds], help="end every task at once")
+    noop.add_argument(
+        "--pack-answers",
+        action="store_true",
+        help="one end-tasks entry per batch for its answers (an experiment)",
+    )
     simulate = commands.add_parser(
         "simulate", parents=[common, kinds], help="random delays and failures"
     )
@@ -177,7 +182,15 @@ def _command(
         for keys, pool in places:
             if args.command == "noop":
                 workers.append(
-                    NoopWorker(kinds, keys, home_pool, pool=pool, handle_signals=alone, **options)
+                    NoopWorker(
+                        kinds,
+                        keys,
+                        home_pool,
+                        pool=pool,
+                        handle_signals=alone,
+                        pack_answers=args.pack_answers,
+                        **options,
+                    )
                 )
             else:
                 workers.append(

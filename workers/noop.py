@@ -18,7 +18,7 @@ import orjson
 import redis
 
 from flowlang.graph import Graph, NodeKind
-from lifecycle.events import START_TASK, end_task, end_task_template
+from lifecycle.events import START_TASK, end_task, end_task_template, end_tasks_fields
 from lifecycle.keys import DEFAULT_KIND, TASK_GROUP, Keys
 from lifecycle.kind_limits import GaveUp, KindSlots
 from lifecycle.priorities import stream_kind, stream_order, task_streams
@@ -63,6 +63,9 @@ class NoopWorker(EventListener):
     ``workflow``, ``key``, ``attempt``, ``token`` and ``output`` are the start-task's own JSON
     bytes (a benchmark measures the engine, not a worker's JSON round trip). Any
     other entry takes the ordinary path: decoded, and answered by ``end_task()``.
+
+    ``pack_answers``: the copied answers of a batch go as one ``end-tasks`` entry
+    (lifecycle.events.END_TASKS) instead of one end-task each.
     """
 
     def __init__(
@@ -70,11 +73,15 @@ class NoopWorker(EventListener):
         kinds: Iterable[str] | None = None,
         keys: Keys | None = None,
         home_pool: redis.ConnectionPool | None = None,
+        *,
+        pack_answers: bool = False,
         **options: Any,
     ) -> None:
         """``home_pool``: a pool on the Redis of the partitions' shared keys (the kinds'
         limits), when ``keys`` is one of several partitions; None: the listener's own."""
         self.keys = keys or Keys()
+        self.pack_answers = pack_answers
+        self._packed: list[bytes] = []  # the batch in hand's answers, when packed
         # The limits live on another node: looked up there (lifecycle.kind_limits).
         self._home = (
             redis.Redis(connection_pool=home_pool)
@@ -126,6 +133,7 @@ class NoopWorker(EventListener):
         """Start-tasks of attempts a workflow stopped are not answered (one HMGET, when
         any stop record exists); when the kind has a limit, the others take their slots
         (:class:`BatchSlots`, one call)."""
+        self._packed = []
         replies = self.read_replies
         skipped = self._stopped(entries, replies[0] if replies else None)
         self._batch_slots = None
@@ -160,7 +168,11 @@ class NoopWorker(EventListener):
         return slots
 
     def finish_batch(self, stream: str) -> None:
-        """The slots of the batch's tasks go with their answers."""
+        """The batch's packed answers are emitted; the slots of its tasks go with them."""
+        packed, self._packed = self._packed, []
+        if packed:
+            fields = end_tasks_fields(self.consumer, packed)
+            self.emit_command("XADD", self.keys.lifecycle, "*", *fields)
         slots, self._batch_slots = self._batch_slots, None
         if slots is not None:
             release = slots.finish()
@@ -238,6 +250,9 @@ class NoopWorker(EventListener):
         if copied is None:
             answer = end_task(event, self.output(event), worker=self.consumer)
             self.emit(answer, self.keys.lifecycle)
+            return True
+        if self.pack_answers:
+            self._packed.append(b"[%b,%b,%b,%b,%b]" % copied)
             return True
         self.emit_filled(self._end_task, *copied)
         return True

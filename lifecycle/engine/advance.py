@@ -324,8 +324,12 @@ class Advancer:
         by_workflow: dict[str, Pending] = {}
         parse_end_task, end_task_kind, parse_input = ev.parse_end_task, ev.END_TASK, ev.parse_input
         admission_sent, admit = ev.admission_sent, ev.ADMIT_WORKFLOW
+        end_tasks_kind = ev.END_TASKS
         for event_id, event in entries:
             kind = event.get("kind")
+            if kind == end_tasks_kind:
+                self._group_packed(event_id, event, by_workflow, result)
+                continue
             if kind == admit and admission_sent(kind, event):  # (no call for the others)
                 # The gate carried it out in the commit that wrote it: acknowledged as one
                 # that changes nothing, with no read (replay applies it, to the same effect).
@@ -348,6 +352,36 @@ class Advancer:
                 item = by_workflow[workflow] = Pending(workflow, [])
             item.events.append((event_id, str(kind), parsed))
         return list(by_workflow.values())
+
+    @staticmethod
+    def _group_packed(
+        event_id: str, event: dict[str, Any], by_workflow: dict[str, Pending], result: BatchResult
+    ) -> None:
+        """An ``end-tasks`` entry: each answer grouped under its workflow as an end-task
+        of its own, all under the entry's id.
+
+        Prototype: the id is acknowledged with the first of its workflows to commit (the
+        round-one transaction acknowledges every id at once; later rounds acknowledge per
+        workflow), and a malformed answer dead-letters the whole entry (its other answers
+        are applied: a requeue meets them as duplicates)."""
+        try:
+            parts, bad = ev.parse_end_tasks(event_id, event)
+        except BadEvent as error:
+            result.rejected.append((event_id, str(error)))
+            return
+        if bad:
+            result.rejected.append((event_id, "; ".join(bad)))
+        if not parts:
+            if not bad:
+                result.duplicates.append(event_id)  # an empty pack: nothing to do
+            return
+        end_task_kind = ev.END_TASK
+        for parsed in parts:
+            workflow = parsed.workflow
+            item = by_workflow.get(workflow)
+            if item is None:
+                item = by_workflow[workflow] = Pending(workflow, [])
+            item.events.append((event_id, end_task_kind, parsed))
 
     def _load(self, pending: list[Pending], send: fastpipe.Send, watch: bool) -> None:
         workflow_key = self.keys.workflow

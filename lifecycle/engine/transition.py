@@ -360,7 +360,7 @@ class Transition:
         state = item.state
         machine: Machine | None = None
         changed = False
-        seen: set[str] | None = set() if len(item.events) > 1 else None
+        seen: set[Any] | None = set() if len(item.events) > 1 else None
         for event_id, kind, event in item.events:
             if commit.offer is not None:
                 # An event of the workflow follows, in this batch, the one that queued
@@ -369,10 +369,13 @@ class Transition:
                 # this one goes as an admit-workflow the gate appends after them.
                 commit.offer, commit.offer_timers = None, []
             if seen is not None:
-                if event_id in seen:  # the same entry delivered twice: a redelivery
+                # The same entry delivered twice: a redelivery. An end-tasks entry packs
+                # several answers under one id: each is its own (id, task key).
+                mark = (event_id, event.key) if kind == ev.END_TASK else event_id
+                if mark in seen:
                     result.duplicates.append(event_id)
                     continue
-                seen.add(event_id)
+                seen.add(mark)
             try:
                 if kind == ev.START_WORKFLOW:
                     if state is not None:
