@@ -1,0 +1,100 @@
+"""Packed answers (an experiment): a no-op worker's batch answered by one end-tasks entry,
+which the advancer expands into one end-task per answer."""
+
+from __future__ import annotations
+
+import orjson
+import redis
+
+from flowlang.compiler import compile_text
+from lifecycle import events as ev
+from lifecycle.client import Client
+from lifecycle.keys import Keys
+from tests.lifecycle.harness import Harness, ScriptOnly, decode
+from workers.noop import NoopWorker
+
+KEYS = Keys()
+
+
+def _worker(client: redis.Redis) -> NoopWorker:
+    return NoopWorker(
+        ["default"],
+        pool=client.connection_pool,
+        handle_signals=False,
+        block_ms=20,
+        pack_answers=True,
+    )
+
+
+def _drive(harness: Harness, worker: NoopWorker, rounds: int = 40) -> None:
+    """Advance, then let the packing worker answer what was started, until both idle."""
+    for _ in range(rounds):
+        advanced = harness.advance()
+        answered = worker.listen(idle_timeout=0.05)
+        if not advanced and not answered:
+            return
+    raise AssertionError(f"still busy after {rounds} rounds")
+
+
+def _states(client: redis.Redis, ids: list[str]) -> list[str]:
+    return [Client(client, KEYS).status(i).state for i in ids]
+
+
+def _pending(client: redis.Redis) -> int:
+    return int(client.xpending(KEYS.lifecycle, KEYS.lifecycle_group)["pending"])
+
+
+def test_a_batch_of_answers_is_one_end_tasks_entry(redis_client: redis.Redis) -> None:
+    harness = Harness(redis_client)
+    ids = [harness.submit(compile_text("A"), {"n": n}, f"wf{n}") for n in range(5)]
+    harness.advance()
+    assert _worker(redis_client).listen(idle_timeout=0.05) == 5
+    ends = [decode(f) for _, f in redis_client.xrange(KEYS.lifecycle)][5:]  # after the starts
+    assert [e["kind"] for e in ends] == [ev.END_TASKS]
+    answers = ends[0]["answers"]
+    assert sorted((a[0], a[4]) for a in answers) == [(i, {"n": n}) for n, i in enumerate(ids)]
+
+
+def test_chains_and_fan_outs_finish_on_packed_answers_and_every_entry_is_acknowledged(
+    redis_client: redis.Redis,
+) -> None:
+    harness = Harness(redis_client)
+    worker = _worker(redis_client)
+    # A fan-out's branches end in one batch: one pack holds several answers of a workflow.
+    ids = [harness.submit(compile_text("A → B → C"), {"n": n}, f"c{n}") for n in range(10)]
+    ids += [harness.submit(compile_text("A → B|C|D → E"), {"n": n}, f"f{n}") for n in range(5)]
+    _drive(harness, worker)
+    assert _states(redis_client, ids) == ["finished"] * len(ids)
+    assert _pending(redis_client) == 0
+
+
+def test_packed_answers_committed_by_the_script_finish_too(redis_client: redis.Redis) -> None:
+    harness = Harness(redis_client)
+    harness.advancer = ScriptOnly(redis_client, KEYS)  # every commit through advance.lua
+    worker = _worker(redis_client)
+    ids = [harness.submit(compile_text("A → B|C → D"), {"n": n}, f"s{n}") for n in range(6)]
+    _drive(harness, worker)
+    assert _states(redis_client, ids) == ["finished"] * len(ids)
+    assert _pending(redis_client) == 0
+
+
+def test_a_malformed_answer_rejects_its_pack_and_the_others_still_apply(
+    redis_client: redis.Redis,
+) -> None:
+    harness = Harness(redis_client)
+    harness.submit(compile_text("A"), {"n": 1}, "good")
+    harness.advance()
+    (start,) = [decode(f) for _, f in redis_client.xrange(KEYS.tasks("default"))]
+    good = [start["workflow"], start["key"], start["attempt"], start["token"], {"n": 1}]
+    fields = {
+        "kind": ev.END_TASKS,
+        "worker": "w",
+        "answers": [good, ["bad", "1", "not an attempt", "t", None]],
+    }
+    entry = redis_client.xadd(KEYS.lifecycle, {k: orjson.dumps(v) for k, v in fields.items()})
+    reply = redis_client.xreadgroup(KEYS.lifecycle_group, "t", {KEYS.lifecycle: ">"})
+    entries = [(i.decode(), decode(f)) for _, items in reply for i, f in items]
+    result = harness.advancer.apply(entries)
+    assert [event_id for event_id, _ in result.rejected] == [entry.decode()]
+    assert "answer 1 is" in result.rejected[0][1]
+    assert _states(redis_client, ["good"]) == ["finished"]
