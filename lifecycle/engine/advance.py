@@ -167,13 +167,19 @@ class Advancer:
         # finds them missing.
         self._chunked: dict[str, list[str]] = {}
         self._max_items = limits.items
+        self._packs: dict[str, set[str]] = {}  # end-tasks entry id -> its answers' workflows
+        self._deferred: set[str] = set()  # of those, the ones the caller acknowledges
 
     def apply(self, entries: list[tuple[str, dict[str, Any]]]) -> BatchResult:
         """Apply lifecycle events (entry id, decoded event). The caller acknowledges
         ``duplicates`` and dead-letters ``rejected``; the ids in ``acknowledged`` (committed
         events, and duplicates acknowledged with them) are acknowledged here."""
         result = BatchResult()
+        self._packs = {}
         pending = self._group(entries, result)
+        # End-tasks entries acknowledged only once all their answers are: not by the
+        # transaction or script of any one workflow (see _group_packed).
+        deferred = self._deferred = set()
         rounds = 0
         while pending:
             # The first round commits the whole batch in one MULTI/EXEC under WATCH of its
@@ -213,6 +219,15 @@ class Advancer:
                         + [d for _, said in covered for d in said.duplicates]
                         + [d for _, _, said in commits for d in said.duplicates]
                     )
+                    if self._packs:
+                        # A pack goes with this transaction when all its answers do.
+                        resolved = {item.workflow for item, _, _ in commits}
+                        resolved.update(item.workflow for item, _ in covered)
+                        deferred = self._deferred = {
+                            pack
+                            for pack, workflows in self._packs.items()
+                            if not workflows <= resolved
+                        }
                     won_all = self._commit_watched(
                         [commit for _, commit, _ in commits], extra, send
                     )
@@ -222,6 +237,8 @@ class Advancer:
                     if won_all is None:
                         pending = [item for item, _ in quiet]
                         result.conflicts += len(pending)
+                        # nothing written: each pack waits for all its answers
+                        deferred = self._deferred = set(self._packs)
                     else:
                         result.acknowledged += extra
                         for _, said in covered:
@@ -251,17 +268,30 @@ class Advancer:
                 else:
                     pending.append(item)
                     result.conflicts += 1
+            if watched and self._packs and pending:
+                # A pack with an answer still to commit waits for it (after a refusal
+                # Redis already acknowledged it with the rest: see _group_packed).
+                again = {item.workflow for item in pending}
+                deferred.update(p for p, w in self._packs.items() if not w.isdisjoint(again))
             rounds += 1
             if rounds > _MAX_CONFLICTS and pending:
                 raise LifecycleError(
                     f"workflow {pending[0].workflow}: gave up after {rounds} conflicts"
                 )
+        if deferred:
+            # Every answer of these packs is in: the caller acknowledges them. A crash
+            # before it redelivers them, their answers then judged as already applied.
+            result.acknowledged = [i for i in result.acknowledged if i not in deferred]
+            result.duplicates += sorted(deferred)
         return result
 
     # -- steps -------------------------------------------------------------------
 
     def _confirm_quiet(
-        self, quiet: list[tuple[Pending, Said]], send: fastpipe.Send, result: BatchResult
+        self,
+        quiet: list[tuple[Pending, Said]],
+        send: fastpipe.Send,
+        result: BatchResult,
     ) -> list[Pending]:
         """What was said of the events of workflows they change nothing of, judged outside
         a WATCH, counts if each workflow is still as it was read (ack_unchanged.lua, which
@@ -272,6 +302,7 @@ class Advancer:
         if not quiet:
             return []
         keys, group, sha = self.keys, self.keys.lifecycle_group, self.ack_script.sha
+        deferred = self._deferred
         calls = [
             (
                 "EVALSHA",
@@ -285,7 +316,7 @@ class Advancer:
                 rec.VERSION,
                 item.workflow,
                 "1" if item.compacted else "0",
-                *said.duplicates,
+                *(d for d in said.duplicates if d not in deferred),
             )
             for item, said in quiet
         ]
@@ -328,7 +359,7 @@ class Advancer:
         for event_id, event in entries:
             kind = event.get("kind")
             if kind == end_tasks_kind:
-                self._group_packed(event_id, event, by_workflow, result)
+                self._group_packed(event_id, event, by_workflow, result, self._packs)
                 continue
             if kind == admit and admission_sent(kind, event):  # (no call for the others)
                 # The gate carried it out in the commit that wrote it: acknowledged as one
@@ -355,15 +386,21 @@ class Advancer:
 
     @staticmethod
     def _group_packed(
-        event_id: str, event: dict[str, Any], by_workflow: dict[str, Pending], result: BatchResult
+        event_id: str,
+        event: dict[str, Any],
+        by_workflow: dict[str, Pending],
+        result: BatchResult,
+        packs: dict[str, set[str]],
     ) -> None:
         """An ``end-tasks`` entry: each answer grouped under its workflow as an end-task
-        of its own, all under the entry's id.
+        of its own, all under the entry's id (``packs``: the id's workflows).
 
-        Prototype: the id is acknowledged with the first of its workflows to commit (the
-        round-one transaction acknowledges every id at once; later rounds acknowledge per
-        workflow), and a malformed answer dead-letters the whole entry (its other answers
-        are applied: a requeue meets them as duplicates)."""
+        The id is acknowledged by the round-one transaction when all its workflows are
+        in it, else by the caller once every one committed (apply()'s ``deferred``).
+        Prototype: a commit Redis refuses for its workflow's sake in round one (that
+        workflow then failed in a later round) has its pack acknowledged already.
+        Prototype: a malformed answer dead-letters the whole entry (its other answers
+        are applied)."""
         try:
             parts, bad = ev.parse_end_tasks(event_id, event)
         except BadEvent as error:
@@ -376,8 +413,10 @@ class Advancer:
                 result.duplicates.append(event_id)  # an empty pack: nothing to do
             return
         end_task_kind = ev.END_TASK
+        workflows = packs[event_id] = set()
         for parsed in parts:
             workflow = parsed.workflow
+            workflows.add(workflow)
             item = by_workflow.get(workflow)
             if item is None:
                 item = by_workflow[workflow] = Pending(workflow, [])
@@ -514,13 +553,19 @@ class Advancer:
             item.resends = any(kind in _WHOLE_RECORD for _, kind, _ in item.events)
 
     def _commit_watched(
-        self, commits: list[Commit], extra_acks: list[str], send: fastpipe.Send
+        self,
+        commits: list[Commit],
+        extra_acks: list[str],
+        send: fastpipe.Send,
     ) -> list[bool | redis.ResponseError] | None:
         """All ``commits`` in one MULTI/EXEC on the connection that sent the WATCH, with the
         acknowledgement of their events and of ``extra_acks``: all written (True each, a
         commit one of whose writes Redis refused for that workflow's sake gets the error
         in its place) or, when a watched workflow changed, none (None)."""
         xack = ("XACK", self._shared[0], self.keys.lifecycle_group)
+        deferred = self._deferred
+        if deferred:
+            extra_acks = [i for i in extra_acks if i not in deferred]
         if not commits:
             if not extra_acks:
                 _raise_errors(send([("UNWATCH",)]))
@@ -557,7 +602,10 @@ class Advancer:
         # of one of these is Redis's trouble, not a workflow's: the batch is retried.
         commands += shared.commands()
         acks = [event_id for commit in commits for event_id in commit.acks]
-        commands.append((*xack, *acks, *extra_acks))
+        if deferred:
+            acks = [i for i in acks if i not in deferred]
+        if acks or extra_acks:
+            commands.append((*xack, *acks, *extra_acks))
         replies = fastpipe.transaction(send, commands, raise_errors=False)
         if replies is None:
             return None
@@ -597,10 +645,13 @@ class Advancer:
     def _commit(self, commits: list[tuple[Pending, Commit]]) -> list[bool | redis.ResponseError]:
         if not commits:
             return []
+        deferred = self._deferred
         group = self.keys.lifecycle_group
         commands: list[Any] = []
         gated = []  # where a commit's script call goes with its gate, in a MULTI of its own
         for item, commit in commits:
+            if deferred:
+                commit.acks = [i for i in commit.acks if i not in deferred]
             keys, args = commit.script_call(group, item.version)
             call = ("EVALSHA", self.script.sha, len(keys), *keys, *args)
             gate = gate_packed([commit])

@@ -98,3 +98,45 @@ def test_a_malformed_answer_rejects_its_pack_and_the_others_still_apply(
     assert [event_id for event_id, _ in result.rejected] == [entry.decode()]
     assert "answer 1 is" in result.rejected[0][1]
     assert _states(redis_client, ["good"]) == ["finished"]
+
+
+def _pack_of_two(redis_client: redis.Redis, harness: Harness) -> str:
+    """An end-tasks entry answering the first task of workflows x and y; its id."""
+    for workflow in ("x", "y"):
+        harness.submit(compile_text("A → B"), {"w": workflow}, workflow)
+    harness.advance()
+    starts = [decode(f) for _, f in redis_client.xrange(KEYS.tasks("default"))]
+    answers = [[s["workflow"], s["key"], s["attempt"], s["token"], s["input"]] for s in starts]
+    fields = {"kind": ev.END_TASKS, "worker": "w", "answers": answers}
+    return redis_client.xadd(
+        KEYS.lifecycle, {k: orjson.dumps(v) for k, v in fields.items()}
+    ).decode()
+
+
+def _apply_new(redis_client: redis.Redis, harness: Harness) -> object:
+    reply = redis_client.xreadgroup(KEYS.lifecycle_group, "t", {KEYS.lifecycle: ">"})
+    entries = [(i.decode(), decode(f)) for _, items in reply for i, f in items]
+    return harness.advancer.apply(entries)
+
+
+def test_a_pack_whose_workflows_all_commit_together_is_acknowledged_with_them(
+    redis_client: redis.Redis,
+) -> None:
+    harness = Harness(redis_client)
+    pack = _pack_of_two(redis_client, harness)
+    result = _apply_new(redis_client, harness)
+    assert pack in result.acknowledged and pack not in result.duplicates
+    assert _pending(redis_client) == 0
+
+
+def test_a_pack_committed_workflow_by_workflow_is_left_for_the_caller_to_acknowledge(
+    redis_client: redis.Redis,
+) -> None:
+    harness = Harness(redis_client)
+    harness.advancer = ScriptOnly(redis_client, KEYS)  # no workflow's script may ack it
+    pack = _pack_of_two(redis_client, harness)
+    result = _apply_new(redis_client, harness)
+    assert result.committed == 2
+    assert pack not in result.acknowledged and pack in result.duplicates
+    pending = redis_client.xpending_range(KEYS.lifecycle, KEYS.lifecycle_group, "-", "+", 10)
+    assert [p["message_id"].decode() for p in pending] == [pack]
