@@ -260,6 +260,9 @@ class EndTask:
     error: str | None
     worker: str | None = None
     token: str | None = None
+    # One answer of an end-tasks entry: when its attempt already ended with it, a
+    # redelivery of the entry (some of whose answers committed before a crash).
+    packed: bool = False
 
 
 def parse_end_task(event_id: str, event: dict[str, Any]) -> EndTask:
@@ -301,7 +304,7 @@ def parse_end_tasks(event_id: str, event: dict[str, Any]) -> tuple[list[EndTask]
             and type(answer[3]) is str
         ):
             workflow, key, attempt, token, output = answer
-            parts.append(EndTask(workflow, key, attempt, True, output, None, worker, token))
+            parts.append(EndTask(workflow, key, attempt, True, output, None, worker, token, True))
         else:
             bad.append(
                 f"event {event_id} (end-tasks): answer {n} is {answer!r}, expected "

@@ -511,12 +511,13 @@ class Transition:
         end_task = kind == ev.END_TASK
         if state.status != rec.RUNNING or attempt is None or running != attempt:
             if not end_task or (
-                state.status != rec.RUNNING
+                (state.status != rec.RUNNING or event.packed)
                 and attempt is not None
                 and self._answers(item, event, attempt)
             ):
-                # A timer that fired after its attempt ended (the engine's own race), or a
-                # genuine answer from a task still running when its workflow ended.
+                # A timer that fired after its attempt ended (the engine's own race), a
+                # genuine answer from a task still running when its workflow ended, or
+                # one of a pack delivered again after some of its answers committed.
                 result.duplicates.append(event_id)
             else:  # a second answer, or one for an attempt long gone
                 result.rejected.append((event_id, _stale(event_id, item, state, key, attempt)))

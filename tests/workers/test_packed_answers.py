@@ -140,3 +140,18 @@ def test_a_pack_committed_workflow_by_workflow_is_left_for_the_caller_to_acknowl
     assert pack not in result.acknowledged and pack in result.duplicates
     pending = redis_client.xpending_range(KEYS.lifecycle, KEYS.lifecycle_group, "-", "+", 10)
     assert [p["message_id"].decode() for p in pending] == [pack]
+
+
+def test_a_pack_delivered_again_after_its_answers_committed_changes_nothing(
+    redis_client: redis.Redis,
+) -> None:
+    harness = Harness(redis_client)
+    pack = _pack_of_two(redis_client, harness)
+    reply = redis_client.xreadgroup(KEYS.lifecycle_group, "t", {KEYS.lifecycle: ">"})
+    entries = [(i.decode(), decode(f)) for _, items in reply for i, f in items]
+    assert harness.advancer.apply(entries).committed == 2
+    started = redis_client.xlen(KEYS.tasks("default"))
+    again = harness.advancer.apply(entries)  # as after a crash before its acknowledgement
+    assert (again.committed, again.rejected) == (0, [])
+    assert pack in again.duplicates
+    assert redis_client.xlen(KEYS.tasks("default")) == started  # no B started twice
