@@ -119,6 +119,22 @@ class LifecycleWorker(EventListener):
 
     def process_batch(self, batch: list[tuple[str, dict[str, Any]]]) -> list[str]:
         """Advance; return the ids the advance acknowledged with its commits."""
+        acked: list[str] = []
+        chunk: list[tuple[str, dict[str, Any]]] = []
+        size = 0
+        for entry in batch:
+            answers = entry[1].get("answers")
+            n = len(answers) if isinstance(answers, list) else 1
+            if chunk and size + n > 400:
+                acked += self._process_chunk(chunk)
+                chunk, size = [], 0
+            chunk.append(entry)
+            size += n
+        if chunk:
+            acked += self._process_chunk(chunk)
+        return acked
+
+    def _process_chunk(self, batch: list[tuple[str, dict[str, Any]]]) -> list[str]:
         histogram = self.advance_seconds
         if histogram is None:
             result = self.advancer.apply(batch)
