@@ -56,6 +56,7 @@ __all__ = [
     "concurrency_problem",
     "parse_end_task",
     "parse_end_tasks",
+    "unpacked_answers",
     "parse_input",
     "parse_start_workflow",
     "parse_task_timer",
@@ -313,6 +314,29 @@ def parse_end_tasks(event_id: str, event: dict[str, Any]) -> tuple[list[EndTask]
     return parts, bad
 
 
+def unpacked_answers(event_id: str, event: dict[str, Any]) -> list[dict[str, Any]]:
+    """The answers of an ``end-tasks`` entry (:data:`END_TASKS`), each as the end-task
+    event it stands for (status SUCCESS, the entry's worker, ``packed`` true): what
+    readers of the lifecycle stream and of the archive (replay, history) see in its
+    place. Malformed answers are left out (the lifecycle dead-letters the entry, with
+    their reasons); :class:`BadEvent` when ``answers`` is not a list."""
+    parts, _ = parse_end_tasks(event_id, event)
+    return [
+        {
+            "kind": END_TASK,
+            "workflow": part.workflow,
+            "key": part.key,
+            "attempt": part.attempt,
+            "token": part.token,
+            "status": SUCCESS,
+            "output": part.output,
+            "worker": part.worker,
+            "packed": True,
+        }
+        for part in parts
+    ]
+
+
 def _parse_end_task(event_id: str, event: dict[str, Any]) -> EndTask:
     workflow = _field(event_id, event, "workflow", str)
     if "key" in event:
@@ -337,6 +361,7 @@ def _parse_end_task(event_id: str, event: dict[str, Any]) -> EndTask:
         str(error) if error is not None else None,
         str(event["worker"]) if event.get("worker") is not None else None,
         token,
+        event.get("packed") is True,
     )
 
 

@@ -21,6 +21,7 @@ import redis
 from lifecycle import events as ev
 from lifecycle.audit.archive import ArchivedEvent, id_order, iter_archive
 from lifecycle.engine.store import GraphCache
+from lifecycle.errors import BadEvent
 from lifecycle.inspect import (
     StoredWorkflow,
     archive_record,
@@ -183,6 +184,10 @@ def live_history(
                 event, bad = _decode(fields)
                 problems += [f"corrupt entry {stream} {entry_id}: {b}" for b in bad]
                 live.append((stream, entry_id, event))
+            elif fields.get(b"kind") == _END_TASKS_JSON and needle in fields.get(b"answers", b""):
+                entry_id = raw_id.decode()
+                event, _ = _decode(fields)
+                live += _answers_of(stream, entry_id, event, workflow_id)
     entries = _current_run(live, keys)
     lost = lost_streams(client, keys, record, entries)
     read, from_archive = None, set()
@@ -355,7 +360,22 @@ def archived_entries(directory: str | Path, keys: Keys, workflow_id: str) -> lis
             continue
         if event.get("workflow") == workflow_id:
             found.append((stream, entry_id, event))
+        elif event.get("kind") == ev.END_TASKS:
+            found += _answers_of(stream, entry_id, event, workflow_id)
     return found
+
+
+_END_TASKS_JSON = orjson.dumps(ev.END_TASKS)
+
+
+def _answers_of(stream: str, entry_id: str, event: dict[str, Any], workflow_id: str) -> list[Entry]:
+    """The answers to ``workflow_id``'s tasks an end-tasks entry packs, each as the
+    end-task it stands for (lifecycle.events.unpacked_answers), under the entry's id."""
+    try:
+        answers = ev.unpacked_answers(entry_id, event)
+    except BadEvent:
+        return []
+    return [(stream, entry_id, a) for a in answers if a["workflow"] == workflow_id]
 
 
 def _text(value: Any) -> str:

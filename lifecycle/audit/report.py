@@ -25,6 +25,7 @@ from lifecycle.audit.replay import (
     replay_workflow,
 )
 from lifecycle.audit.verify import ChainChecker, Finding, describe
+from lifecycle.errors import BadEvent
 from lifecycle.keys import Keys
 
 __all__ = ["AuditReport", "audit_archive"]
@@ -159,23 +160,37 @@ def audit_archive(
         if event is None:
             report.gone += 1
             continue
-        name = event.get("workflow") if isinstance(event, dict) else None
-        if not isinstance(name, str) or (workflow is not None and name != workflow):
-            continue
-        item = open_.get(name)
-        if item is None:
-            item = open_[name] = WorkflowReplay(name)
-        entry = (stream, str(record["id"]), event)
-        kind = event.get("kind")
-        if stream == keys.lifecycle and kind in ev.LIFECYCLE_INPUTS:
-            item.inputs.append(entry)
-        elif kind in _EMITTED:
-            item.emitted.append(entry)
-            if kind != ev.START_TASK:
-                ended.append((number, name))
+        for one in _events(stream, str(record["id"]), event, keys):
+            name = one.get("workflow")
+            if not isinstance(name, str) or (workflow is not None and name != workflow):
+                continue
+            item = open_.get(name)
+            if item is None:
+                item = open_[name] = WorkflowReplay(name)
+            entry = (stream, str(record["id"]), one)
+            kind = one.get("kind")
+            if stream == keys.lifecycle and kind in ev.LIFECYCLE_INPUTS:
+                item.inputs.append(entry)
+            elif kind in _EMITTED:
+                item.emitted.append(entry)
+                if kind != ev.START_TASK:
+                    ended.append((number, name))
     for item in open_.values():
         settle(item)
     report.graph_texts = graphs.texts
     report.chain[:0] = checker.finish()
     report.head = checker.head
     return report
+
+
+def _events(stream: str, entry_id: str, event: Any, keys: Keys) -> list[dict[str, Any]]:
+    """The events an archived entry stands for: itself, or the answers an end-tasks
+    entry packs (each then an input of its own workflow, under the entry's id)."""
+    if not isinstance(event, dict):
+        return []
+    if stream == keys.lifecycle and event.get("kind") == ev.END_TASKS:
+        try:
+            return ev.unpacked_answers(entry_id, event)
+        except BadEvent:
+            return []  # dead-lettered live, changing nothing: nothing to replay
+    return [event]
