@@ -36,6 +36,9 @@ BUILT = {
     ev.ADMIT_WORKFLOW: {"kind", "workflow"},  # written by gate.lua only
     ev.END_TASK: set(ev.end_task({"workflow": "w", "key": "1", "attempt": 1, "token": "t"}, {}))
     | set(ev.end_task({"workflow": "w", "key": "1"}, error="e", worker="x")),
+    ev.END_TASKS: {
+        name.decode() for name in ev.end_tasks_fields("w", [b'["w","1",1,"t",{}]'])[::2]
+    },
     **{kind: set(ev.control(kind, "w", "why")) for kind in ev.CONTROLS},
     ev.END_WORKFLOW: set(ev.end_workflow("w", {})),
     ev.FAILED_WORKFLOW: set(ev.failed_workflow("w", "r", "terminated")),
