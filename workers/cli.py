@@ -69,11 +69,6 @@ def _parser() -> argparse.ArgumentParser:
     kinds = argparse.ArgumentParser(add_help=False)
     kinds.add_argument("--kinds", nargs="+", help="task kinds to serve")
     noop = commands.add_parser("noop", parents=[common, kinds], help="end every task at once")
-    noop.add_argument(
-        "--pack-answers",
-        action="store_true",
-        help="one end-tasks entry per batch for its answers (an experiment)",
-    )
     simulate = commands.add_parser(
         "simulate", parents=[common, kinds], help="random delays and failures"
     )
@@ -86,6 +81,13 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--concurrency", type=int, default=1, help="instances (threads), default 1")
     run.add_argument("--kind", help="task kind (seed-style: required)")
     run.add_argument("--drain-timeout", type=float, default=30.0, help="seconds to finish on stop")
+    for command in (noop, run):
+        command.add_argument(
+            "--pack-answers",
+            action="store_true",
+            help="send a batch's successful answers as one end-tasks entry (once every "
+            "lifecycle worker reads them: docs/operations.md)",
+        )
 
     wait = commands.add_parser("wait", parents=[common], help="the built-in wait: kind")
     wait.add_argument("--no-events", action="store_true", help="leave wait:event to others")
@@ -252,6 +254,13 @@ def _command(
         for keys, pool in places
         for n in range(args.concurrency)
     ]
+    if getattr(args, "pack_answers", False):
+        from workers.task import TaskListener
+
+        for listener in listeners:
+            if not isinstance(listener, TaskListener):
+                raise ValueError(f"--pack-answers: {args.target} is not a workers.TaskListener")
+            listener.pack_answers = True
     _serve(args, metrics, listeners)
     settle_process()
     return Runner(listeners, drain_timeout=getattr(args, "drain_timeout", 30.0)).run()

@@ -18,7 +18,7 @@ import orjson
 import redis
 
 from flowlang.graph import Graph, NodeKind
-from lifecycle.events import START_TASK, end_task, end_task_template, end_tasks_fields
+from lifecycle.events import START_TASK, end_task, end_task_template
 from lifecycle.keys import DEFAULT_KIND, TASK_GROUP, Keys
 from lifecycle.kind_limits import GaveUp, KindSlots
 from lifecycle.priorities import stream_kind, stream_order, task_streams
@@ -26,6 +26,7 @@ from lifecycle.records import GRAPH
 from rqse import EventListener
 from rqse.deadletter import REJECTED
 from rqse.errors import MalformedEntry
+from workers.answers import AnswerPack
 from workers.slots import BatchSlots
 from workers.task import StoppedWorkflows
 
@@ -81,7 +82,7 @@ class NoopWorker(EventListener):
         limits), when ``keys`` is one of several partitions; None: the listener's own."""
         self.keys = keys or Keys()
         self.pack_answers = pack_answers
-        self._packed: list[bytes] = []  # the batch in hand's answers, when packed
+        self._pack: AnswerPack | None = None  # the batch in hand's answers, when packed
         # The limits live on another node: looked up there (lifecycle.kind_limits).
         self._home = (
             redis.Redis(connection_pool=home_pool)
@@ -133,7 +134,8 @@ class NoopWorker(EventListener):
         """Start-tasks of attempts a workflow stopped are not answered (one HMGET, when
         any stop record exists); when the kind has a limit, the others take their slots
         (:class:`BatchSlots`, one call)."""
-        self._packed = []
+        if self.pack_answers and self._pack is None:
+            self._pack = AnswerPack(self.emit_command, self.keys.lifecycle, self.consumer)
         replies = self.read_replies
         skipped = self._stopped(entries, replies[0] if replies else None)
         self._batch_slots = None
@@ -169,10 +171,8 @@ class NoopWorker(EventListener):
 
     def finish_batch(self, stream: str) -> None:
         """The batch's packed answers are emitted; the slots of its tasks go with them."""
-        packed, self._packed = self._packed, []
-        if packed:
-            fields = end_tasks_fields(self.consumer, packed)
-            self.emit_command("XADD", self.keys.lifecycle, "*", *fields)
+        if self._pack is not None:
+            self._pack.send_pack()
         slots, self._batch_slots = self._batch_slots, None
         if slots is not None:
             release = slots.finish()
@@ -251,8 +251,7 @@ class NoopWorker(EventListener):
             answer = end_task(event, self.output(event), worker=self.consumer)
             self.emit(answer, self.keys.lifecycle)
             return True
-        if self.pack_answers:
-            self._packed.append(b"[%b,%b,%b,%b,%b]" % copied)
+        if self._pack is not None and self._pack.add(*copied):
             return True
         self.emit_filled(self._end_task, *copied)
         return True

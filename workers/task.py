@@ -43,6 +43,7 @@ from lifecycle.priorities import kind_streams, stream_order
 from rqse import EventListener
 from rqse.events import encode_event
 from rqse.fastpipe import execute
+from workers.answers import AnswerPack
 from workers.errors import BadTask
 from workers.scripts import load_script
 from workers.slots import BatchSlots
@@ -313,6 +314,10 @@ class TaskListener(EventListener):
     #: Observes each run()'s seconds when set (``--metrics-port``: a prometheus_client
     #: Histogram with a ``kind`` label, workers.metrics); None costs nothing.
     task_seconds: Any = None
+    #: Send the successful answers of a batch as one ``end-tasks`` entry (workers.answers):
+    #: for fast tasks read ``batch_size`` > 1 at a time, once every lifecycle worker of the
+    #: deployment reads such entries (docs/operations.md). ``--pack-answers`` sets it.
+    pack_answers: bool = False
     #: Seconds a slot of a limited kind outlives its holder's last renewal.
     slot_lease: float = DEFAULT_LEASE
     #: Longest a task waiting for a slot blocks before it looks whether it was cancelled.
@@ -361,6 +366,7 @@ class TaskListener(EventListener):
         self._batch_slots = BatchSlots(self._slots)
         self._limited = False  # whether the batch in hand took slots
         self.flush_with_next_read = True  # one round trip per batch
+        self._pack: AnswerPack | None = None  # made at the first batch, when packing
 
     def _kind_streams(self) -> list[str]:
         """The kind's streams: priority 0's and those ``{flow}:priorities`` names."""
@@ -371,6 +377,8 @@ class TaskListener(EventListener):
     ) -> set[bytes] | None:
         """Start-tasks of workflows that have ended are not run (:class:`StoppedWorkflows`);
         when the kind has a limit, the others take their slots (:class:`BatchSlots`)."""
+        if self.pack_answers and self._pack is None:
+            self._pack = AnswerPack(self.emit_command, self.keys.lifecycle, self.consumer)
         replies, at = self.read_replies, self._limit_reply
         skipped = self._stopped(entries, replies[0] if replies else None)
         self._limited = False
@@ -384,7 +392,10 @@ class TaskListener(EventListener):
         return skipped
 
     def finish_batch(self, stream: str) -> None:
-        """The slots of the batch's tasks that ran go with their answers."""
+        """The batch's packed answers are sent; the slots of its tasks that ran go with
+        them."""
+        if self._pack is not None:
+            self._pack.send_pack()
         if self._limited:
             self._limited = False
             release = self._batch_slots.finish()
@@ -470,11 +481,31 @@ class TaskListener(EventListener):
             self.fail(event, str(error))
             return True
         answer = end_task(event, worker=self.consumer)
+        if self._pack is not None and self._packed(answer, encoded):
+            return True
         del answer["output"]
         fields = encode_event(answer)
         fields["output"] = encoded
         self.emit_fields(fields, self.keys.lifecycle)
         return True
+
+    def _packed(self, answer: dict[str, Any], output: bytes) -> bool:
+        """Whether ``answer`` went into the batch's pack: one of the engine's own shape
+        (a start-task without a token, from before tokens, is answered alone)."""
+        workflow, key, attempt, token = (
+            answer.get(n) for n in ("workflow", "key", "attempt", "token")
+        )
+        if not (
+            type(workflow) is str
+            and type(key) is str
+            and type(attempt) is int
+            and type(token) is str
+        ):
+            return False
+        assert self._pack is not None
+        return self._pack.add(
+            orjson.dumps(workflow), orjson.dumps(key), b"%d" % attempt, orjson.dumps(token), output
+        )
 
     def _timed(self, task: Task) -> Any:
         """``run(task)``, its seconds observed by ``task_seconds`` (failures too)."""
