@@ -18,6 +18,7 @@ from typing import Any
 import orjson
 
 from flowlang.limits import DEFAULT_LIMITS, Limits, limits_changed
+from lifecycle import events as ev
 from lifecycle.engine.advance import Advancer
 from lifecycle.engine.dead_tasks import DeadTasks, DeadTasksThread
 from lifecycle.engine.retention import (
@@ -119,22 +120,12 @@ class LifecycleWorker(EventListener):
 
     def process_batch(self, batch: list[tuple[str, dict[str, Any]]]) -> list[str]:
         """Advance; return the ids the advance acknowledged with its commits."""
-        acked: list[str] = []
-        chunk: list[tuple[str, dict[str, Any]]] = []
-        size = 0
-        for entry in batch:
-            answers = entry[1].get("answers")
-            n = len(answers) if isinstance(answers, list) else 1
-            if chunk and size + n > 400:
-                acked += self._process_chunk(chunk)
-                chunk, size = [], 0
-            chunk.append(entry)
-            size += n
-        if chunk:
-            acked += self._process_chunk(chunk)
-        return acked
+        acknowledged: list[str] = []
+        for chunk in _chunks(batch):
+            acknowledged += self._advance(chunk)
+        return acknowledged
 
-    def _process_chunk(self, batch: list[tuple[str, dict[str, Any]]]) -> list[str]:
+    def _advance(self, batch: list[tuple[str, dict[str, Any]]]) -> list[str]:
         histogram = self.advance_seconds
         if histogram is None:
             result = self.advancer.apply(batch)
@@ -142,12 +133,37 @@ class LifecycleWorker(EventListener):
             started = perf_counter()
             result = self.advancer.apply(batch)
             histogram.observe(perf_counter() - started)
-        rejected: set[str] = set()
+        # An end-tasks entry whose answers were refused goes to the dead letters once,
+        # with every reason (its other answers were applied: a requeue changes nothing
+        # of theirs).
+        reasons: dict[str, list[str]] = {}
         for event_id, reason in result.rejected:
             log.warning("lifecycle: rejected %s", reason)
-            if event_id not in rejected:  # an end-tasks entry: one dead letter for it all
-                rejected.add(event_id)
-                self.reject(event_id, reason)
+            reasons.setdefault(event_id, []).append(reason)
+        for event_id, said in reasons.items():
+            self.reject(event_id, "; ".join(said))
         if result.conflicts:
             log.debug("lifecycle: %d recomputations after concurrent advances", result.conflicts)
         return result.acknowledged
+
+
+# Answers advanced together at most. A batch is one WATCH of its workflows, whose cost
+# in Redis grows with the square of their number: a read of 200 end-tasks entries of 200
+# answers each, advanced at once, held the server for seconds.
+_CHUNK_ANSWERS = 400
+
+
+def _chunks(batch: list[tuple[str, dict[str, Any]]]) -> list[list[tuple[str, dict[str, Any]]]]:
+    """``batch`` in runs of entries holding at most :data:`_CHUNK_ANSWERS` answers
+    together (an end-tasks entry counts its answers; any other entry one)."""
+    chunks: list[list[tuple[str, dict[str, Any]]]] = [[]]
+    size = 0
+    for entry in batch:
+        answers = entry[1].get("answers") if entry[1].get("kind") == ev.END_TASKS else None
+        count = len(answers) if type(answers) is list else 1
+        if chunks[-1] and size + count > _CHUNK_ANSWERS:
+            chunks.append([])
+            size = 0
+        chunks[-1].append(entry)
+        size += count
+    return chunks

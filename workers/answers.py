@@ -15,17 +15,20 @@ from collections.abc import Callable
 
 from lifecycle.events import end_tasks_fields
 
-__all__ = ["PACK_BYTES", "AnswerPack"]
+__all__ = ["PACK_ANSWERS", "PACK_BYTES", "AnswerPack"]
 
 # The most a pack holds: far below a listener's max_entry_bytes (8 MB by default), past
-# which the lifecycle worker would dead-letter the whole entry.
+# which the lifecycle worker would dead-letter the whole entry; and few enough answers
+# for the lifecycle worker to advance them together (it watches every workflow of what
+# it advances at once, at a cost in Redis that grows with the square of their number).
 PACK_BYTES = 1 << 20
+PACK_ANSWERS = 200
 
 
 class AnswerPack:
     """The answers of the batch in hand, sent by ``send`` (a listener's ``emit_command``:
     in the batch's transaction, with its acknowledgement) as ``end-tasks`` entries of
-    at most ``most_bytes`` each."""
+    at most ``most_bytes`` and ``most_answers`` each."""
 
     def __init__(
         self,
@@ -33,8 +36,10 @@ class AnswerPack:
         stream: str,
         worker: str,
         most_bytes: int = PACK_BYTES,
+        most_answers: int = PACK_ANSWERS,
     ) -> None:
-        self._send, self.stream, self.worker, self.most_bytes = send, stream, worker, most_bytes
+        self._send, self.stream, self.worker = send, stream, worker
+        self.most_bytes, self.most_answers = most_bytes, most_answers
         self._answers: list[bytes] = []
         self._size = 0
 
@@ -44,7 +49,7 @@ class AnswerPack:
         answer = b"[%b,%b,%b,%b,%b]" % (workflow, key, attempt, token, output)
         if len(answer) > self.most_bytes:
             return False
-        if self._size + len(answer) > self.most_bytes:
+        if self._size + len(answer) > self.most_bytes or len(self._answers) >= self.most_answers:
             self.send_pack()
         self._answers.append(answer)
         self._size += len(answer) + 1

@@ -47,6 +47,16 @@ class _Doubler(TaskListener):
         return {"n": task.input["n"] * 2}
 
 
+def test_a_pack_holds_at_most_its_count_of_answers() -> None:
+    sent: list[tuple[Any, ...]] = []
+    pack = AnswerPack(lambda *command: sent.append(command), "s", "w", most_answers=3)
+    for n in range(7):
+        assert pack.add(b'"wf"', b'"%d"' % n, b"1", b'"t"', b"{}")
+    pack.send_pack()
+    counts = [len(orjson.loads(dict(zip(c[3::2], c[4::2], strict=True))[b"answers"])) for c in sent]
+    assert counts == [3, 3, 1]
+
+
 def test_a_task_listener_sends_its_batchs_answers_as_one_entry_and_failures_alone(
     redis_client: redis.Redis,
 ) -> None:
