@@ -257,7 +257,7 @@ class Transition:
         at = now if item.created is None else now - item.created  # (rec.record_offset, inline)
         try:
             # The successors' input: the output (None starts them with {}). Encoding it
-            # doubles as the depth check, as the general path's record does.
+            # doubles as the depth check, as on the general path.
             if output is None:
                 input_json = b"{}"
                 record = _dumps([at, True, None, None, worker])
@@ -810,7 +810,6 @@ def _order(event_id: str) -> int:
 
 
 _END_PREFIX = rec.END_PREFIX
-
 _START_PREFIX = rec.START_PREFIX
 _CHUNK_AT = 64  # entries of one table (or one iteration's items) past which it is chunked
 
