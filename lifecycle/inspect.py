@@ -333,7 +333,15 @@ def parse_workflow(workflow_id: str, raw: dict[bytes, bytes]) -> StoredWorkflow:
                     parsed[at] = rec.record_time(parsed[at], found.created)
                     into[key] = parsed
     for key, end in found.ends.items():
-        found.ends[key] = rec.whole_end(end, found.starts.get)
+        found.ends[key] = whole = rec.whole_end(end, found.starts.get)
+        if whole is not end and whole[2] is None:  # (a reference is never to a None output)
+            found.problems.append(
+                Problem(
+                    rec.end_field(key),
+                    f"its output is the input of task {end[2]}, whose start record is "
+                    "missing or unreadable",
+                )
+            )
     return found
 
 

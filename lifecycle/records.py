@@ -170,7 +170,6 @@ def record_time(value: object, created: int | None) -> object:
     return None if created is None else created + value
 
 
-
 def whole_end(record: list[Any], start_of: Callable[[str], Any]) -> list[Any]:
     """A decoded end record (:data:`END_PREFIX`) as ``[ended, ok, output, error,
     worker]``: one that names its successor takes its output from that instance's start

@@ -257,7 +257,7 @@ class Transition:
         at = now if item.created is None else now - item.created  # (rec.record_offset, inline)
         try:
             # The successors' input: the output (None starts them with {}). Encoding it
-            # doubles as the depth check, as the general path's record does.
+            # doubles as the depth check, as on the general path.
             if output is None:
                 input_json = b"{}"
                 record = _dumps([at, True, None, None, worker])
@@ -544,7 +544,7 @@ class Transition:
                 # The output's encoding doubles as the depth check: orjson refuses values
                 # nested deeper than it can write (about the default limit), so the walk
                 # runs only where a lower limit is configured.
-                _dumps(output)
+                output_json = _dumps(output)
             except orjson.JSONEncodeError as error:
                 raise LifecycleError(f"task {key}: output cannot be stored: {error}") from None
             if (
@@ -557,7 +557,7 @@ class Transition:
                 )
             actions = machine.task_ended(state, key, attempt, output)
             at = rec.record_offset(now, item.created)
-            record = _end_record(machine, key, at, output, event.worker, actions)
+            record = _end_record(machine, key, at, output, output_json, event.worker, actions)
             commit.fields += (_END_PREFIX + key, record)
             return actions
         if end_task:
@@ -814,16 +814,24 @@ def _order(event_id: str) -> int:
 
 
 _END_PREFIX = rec.END_PREFIX
+_START_PREFIX = rec.START_PREFIX
+_CHUNK_AT = 64  # entries of one table (or one iteration's items) past which it is chunked
 
 
 def _end_record(
-    machine: Machine, key: str, at: int, output: Any, worker: Any, actions: list[Any]
+    machine: Machine,
+    key: str,
+    at: int,
+    output: Any,
+    output_json: bytes,
+    worker: Any,
+    actions: list[Any],
 ) -> bytes:
-    """The end record of a task instance that ended well: its output named by reference
-    to the successor it started with that very output, where the graph makes that
-    successor start once a run (a plain successor: one predecessor, on no cycle and after
-    none; ``rec.END_PREFIX``); the output itself otherwise. The plain step writes the
-    same, inline."""
+    """The end record of a task instance that ended well (``output_json``: its output,
+    encoded): the output named by reference to the successor it started with that very
+    output, where the graph makes that successor start once a run (a plain successor:
+    one predecessor, on no cycle and after none; ``rec.END_PREFIX``); the output itself
+    otherwise. The plain step writes the same, inline."""
     if (
         output is not None
         and machine.plain_next[int(key.partition(".")[0])] is not None
@@ -833,9 +841,9 @@ def _end_record(
         and actions[0].input is output
     ):
         return _dumps([at, worker, actions[0].key])
-    return _dumps([at, True, output, None, worker])
-_START_PREFIX = rec.START_PREFIX
-_CHUNK_AT = 64  # entries of one table (or one iteration's items) past which it is chunked
+    if type(at) is not int:  # (not the engine's clock: written as it is)
+        return _dumps([at, True, output, None, worker])
+    return b"[%d,true,%b,null,%b]" % (at, output_json, _dumps(worker))  # [at, True, output, ...]
 
 
 def _large(state: State) -> bool:
