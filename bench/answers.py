@@ -14,9 +14,9 @@ Shapes:
 
 ``multi``   today: MULTI, one XADD per answer, XACK, EXEC.
 ``lua``     one EVALSHA per batch running the same XADDs and the XACK.
-``packed``  one end-task entry per batch carrying every answer (an ``answers``
-            field, a JSON array), in MULTI/EXEC with the XACK: a prototype of a
-            format the engine does not read today (see the end of this text).
+``packed``  one end-tasks entry per batch carrying every answer (an ``answers``
+            field, a JSON array), in MULTI/EXEC with the XACK: the format of
+            packed answers (workers.answers; see the end of this text).
 ``packed-lua``  the same entry and XACK in one EVALSHA.
 
 The packed entry holds ``kind "end-tasks"``, ``worker`` and ``answers``: a list of

@@ -347,7 +347,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--pack-answers",
         action="store_true",
-        help="the no-op workers answer each batch with one end-tasks entry (an experiment)",
+        help="the no-op workers send each batch's answers as one end-tasks entry (workers.answers)",
     )
     parser.add_argument("--json", help="also write the figures to this file")
     return parser

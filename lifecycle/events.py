@@ -261,8 +261,9 @@ class EndTask:
     error: str | None
     worker: str | None = None
     token: str | None = None
-    # One answer of an end-tasks entry: when its attempt already ended with it, a
-    # redelivery of the entry (some of whose answers committed before a crash).
+    # One answer of an end-tasks entry: one to an attempt no longer running, with its
+    # token, is taken as the entry delivered again (some of its answers committed before
+    # a crash) and changes nothing, where a lone end-task's would be dead-lettered.
     packed: bool = False
 
 
@@ -308,7 +309,7 @@ def parse_end_tasks(event_id: str, event: dict[str, Any]) -> tuple[list[EndTask]
             parts.append(EndTask(workflow, key, attempt, True, output, None, worker, token, True))
         else:
             bad.append(
-                f"event {event_id} (end-tasks): answer {n} is {answer!r}, expected "
+                f"event {event_id} (end-tasks): answer {n} is {repr(answer)[:120]}, expected "
                 "[workflow, key, attempt, token, output]"
             )
     return parts, bad
@@ -361,7 +362,6 @@ def _parse_end_task(event_id: str, event: dict[str, Any]) -> EndTask:
         str(error) if error is not None else None,
         str(event["worker"]) if event.get("worker") is not None else None,
         token,
-        event.get("packed") is True,
     )
 
 

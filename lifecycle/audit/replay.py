@@ -22,7 +22,7 @@ the same attempt), the start-task check reports it instead of hiding it.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import orjson
@@ -184,6 +184,8 @@ def replay_workflow(item: WorkflowReplay, graphs: ArchiveGraphs, keys: Keys) -> 
             continue
         if parsed is None:
             continue
+        if event.get("packed") is True and type(parsed) is ev.EndTask:
+            parsed = replace(parsed, packed=True)  # an answer of an end-tasks entry, as live
         pending = Pending(item.workflow, [(entry_id, kind, parsed)], str(version or ""))
         pending.state, pending.digest = item.state, item.graph
         salt = item.fields.get(rec.SALT)

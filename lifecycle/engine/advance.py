@@ -396,11 +396,12 @@ class Advancer:
         of its own, all under the entry's id (``packs``: the id's workflows).
 
         The id is acknowledged by the round-one transaction when all its workflows are
-        in it, else by the caller once every one committed (apply()'s ``deferred``).
-        Prototype: a commit Redis refuses for its workflow's sake in round one (that
-        workflow then failed in a later round) has its pack acknowledged already.
-        Prototype: a malformed answer dead-letters the whole entry (its other answers
-        are applied)."""
+        in it, else by the caller once every one committed (apply()'s ``deferred``). A
+        commit Redis refuses for its workflow's sake in round one has the pack
+        acknowledged with the rest of that transaction (EXEC does not roll back): that
+        workflow is failed, with the reason, in a later round, so its answer no longer
+        matters. A malformed answer dead-letters the entry, with the reason; its other
+        answers are applied (a requeue of the entry changes nothing of theirs)."""
         try:
             parts, bad = ev.parse_end_tasks(event_id, event)
         except BadEvent as error:

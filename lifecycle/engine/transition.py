@@ -370,8 +370,13 @@ class Transition:
                 commit.offer, commit.offer_timers = None, []
             if seen is not None:
                 # The same entry delivered twice: a redelivery. An end-tasks entry packs
-                # several answers under one id: each is its own (id, task key).
-                mark = (event_id, event.key) if kind == ev.END_TASK else event_id
+                # several answers under one id: each is its own (a second answer to the
+                # same attempt, or one with another token, is judged as any answer is).
+                mark = (
+                    (event_id, event.key, event.attempt, event.token, event.success)
+                    if kind == ev.END_TASK
+                    else event_id
+                )
                 if mark in seen:
                     result.duplicates.append(event_id)
                     continue

@@ -155,3 +155,33 @@ def test_a_pack_delivered_again_after_its_answers_committed_changes_nothing(
     assert (again.committed, again.rejected) == (0, [])
     assert pack in again.duplicates
     assert redis_client.xlen(KEYS.tasks("default")) == started  # no B started twice
+
+
+def test_a_second_answer_with_a_forged_token_inside_one_pack_is_refused(
+    redis_client: redis.Redis,
+) -> None:
+    harness = Harness(redis_client)
+    harness.submit(compile_text("A → B"), {"n": 1}, "forged")
+    harness.advance()
+    (start,) = [decode(f) for _, f in redis_client.xrange(KEYS.tasks("default"))]
+    right = [start["workflow"], start["key"], start["attempt"], start["token"], {"n": 1}]
+    forged = [*right[:3], "0" * 16, {"n": 2}]
+    fields = {"kind": ev.END_TASKS, "worker": "w", "answers": [right, forged]}
+    entry = redis_client.xadd(KEYS.lifecycle, {k: orjson.dumps(v) for k, v in fields.items()})
+    result = _apply_new(redis_client, harness)
+    assert result.committed == 1  # type: ignore[attr-defined]
+    assert [event_id for event_id, _ in result.rejected] == [entry.decode()]  # type: ignore[attr-defined]
+
+
+def test_a_lone_end_task_cannot_pass_itself_off_as_packed(redis_client: redis.Redis) -> None:
+    harness = Harness(redis_client)
+    harness.submit(compile_text("A → B"), {"n": 1}, "lone")
+    harness.advance()
+    (start,) = [decode(f) for _, f in redis_client.xrange(KEYS.tasks("default"))]
+    answer = ev.end_task(start, {"n": 1}, worker="w")
+    redis_client.xadd(KEYS.lifecycle, {k: orjson.dumps(v) for k, v in answer.items()})
+    _apply_new(redis_client, harness)
+    again = {**ev.end_task(start, error="late", worker="w"), "packed": True}
+    entry = redis_client.xadd(KEYS.lifecycle, {k: orjson.dumps(v) for k, v in again.items()})
+    result = _apply_new(redis_client, harness)
+    assert [event_id for event_id, _ in result.rejected] == [entry.decode()]  # type: ignore[attr-defined]
