@@ -3,6 +3,8 @@ which the advancer expands into one end-task per answer."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import orjson
 import redis
 
@@ -78,20 +80,26 @@ def test_packed_answers_committed_by_the_script_finish_too(redis_client: redis.R
     assert _pending(redis_client) == 0
 
 
+def _first_answer(client: redis.Redis, harness: Harness, flow: str, workflow: str) -> list[Any]:
+    """The right answer, output {"n": 1}, to the first task of a new workflow ``workflow``."""
+    harness.submit(compile_text(flow), {"n": 1}, workflow)
+    harness.advance()
+    (start,) = [decode(f) for _, f in client.xrange(KEYS.tasks("default"))]
+    return [start["workflow"], start["key"], start["attempt"], start["token"], {"n": 1}]
+
+
+def _add_pack(client: redis.Redis, answers: list[Any]) -> Any:
+    """An end-tasks entry of ``answers`` on the lifecycle stream: its id (bytes)."""
+    fields = {"kind": ev.END_TASKS, "worker": "w", "answers": answers}
+    return client.xadd(KEYS.lifecycle, {k: orjson.dumps(v) for k, v in fields.items()})
+
+
 def test_a_malformed_answer_rejects_its_pack_and_the_others_still_apply(
     redis_client: redis.Redis,
 ) -> None:
     harness = Harness(redis_client)
-    harness.submit(compile_text("A"), {"n": 1}, "good")
-    harness.advance()
-    (start,) = [decode(f) for _, f in redis_client.xrange(KEYS.tasks("default"))]
-    good = [start["workflow"], start["key"], start["attempt"], start["token"], {"n": 1}]
-    fields = {
-        "kind": ev.END_TASKS,
-        "worker": "w",
-        "answers": [good, ["bad", "1", "not an attempt", "t", None]],
-    }
-    entry = redis_client.xadd(KEYS.lifecycle, {k: orjson.dumps(v) for k, v in fields.items()})
+    good = _first_answer(redis_client, harness, "A", "good")
+    entry = _add_pack(redis_client, [good, ["bad", "1", "not an attempt", "t", None]])
     reply = redis_client.xreadgroup(KEYS.lifecycle_group, "t", {KEYS.lifecycle: ">"})
     entries = [(i.decode(), decode(f)) for _, items in reply for i, f in items]
     result = harness.advancer.apply(entries)
@@ -161,13 +169,8 @@ def test_a_second_answer_with_a_forged_token_inside_one_pack_is_refused(
     redis_client: redis.Redis,
 ) -> None:
     harness = Harness(redis_client)
-    harness.submit(compile_text("A → B"), {"n": 1}, "forged")
-    harness.advance()
-    (start,) = [decode(f) for _, f in redis_client.xrange(KEYS.tasks("default"))]
-    right = [start["workflow"], start["key"], start["attempt"], start["token"], {"n": 1}]
-    forged = [*right[:3], "0" * 16, {"n": 2}]
-    fields = {"kind": ev.END_TASKS, "worker": "w", "answers": [right, forged]}
-    entry = redis_client.xadd(KEYS.lifecycle, {k: orjson.dumps(v) for k, v in fields.items()})
+    right = _first_answer(redis_client, harness, "A → B", "forged")
+    entry = _add_pack(redis_client, [right, [*right[:3], "0" * 16, {"n": 2}]])
     result = _apply_new(redis_client, harness)
     assert result.committed == 1  # type: ignore[attr-defined]
     assert [event_id for event_id, _ in result.rejected] == [entry.decode()]  # type: ignore[attr-defined]
