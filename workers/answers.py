@@ -55,6 +55,11 @@ class AnswerPack:
         self._size += len(answer) + 1
         return True
 
+    def clear(self) -> None:
+        """Forget what is packed: a batch that did not finish (its entries, unacknowledged,
+        are delivered again) leaves nothing to the next."""
+        self._answers, self._size = [], 0
+
     def send_pack(self) -> None:
         """Send what is packed (nothing when empty)."""
         if not self._answers:

@@ -136,6 +136,8 @@ class NoopWorker(EventListener):
         (:class:`BatchSlots`, one call)."""
         if self.pack_answers and self._pack is None:
             self._pack = AnswerPack(self.emit_command, self.keys.lifecycle, self.consumer)
+        elif self._pack is not None:
+            self._pack.clear()
         replies = self.read_replies
         skipped = self._stopped(entries, replies[0] if replies else None)
         self._batch_slots = None

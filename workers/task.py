@@ -379,6 +379,8 @@ class TaskListener(EventListener):
         when the kind has a limit, the others take their slots (:class:`BatchSlots`)."""
         if self.pack_answers and self._pack is None:
             self._pack = AnswerPack(self.emit_command, self.keys.lifecycle, self.consumer)
+        elif self._pack is not None:
+            self._pack.clear()
         replies, at = self.read_replies, self._limit_reply
         skipped = self._stopped(entries, replies[0] if replies else None)
         self._limited = False

@@ -47,6 +47,15 @@ class _Doubler(TaskListener):
         return {"n": task.input["n"] * 2}
 
 
+def test_a_cleared_pack_sends_nothing_of_what_it_held() -> None:
+    sent: list[tuple[Any, ...]] = []
+    pack = AnswerPack(lambda *command: sent.append(command), "s", "w")
+    assert pack.add(b'"wf"', b'"1"', b"1", b'"t"', b"{}")
+    pack.clear()
+    pack.send_pack()
+    assert sent == []
+
+
 def test_a_pack_holds_at_most_its_count_of_answers() -> None:
     sent: list[tuple[Any, ...]] = []
     pack = AnswerPack(lambda *command: sent.append(command), "s", "w", most_answers=3)
