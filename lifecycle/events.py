@@ -290,7 +290,7 @@ def parse_end_tasks(event_id: str, event: dict[str, Any]) -> tuple[list[EndTask]
     answers = event.get("answers")
     if type(answers) is not list:
         raise BadEvent(
-            f"event {event_id} (end-tasks): field 'answers' is {answers!r}, expected list"
+            f"event {event_id} (end-tasks): field 'answers' is {repr(answers)[:120]}, expected list"
         )
     worker = event.get("worker")
     if worker is not None and type(worker) is not str:
