@@ -207,9 +207,17 @@ class Rig:
         return self.ended()
 
 
-def add_rig_arguments(parser: argparse.ArgumentParser) -> None:
-    """The options every benchmark that starts the engine shares."""
-    parser.add_argument("--lifecycle", type=int, default=1, help="lifecycle worker processes")
+def add_rig_arguments(
+    parser: argparse.ArgumentParser, lifecycle: int | None = 1, lifecycle_help: str = "1"
+) -> None:
+    """The options every benchmark that starts the engine shares; ``lifecycle``: the
+    default number of lifecycle workers, said in the help as ``lifecycle_help``."""
+    parser.add_argument(
+        "--lifecycle",
+        type=int,
+        default=lifecycle,
+        help=f"lifecycle worker processes (default {lifecycle_help})",
+    )
     parser.add_argument("--workers", type=int, default=1, help="no-op worker processes")
     parser.add_argument(
         "--server", help="Redis/Valkey server binary (default: the one the tests use)"

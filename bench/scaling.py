@@ -62,9 +62,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workflows", type=parse_sizes, default=[1000, 10000], help="W,W,...")
     parser.add_argument("--lifecycle", type=parse_sizes, default=[1, 2], help="L,L,...")
     parser.add_argument("--workers", type=int, default=1, help="no-op worker processes")
+    parser.add_argument(
+        "--pack-answers",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="as python -m bench's (default: packed)",
+    )
     parser.add_argument("--json", help="also write every cell's figures to this file")
     args = parser.parse_args(argv)
-    print(f"chain10, {args.workers} no-op worker(s); yardstick {yardstick()} s")
+    answers = "packed" if args.pack_answers else "one end-task per task"
+    print(f"chain10, {args.workers} no-op worker(s), answers {answers}; yardstick {yardstick()} s")
     print(
         f"{'W':>9} {'lc':>3} {'tasks/s':>10} {'wall s':>8} {'cpu µs':>8}  "
         f"{'µs/task ' + ' / '.join(KINDS):<34} {'cmds':>5} {'stuck':>5}"
@@ -78,6 +85,7 @@ def main(argv: list[str] | None = None) -> int:
                     "--workflows", str(workflows),
                     "--lifecycle", str(lifecycle),
                     "--workers", str(args.workers),
+                    "--pack-answers" if args.pack_answers else "--no-pack-answers",
                 ]
             )  # fmt: skip
             figures = asdict(throughput(bench_args))

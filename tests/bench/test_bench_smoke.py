@@ -39,10 +39,22 @@ def test_a_tiny_benchmark_run_finishes_every_workflow_and_writes_its_figures(
     assert figures["streams_trimmed"] is True
     assert figures["redis_retained_per_workflow_bytes"] > 0
     assert figures["redis_retained_per_workflow_bytes"] < figures["redis_memory_per_workflow_bytes"]
-    # Every task is at least its start-task and its end-task: two XADDs, timed. (EVALSHA
-    # runs only after a race between the two lifecycle workers: not in every run.)
-    assert figures["redis_calls_per_task"]["xadd"] >= 2
+    # Every task is one start-task XADD; the no-op workers pack their answers by default,
+    # a batch's in one XADD. (EVALSHA runs only after a race between the two lifecycle
+    # workers: not in every run.)
+    assert figures["pack_answers"] is True
+    assert 1 <= figures["redis_calls_per_task"]["xadd"] < 2
     assert figures["redis_us_per_task"]["xadd"] > 0
+
+
+def test_a_tiny_run_without_packed_answers_sends_one_end_task_per_task(tmp_path: Path) -> None:
+    out = tmp_path / "figures.json"
+    argv = ["--workflows", "50", "--shape", "chain10", "--no-pack-answers"]
+    assert main([*argv, "--json", str(out), "--stall", "20"]) == 0
+    figures = orjson.loads(out.read_bytes())
+    assert (figures["finished"], figures["failed"], figures["pack_answers"]) == (50, 0, False)
+    # Every task is its start-task and its end-task: two XADDs at least.
+    assert figures["redis_calls_per_task"]["xadd"] >= 2
 
 
 def test_a_tiny_run_at_a_priority_under_a_key_and_a_kind_limit_finishes_every_workflow(
