@@ -23,7 +23,8 @@ def _pack(n: int) -> dict[str, Any]:
 
 
 def test_a_batch_of_packs_is_cut_where_its_answers_would_pass_the_bound() -> None:
-    batch = [("1-0", _pack(300)), ("2-0", _pack(300)), ("3-0", {"kind": ev.END_TASK})]
+    over_half = _CHUNK_ANSWERS // 2 + 50  # two such packs do not fit in one chunk
+    batch = [("1-0", _pack(over_half)), ("2-0", _pack(over_half)), ("3-0", {"kind": ev.END_TASK})]
     batch += [("4-0", _pack(_CHUNK_ANSWERS + 50))]  # larger than a chunk: a chunk of its own
     chunks = _chunks(batch)
     assert [[entry_id for entry_id, _ in chunk] for chunk in chunks] == [
