@@ -42,6 +42,7 @@ from rqse.deadletter import (
     MAX_DELIVERIES,
     PROCESS_ERROR,
     REJECTED,
+    UNSELECTED,
     dead_letter_fields,
 )
 from rqse.errors import MalformedEntry
@@ -118,6 +119,7 @@ class BatchHandler:
     _max_deliveries: int
     _max_entry_bytes: int
     _own_garbage: bool
+    _dead_letter_unselected: bool
     _in_batch: bool
     _current_stream: str | None
     # (stream, entry id) -> deliveries lost to Redis weather, not yet made up for
@@ -251,7 +253,10 @@ class BatchHandler:
                     acks.append(entry_id)
                     continue
                 if select is not None and event[kind_field] not in select:
-                    stats.ignored += 1
+                    if self._dead_letter_unselected:
+                        self._dead_letter_unknown(stream, entry_id, fields, event, deliveries)
+                    else:
+                        stats.ignored += 1
                     acks.append(entry_id)
                     continue
                 if batch_mode:
@@ -435,6 +440,22 @@ class BatchHandler:
             "".join(traceback.format_exception(error)),
         )
         return True
+
+    def _dead_letter_unknown(
+        self,
+        stream: str,
+        entry_id: bytes,
+        fields: dict[bytes, bytes],
+        event: dict[str, Any],
+        deliveries: int,
+    ) -> None:
+        """An entry of a kind outside ``select`` on a stream only those kinds belong on."""
+        kind = repr(event[self._select_attribute])
+        if len(kind) > 120:
+            kind = kind[:117] + "..."
+        selected = ", ".join(sorted(self._select or ()))
+        error = f"kind {kind} is not one this consumer processes ({selected})"
+        self._dead_letter(stream, entry_id, fields, UNSELECTED, error, deliveries)
 
     def _dead_letter(
         self,

@@ -119,6 +119,11 @@ class EventListener(Recovery, EventClient):
                          reader that shares a stream another group owns passes False:
                          it acknowledges them unseen, and the owner's dead letter is the
                          only one
+    ``dead_letter_unselected``  dead-letter (reason ``unselected``) entries of a kind not
+                         in ``select`` instead of acknowledging them unseen: for streams
+                         only those kinds belong on, so that an entry of a kind this
+                         listener does not know (garbage, or a newer writer's) is kept,
+                         to be requeued once a listener that knows it runs
     """
 
     def __init__(
@@ -146,6 +151,7 @@ class EventListener(Recovery, EventClient):
         discover: Callable[[], Iterable[str]] | None = None,
         discover_every: float = 5.0,
         own_garbage: bool = True,
+        dead_letter_unselected: bool = False,
         order: Callable[[str], Any] | None = None,
         **legacy: Any,
     ) -> None:
@@ -191,6 +197,7 @@ class EventListener(Recovery, EventClient):
         self._handle_signals = handle_signals
         self._drain_timeout = drain_timeout
         self._own_garbage = own_garbage
+        self._dead_letter_unselected = dead_letter_unselected and own_garbage
         self._drain_timer: threading.Timer | None = None
         self._forecast = Forecast(f"consumer {self._consumer}", logger)
         self._weathered: dict[tuple[str, bytes], int] = {}

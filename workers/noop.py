@@ -100,6 +100,7 @@ class NoopWorker(EventListener):
             options.setdefault("discover_every", 2.0)
         options.setdefault("order", stream_order(self.keys))
         options.setdefault("batch_size", 200)
+        options.setdefault("dead_letter_unselected", True)  # as TaskListener
         super().__init__(streams, TASK_GROUP, [START_TASK], **options)
         self._end_task = end_task_template(self.keys.lifecycle, self.consumer)
         self._stopped = StoppedWorkflows(self.connection, self.keys, self.consumer)

@@ -81,6 +81,7 @@ class WaitTaskListener(EventListener):
         options.setdefault("order", stream_order(self.keys))
         options.setdefault("discover", self._kind_streams)
         options.setdefault("discover_every", PRIORITY_DISCOVERY)
+        options.setdefault("dead_letter_unselected", True)  # as TaskListener
         super().__init__(self.keys.tasks(WAIT_KIND), TASK_GROUP, [START_TASK], **options)
         self._register = load_script(self.connection, "wait_register")
         self._complete = load_script(self.connection, "wait_complete")

@@ -1,3 +1,4 @@
+import json
 import threading
 import time
 from collections import Counter
@@ -53,6 +54,34 @@ def test_kinds_outside_select_are_acknowledged_without_calling_process(
     assert [kind for _, kind in listener.seen] == ["start-task"]
     assert listener.stats.ignored == 1
     assert pending_ids(redis_client, "g") == []
+
+
+def test_kinds_outside_select_are_dead_lettered_on_a_stream_only_selected_kinds_belong_on(
+    client, redis_url, redis_client
+):
+    client.append_many([message(kind="end-task"), message(kind="start-task")])
+    listener = Recorder(
+        "jobs", "g", select=["start-task"], dead_letter_unselected=True, url=redis_url
+    )
+    listener.listen(max_events=2)
+    assert [kind for _, kind in listener.seen] == ["start-task"]
+    [(_, dead)] = redis_client.xrange("jobs:dead")
+    assert json.loads(dead[b"reason"]) == "unselected"
+    assert (listener.stats.ignored, listener.stats.dead_lettered) == (0, 1)
+    assert pending_ids(redis_client, "g") == []
+
+
+def test_a_reader_that_does_not_own_the_stream_still_ignores_unselected_kinds(
+    client, redis_url, redis_client
+):
+    client.append_many([message(kind="end-task")])
+    listener = Recorder(
+        "jobs", "g", select=["start-task"], dead_letter_unselected=True, own_garbage=False,
+        url=redis_url,
+    )  # fmt: skip
+    listener.listen(max_events=1)
+    assert listener.stats.ignored == 1
+    assert redis_client.exists("jobs:dead") == 0
 
 
 def test_group_creation_is_idempotent_and_concurrent_creators_do_not_fail(redis_url, redis_client):
