@@ -28,7 +28,13 @@ from typing import Any
 import orjson
 import redis
 
-from bench.rig import process_cpu_seconds, redis_cpu_seconds, spawn, stop_processes
+from bench.rig import (
+    add_pack_answers_argument,
+    process_cpu_seconds,
+    redis_cpu_seconds,
+    spawn,
+    stop_processes,
+)
 from flowlang.compiler import compile_text
 from lifecycle.deployment import Deployment
 from lifecycle.partitions import Partitions
@@ -55,6 +61,7 @@ class ClusterFigures:
     stuck: int
     ratio_to_one_master: float | None = None
     cpu_s: dict[str, float] = field(default_factory=dict)
+    pack_answers: bool = False  # the no-op workers sent their answers packed (end-tasks)
 
 
 def _masters(connections: Connections) -> list[redis.Redis]:
@@ -106,6 +113,8 @@ def run_once(url: str, args: argparse.Namespace, masters: int, logs: Path | None
                 time.sleep(0.1)
         for n in range(args.workers):
             command = ("workers", "noop", *mode, "--kinds", "default", "--consumer", f"w{n}")
+            if args.pack_answers:
+                command += ("--pack-answers",)
             procs["noop"].append(spawn(url, *command, log=log(f"w{n}")))
         if not args.no_receipts:
             archive = stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-cluster-"))
@@ -154,6 +163,7 @@ def run_once(url: str, args: argparse.Namespace, masters: int, logs: Path | None
         finished=finished,
         stuck=0 if not stalled else args.workflows - finished,
         cpu_s=cpu,
+        pack_answers=args.pack_answers,
     )
 
 
@@ -174,6 +184,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--lifecycle", type=int, default=2, help="lifecycle worker processes")
     parser.add_argument("--workers", type=int, default=1, help="no-op worker processes")
     parser.add_argument("--no-receipts", action="store_true", help="without the receipts worker")
+    add_pack_answers_argument(parser)
     parser.add_argument("--stall", type=float, default=30.0, help="give up after this idle")
     parser.add_argument("--logs", help="write each process's output to DIR")
     parser.add_argument("--json", help="also write the figures to this file")

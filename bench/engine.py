@@ -23,6 +23,7 @@ import redis
 
 from bench.rig import (
     KEYS,
+    add_pack_answers_argument,
     add_rig_arguments,
     ended_count,
     process_cpu_seconds,
@@ -48,6 +49,7 @@ __all__ = [
     "KEYS",
     "SHAPES",
     "Figures",
+    "default_lifecycle_workers",
     "ended_count",
     "main",
     "redis_cpu_seconds",
@@ -90,6 +92,7 @@ class Figures:
     cpu_s: dict[str, float] = field(default_factory=dict)
     redis_us_per_task: dict[str, float] = field(default_factory=dict)  # by command
     redis_calls_per_task: dict[str, float] = field(default_factory=dict)
+    lifecycle_workers: int = 1
     pack_answers: bool = False  # the no-op workers sent their answers packed (end-tasks)
 
 
@@ -287,7 +290,8 @@ def throughput(args: argparse.Namespace) -> Figures:
         cpu_s=cpu,
         redis_us_per_task=_per_task(commandstats, tasks, "usec", 0.05),
         redis_calls_per_task=_per_task(commandstats, tasks, "calls", 0.001),
-        pack_answers=bool(getattr(args, "pack_answers", False)),
+        lifecycle_workers=args.lifecycle,
+        pack_answers=args.pack_answers,
     )
 
 
@@ -320,7 +324,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--items", type=int, help="size of a growing shape: " + ", ".join(sorted(GROWING))
     )
-    add_rig_arguments(parser, None, "2; 1 for a growing shape")  # default_lifecycle_workers
+    add_rig_arguments(parser, lifecycle=None, lifecycle_help="2; 1 for a growing shape")
     parser.add_argument("--persistence", choices=sorted(PERSISTENCE_OPTIONS), default="none")
     parser.add_argument(
         "--stall", type=float, default=30.0, help="give up after this long without progress"
@@ -356,14 +360,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=8.0,
         help="give up when a worker process holds more memory than this (default 8; 0: never)",
     )
-    parser.add_argument(
-        "--pack-answers",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="the no-op workers send each batch's answers as one end-tasks entry "
-        "(workers.answers), as a deployment whose lifecycle workers are all of this "
-        "version does; --no-pack-answers: one end-task per task (default: packed)",
-    )
+    add_pack_answers_argument(parser)
     parser.add_argument("--json", help="also write the figures to this file")
     return parser
 

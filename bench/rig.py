@@ -26,8 +26,10 @@ from rqse.server import RedisServer
 __all__ = [
     "KEYS",
     "Rig",
+    "add_pack_answers_argument",
     "add_rig_arguments",
     "ended_count",
+    "pack_answers_flag",
     "process_cpu_seconds",
     "redis_cpu_seconds",
     "server_name",
@@ -205,6 +207,23 @@ class Rig:
         if self.receipts:
             wait_trimmed(self.client, timeout=5)
         return self.ended()
+
+
+def add_pack_answers_argument(parser: argparse.ArgumentParser) -> None:
+    """``--pack-answers``/``--no-pack-answers``: how the no-op workers answer (packed by
+    default, as a deployment whose lifecycle workers are all of this version runs)."""
+    parser.add_argument(
+        "--pack-answers",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="the no-op workers send each batch's answers as one end-tasks entry "
+        "(workers.answers); --no-pack-answers: one end-task per task (default: packed)",
+    )
+
+
+def pack_answers_flag(pack: bool) -> str:
+    """The flag that passes ``pack`` on to another benchmark's parser."""
+    return "--pack-answers" if pack else "--no-pack-answers"
 
 
 def add_rig_arguments(

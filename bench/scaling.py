@@ -20,7 +20,7 @@ from typing import Any
 import orjson
 
 from bench.engine import build_parser, throughput
-from bench.rig import yardstick
+from bench.rig import add_pack_answers_argument, pack_answers_flag, yardstick
 from bench.sizes import parse_sizes
 
 __all__ = ["cell", "main"]
@@ -62,12 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workflows", type=parse_sizes, default=[1000, 10000], help="W,W,...")
     parser.add_argument("--lifecycle", type=parse_sizes, default=[1, 2], help="L,L,...")
     parser.add_argument("--workers", type=int, default=1, help="no-op worker processes")
-    parser.add_argument(
-        "--pack-answers",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="as python -m bench's (default: packed)",
-    )
+    add_pack_answers_argument(parser)
     parser.add_argument("--json", help="also write every cell's figures to this file")
     args = parser.parse_args(argv)
     answers = "packed" if args.pack_answers else "one end-task per task"
@@ -85,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
                     "--workflows", str(workflows),
                     "--lifecycle", str(lifecycle),
                     "--workers", str(args.workers),
-                    "--pack-answers" if args.pack_answers else "--no-pack-answers",
+                    pack_answers_flag(args.pack_answers),
                 ]
             )  # fmt: skip
             figures = asdict(throughput(bench_args))

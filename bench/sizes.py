@@ -19,7 +19,7 @@ from typing import Any
 import orjson
 
 from bench.engine import build_parser, throughput
-from bench.rig import yardstick
+from bench.rig import add_pack_answers_argument, pack_answers_flag, yardstick
 from bench.shapes import GROWING
 
 __all__ = ["main", "parse_sizes", "row"]
@@ -81,10 +81,15 @@ def main(argv: list[str] | None = None) -> int:
         "--max-rss-gb", type=float, default=8.0, help="give up on a run whose worker holds more"
     )
     parser.add_argument("--lifecycle", type=int, default=1, help="lifecycle worker processes")
+    add_pack_answers_argument(parser)
     parser.add_argument("--json", help="also write every run's figures to this file")
     args = parser.parse_args(argv)
     runs: list[dict[str, Any]] = []
-    print(f"{args.shape}, {args.lifecycle} lifecycle worker(s); yardstick {yardstick()} s")
+    answers = "packed" if args.pack_answers else "one end-task per task"
+    print(
+        f"{args.shape}, {args.lifecycle} lifecycle worker(s), answers {answers}; "
+        f"yardstick {yardstick()} s"
+    )
     print(" ".join(f"{header:>10}" for _, header, _ in COLUMNS))
     for items in args.items:
         bench_args = build_parser().parse_args(
@@ -95,6 +100,7 @@ def main(argv: list[str] | None = None) -> int:
                 "--lifecycle", str(args.lifecycle),
                 "--timeout", str(args.timeout),
                 "--max-rss-gb", str(args.max_rss_gb),
+                pack_answers_flag(args.pack_answers),
             ]
         )  # fmt: skip
         figures = asdict(throughput(bench_args))

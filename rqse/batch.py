@@ -4,7 +4,8 @@ First ``prepare_batch()`` sees the raw entries once (ids it returns are
 acknowledged unseen). Then for each entry, in order: deleted while pending ->
 acknowledge; set aside by ``prepare_batch()`` -> acknowledge; delivered
 more than ``max_deliveries`` times -> dead letter; malformed -> dead letter;
-kind not selected -> acknowledge (ignored); else ``process()``: truthy ->
+kind not selected -> acknowledge (ignored), or dead letter with
+``dead_letter_unselected`` (receipts excepted); else ``process()``: truthy ->
 acknowledge (processed), falsy -> acknowledge (declined), exception -> stays
 pending (failed), or dead letter on the last allowed delivery. Then one
 transaction writes it all (:class:`rqse.outbox.Outbox`).
@@ -46,7 +47,7 @@ from rqse.deadletter import (
     dead_letter_fields,
 )
 from rqse.errors import MalformedEntry
-from rqse.events import decode_fields
+from rqse.events import RECEIPT, decode_fields
 from rqse.keys import dead_letter_key
 from rqse.lease import Lease
 from rqse.outbox import Outbox
@@ -119,7 +120,7 @@ class BatchHandler:
     _max_deliveries: int
     _max_entry_bytes: int
     _own_garbage: bool
-    _dead_letter_unselected: bool
+    _unselected_to_dead_letters: bool
     _in_batch: bool
     _current_stream: str | None
     # (stream, entry id) -> deliveries lost to Redis weather, not yet made up for
@@ -253,8 +254,9 @@ class BatchHandler:
                     acks.append(entry_id)
                     continue
                 if select is not None and event[kind_field] not in select:
-                    if self._dead_letter_unselected:
-                        self._dead_letter_unknown(stream, entry_id, fields, event, deliveries)
+                    # (a receipt is rqse's own, written to the stream of what it is for)
+                    if self._unselected_to_dead_letters and event[kind_field] != RECEIPT:
+                        self._dead_letter_unselected(stream, entry_id, fields, event, deliveries)
                     else:
                         stats.ignored += 1
                     acks.append(entry_id)
@@ -441,7 +443,7 @@ class BatchHandler:
         )
         return True
 
-    def _dead_letter_unknown(
+    def _dead_letter_unselected(
         self,
         stream: str,
         entry_id: bytes,
@@ -449,7 +451,8 @@ class BatchHandler:
         event: dict[str, Any],
         deliveries: int,
     ) -> None:
-        """An entry of a kind outside ``select`` on a stream only those kinds belong on."""
+        """An entry of a kind outside ``select`` on a stream only those kinds (and rqse's
+        receipts) belong on."""
         kind = repr(event[self._select_attribute])
         if len(kind) > 120:
             kind = kind[:117] + "..."

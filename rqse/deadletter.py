@@ -33,6 +33,8 @@ __all__ = [
     "OVERSIZE",
     "PROCESS_ERROR",
     "REASONS",
+    "REJECTED",
+    "UNSELECTED",
     "dead_letter_fields",
 ]
 
@@ -45,7 +47,15 @@ INVALID_KIND = "invalid-kind"  # no kind field, or not a string
 OVERSIZE = "oversize"  # larger than the listener's max_entry_bytes
 REJECTED = "rejected"  # process_batch() refused it (e.g. a field of the wrong type)
 UNSELECTED = "unselected"  # a kind outside select, on a stream only selected kinds belong on
-REASONS = (PROCESS_ERROR, MAX_DELIVERIES, INVALID_JSON, INVALID_KIND, OVERSIZE, REJECTED)
+REASONS = (
+    PROCESS_ERROR,
+    MAX_DELIVERIES,
+    INVALID_JSON,
+    INVALID_KIND,
+    OVERSIZE,
+    REJECTED,
+    UNSELECTED,
+)
 
 TRACEBACK_LIMIT = 8_000  # characters of traceback kept in a dead letter
 

@@ -13,7 +13,8 @@ One loop, one thread (``listen()``):
    command per ``block_ms`` and wakes at once;
 4. per batch, ``prepare_batch()`` on the raw entries (ids it returns are
    acknowledged unseen); per entry: decode (malformed -> dead letter), skip kinds
-   not in ``select``, call ``process()``; then acknowledge the batch, with
+   not in ``select`` (or dead-letter them: ``dead_letter_unselected``), call
+   ``process()``; then acknowledge the batch, with
    whatever ``emit()`` queued, in one transaction (:mod:`rqse.outbox`).
 
 ``process()`` returning truthy acknowledges (processed), falsy acknowledges as
@@ -92,7 +93,8 @@ class EventListener(Recovery, EventClient):
     Subclasses override :meth:`process` and optionally the ``onStart``,
     ``onEstablished`` and ``onStop`` hooks. Options (keyword only):
 
-    ``select``           kinds to process; others are acknowledged unseen (all when empty)
+    ``select``           kinds to process (all when empty); others are acknowledged unseen,
+                         or dead-lettered with ``dead_letter_unselected``
     ``consumer``         stable name: a restarted consumer first re-processes what it held
     ``batch_size``       entries per read and per acknowledging transaction
     ``block_ms``         longest wait of one read (stop() and signals cut it short)
@@ -123,7 +125,9 @@ class EventListener(Recovery, EventClient):
                          in ``select`` instead of acknowledging them unseen: for streams
                          only those kinds belong on, so that an entry of a kind this
                          listener does not know (garbage, or a newer writer's) is kept,
-                         to be requeued once a listener that knows it runs
+                         to be requeued once a listener that knows it runs. Receipts
+                         (rqse's own, written to the stream of what they are for) are
+                         still acknowledged unseen; only with ``own_garbage``
     """
 
     def __init__(
@@ -197,7 +201,7 @@ class EventListener(Recovery, EventClient):
         self._handle_signals = handle_signals
         self._drain_timeout = drain_timeout
         self._own_garbage = own_garbage
-        self._dead_letter_unselected = dead_letter_unselected and own_garbage
+        self._unselected_to_dead_letters = dead_letter_unselected and own_garbage
         self._drain_timer: threading.Timer | None = None
         self._forecast = Forecast(f"consumer {self._consumer}", logger)
         self._weathered: dict[tuple[str, bytes], int] = {}

@@ -345,8 +345,8 @@ class TaskListener(EventListener):
         options.setdefault("order", stream_order(self.keys))
         options.setdefault("discover", self._kind_streams)
         options.setdefault("discover_every", PRIORITY_DISCOVERY)
-        # Only start-tasks belong on a task stream: another kind (garbage, or a newer
-        # lifecycle's) is dead-lettered, kept to be requeued, not acknowledged unseen.
+        # Only start-tasks (and rqse receipts) belong on a task stream: another kind
+        # (garbage, or a newer lifecycle's) is dead-lettered, kept to be requeued.
         options.setdefault("dead_letter_unselected", True)
         super().__init__(self.keys.tasks(kind), TASK_GROUP, [START_TASK], **options)
         self._attempt_state = load_script(self.connection, "attempt_state")

@@ -1,6 +1,7 @@
-"""Only start-tasks belong on a task stream: a task worker dead-letters an entry of
-another kind (garbage, or a newer lifecycle's) with its reason, where it used to
-acknowledge it unseen, so that nothing sent to it is lost before it can read it."""
+"""Only start-tasks (and rqse receipts) belong on a task stream: a task worker
+dead-letters an entry of another kind (garbage, or a newer lifecycle's) with its
+reason, where it used to acknowledge it unseen, so that nothing sent to it is lost
+before it can read it."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ import pytest
 import redis
 
 from lifecycle.keys import TASK_GROUP, Keys
-from rqse import EventListener
+from rqse import EventListener, receipt_for
+from rqse.events import encode_event
 from rqse.keys import dead_letter_key
 from workers import Task, TaskListener
 from workers.noop import NoopWorker
@@ -84,3 +86,14 @@ def test_the_start_task_after_an_entry_of_another_kind_is_still_answered(
     [(_, dead)] = redis_client.xrange(dead_letter_key(stream))
     error = orjson.loads(dead[b"error"])
     assert error.startswith("kind 'xxx") and len(error) < 200  # a long kind is cut
+
+
+def test_a_receipt_a_seed_style_worker_wrote_to_its_task_stream_is_not_dead_lettered(
+    redis_client: redis.Redis,
+) -> None:
+    stream = KEYS.tasks("default")
+    redis_client.xadd(stream, encode_event(receipt_for("1-0")))  # as self.append() writes it
+    worker = NoopWorker(None, **_options(redis_client))
+    assert worker.listen(max_events=1, idle_timeout=2.0) == 1
+    assert redis_client.exists(dead_letter_key(stream)) == 0
+    assert worker.stats.ignored == 1
