@@ -12,10 +12,11 @@ output.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from lifecycle.events import end_tasks_fields
 
-__all__ = ["PACK_ANSWERS", "PACK_BYTES", "AnswerPack"]
+__all__ = ["PACK_ANSWERS", "PACK_BYTES", "AnswerPack", "batch_pack"]
 
 # The most a pack holds: far below a listener's max_entry_bytes (8 MB by default), past
 # which the lifecycle worker would dead-letter the whole entry; and few enough answers
@@ -67,3 +68,15 @@ class AnswerPack:
         fields = end_tasks_fields(self.worker, self._answers)
         self._answers, self._size = [], 0
         self._send("XADD", self.stream, "*", *fields)
+
+
+def batch_pack(pack: AnswerPack | None, listener: Any) -> AnswerPack | None:
+    """The pack a new batch of ``listener`` (a task worker: its ``pack_answers``,
+    ``emit_command``, ``keys`` and ``consumer``) answers into: made at the first batch
+    that packs, emptied at every other (of what a batch that did not finish left)."""
+    if pack is not None:
+        pack.clear()
+        return pack
+    if listener.pack_answers:
+        return AnswerPack(listener.emit_command, listener.keys.lifecycle, listener.consumer)
+    return None

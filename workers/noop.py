@@ -26,7 +26,7 @@ from lifecycle.records import GRAPH
 from rqse import EventListener
 from rqse.deadletter import REJECTED
 from rqse.errors import MalformedEntry
-from workers.answers import AnswerPack
+from workers.answers import AnswerPack, batch_pack
 from workers.slots import BatchSlots
 from workers.task import StoppedWorkflows
 
@@ -135,10 +135,7 @@ class NoopWorker(EventListener):
         """Start-tasks of attempts a workflow stopped are not answered (one HMGET, when
         any stop record exists); when the kind has a limit, the others take their slots
         (:class:`BatchSlots`, one call)."""
-        if self.pack_answers and self._pack is None:
-            self._pack = AnswerPack(self.emit_command, self.keys.lifecycle, self.consumer)
-        elif self._pack is not None:
-            self._pack.clear()
+        self._pack = batch_pack(self._pack, self)
         replies = self.read_replies
         skipped = self._stopped(entries, replies[0] if replies else None)
         self._batch_slots = None

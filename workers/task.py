@@ -43,7 +43,7 @@ from lifecycle.priorities import kind_streams, stream_order
 from rqse import EventListener
 from rqse.events import encode_event
 from rqse.fastpipe import execute
-from workers.answers import AnswerPack
+from workers.answers import AnswerPack, batch_pack
 from workers.errors import BadTask
 from workers.scripts import load_script
 from workers.slots import BatchSlots
@@ -380,10 +380,7 @@ class TaskListener(EventListener):
     ) -> set[bytes] | None:
         """Start-tasks of workflows that have ended are not run (:class:`StoppedWorkflows`);
         when the kind has a limit, the others take their slots (:class:`BatchSlots`)."""
-        if self.pack_answers and self._pack is None:
-            self._pack = AnswerPack(self.emit_command, self.keys.lifecycle, self.consumer)
-        elif self._pack is not None:
-            self._pack.clear()
+        self._pack = batch_pack(self._pack, self)
         replies, at = self.read_replies, self._limit_reply
         skipped = self._stopped(entries, replies[0] if replies else None)
         self._limited = False
