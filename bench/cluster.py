@@ -30,6 +30,7 @@ import redis
 
 from bench.rig import (
     add_pack_answers_argument,
+    at_least_one,
     process_cpu_seconds,
     redis_cpu_seconds,
     spawn,
@@ -178,11 +179,13 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="URL",
         help="a cluster node's URL (every master is flushed); none: local clusters",
     )
-    parser.add_argument("--partitions", type=int, default=6, help="partitions (default 6)")
+    parser.add_argument("--partitions", type=at_least_one, default=6, help="partitions (default 6)")
     parser.add_argument("--masters", default="1,2,3", help="local clusters' masters (1,2,3)")
-    parser.add_argument("--workflows", type=int, default=10_000, help="chain10 workflows")
-    parser.add_argument("--lifecycle", type=int, default=2, help="lifecycle worker processes")
-    parser.add_argument("--workers", type=int, default=1, help="no-op worker processes")
+    parser.add_argument("--workflows", type=at_least_one, default=10_000, help="chain10 workflows")
+    parser.add_argument(
+        "--lifecycle", type=at_least_one, default=2, help="lifecycle worker processes"
+    )
+    parser.add_argument("--workers", type=at_least_one, default=1, help="no-op worker processes")
     parser.add_argument("--no-receipts", action="store_true", help="without the receipts worker")
     add_pack_answers_argument(parser)
     parser.add_argument("--stall", type=float, default=30.0, help="give up after this idle")

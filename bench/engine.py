@@ -25,6 +25,7 @@ from bench.rig import (
     KEYS,
     add_pack_answers_argument,
     add_rig_arguments,
+    at_least_one,
     ended_count,
     process_cpu_seconds,
     redis_cpu_seconds,
@@ -318,11 +319,13 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--workflows", type=int, default=None, help="default 1000 (growing: 1)")
+    parser.add_argument(
+        "--workflows", type=at_least_one, default=None, help="default 1000 (growing: 1)"
+    )
     shapes = sorted([*SHAPES, *GROWING])
     parser.add_argument("--shape", choices=shapes, default="chain10")
     parser.add_argument(
-        "--items", type=int, help="size of a growing shape: " + ", ".join(sorted(GROWING))
+        "--items", type=at_least_one, help="size of a growing shape: " + ", ".join(sorted(GROWING))
     )
     add_rig_arguments(parser, lifecycle=None, lifecycle_help="2; 1 for a growing shape")
     parser.add_argument("--persistence", choices=sorted(PERSISTENCE_OPTIONS), default="none")

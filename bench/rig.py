@@ -28,6 +28,7 @@ __all__ = [
     "Rig",
     "add_pack_answers_argument",
     "add_rig_arguments",
+    "at_least_one",
     "ended_count",
     "pack_answers_flag",
     "process_cpu_seconds",
@@ -209,6 +210,18 @@ class Rig:
         return self.ended()
 
 
+def at_least_one(text: str) -> int:
+    """An argparse type: a whole number of 1 or more (a count of processes, of
+    workflows, of items: none would leave a run waiting for ever)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be 1 or more, got {value}")
+    return value
+
+
 def add_pack_answers_argument(parser: argparse.ArgumentParser) -> None:
     """``--pack-answers``/``--no-pack-answers``: how the no-op workers answer (packed by
     default, as a deployment whose lifecycle workers are all of this version runs)."""
@@ -233,11 +246,11 @@ def add_rig_arguments(
     default number of lifecycle workers, said in the help as ``lifecycle_help``."""
     parser.add_argument(
         "--lifecycle",
-        type=int,
+        type=at_least_one,
         default=lifecycle,
         help=f"lifecycle worker processes (default {lifecycle_help})",
     )
-    parser.add_argument("--workers", type=int, default=1, help="no-op worker processes")
+    parser.add_argument("--workers", type=at_least_one, default=1, help="no-op worker processes")
     parser.add_argument(
         "--server", help="Redis/Valkey server binary (default: the one the tests use)"
     )

@@ -57,6 +57,16 @@ def test_a_tiny_run_without_packed_answers_sends_one_end_task_per_task(tmp_path:
     assert figures["redis_calls_per_task"]["xadd"] >= 2
 
 
+@pytest.mark.parametrize("argv", [["--lifecycle", "0"], ["--workers", "-1"], ["--workflows", "0"]])
+def test_a_count_below_one_is_refused_in_one_line_before_anything_starts(
+    argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as stopped:
+        main(argv)  # (none of these would ever end: no worker, or nothing to wait for)
+    assert stopped.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1].endswith("must be 1 or more, got " + argv[1])
+
+
 def test_a_tiny_run_at_a_priority_under_a_key_and_a_kind_limit_finishes_every_workflow(
     tmp_path: Path,
 ) -> None:
