@@ -149,8 +149,8 @@ def _list(args: argparse.Namespace, context: Context) -> int:
                     letter.source,
                     letter.at or "-",
                     letter.reason or "-",
-                    what,
-                    str(event.get("workflow", "-")),
+                    _one_line(what, 80),  # (any text: a kind only a garbage entry had)
+                    _one_line(str(event.get("workflow", "-")), 80),
                     _one_line(letter.error or "-"),
                 )
             )

@@ -247,3 +247,18 @@ def test_requeue_help_says_a_dead_lettered_start_task_is_restarted_not_requeued(
     with pytest.raises(SystemExit):
         main(["dead-letters", "list", "--help"])
     assert "(default 0: all)" in capsys.readouterr().out
+
+
+def test_a_dead_letter_of_a_huge_kind_lists_in_one_short_line(
+    redis_client: redis.Redis, redis_url: str, capsys: Any, harness: Any
+) -> None:
+    from workers.noop import NoopWorker
+
+    harness.submit(compile_text("A"))  # names the default kind's stream
+    stream = KEYS.tasks("default")
+    redis_client.xadd(stream, {"kind": orjson.dumps("k\n" * 500_000)})  # 1 MB, line breaks
+    worker = NoopWorker(["default"], pool=redis_client.connection_pool, handle_signals=False)
+    assert worker.listen(max_events=1, idle_timeout=1.0) == 1
+    code, out, _ = run(capsys, "dead-letters", "--redis-url", redis_url)
+    header, line = out.splitlines()
+    assert code == EXIT_OK and "\tunselected\t" in line and len(line) < 400
