@@ -325,7 +325,7 @@ def build_parser() -> argparse.ArgumentParser:
     shapes = sorted([*SHAPES, *GROWING])
     parser.add_argument("--shape", choices=shapes, default="chain10")
     parser.add_argument(
-        "--items", type=at_least_one, help="size of a growing shape: " + ", ".join(sorted(GROWING))
+        "--items", type=int, help="size of a growing shape: " + ", ".join(sorted(GROWING))
     )
     add_rig_arguments(parser, lifecycle=None, lifecycle_help="2; 1 for a growing shape")
     parser.add_argument("--persistence", choices=sorted(PERSISTENCE_OPTIONS), default="none")
