@@ -13,7 +13,9 @@ transaction writes it all (:class:`rqse.outbox.Outbox`).
 Redis weather (:mod:`rqse.weather`: out of memory, read-only, unreachable...)
 is not the entry's fault. When ``process()`` fails with it (and a probe finds
 this listener's Redis refusing writes too: the handler may have met another
-server), or the batch's transaction does, the batch stops there: nothing is
+server), or ``prepare_batch()`` does (on any server: it is the batch's
+bookkeeping, not an entry's work), or the batch's transaction does, the batch
+stops there (and with it the read's entries of other streams): nothing is
 counted as failed, the entries not acknowledged stay pending, and each has
 the delivery the weather cost it given back in Redis (``XCLAIM ... RETRYCOUNT``,
 which Redis accepts even when it refuses writes for want of memory), so that
@@ -188,7 +190,14 @@ class BatchHandler:
         (None: first delivery of every entry). ``defer``: leave the writes in the outbox
         (``_deferred``) for the listener to send with its next read, or alone before
         anything else it does."""
-        set_aside = self.prepare_batch(stream, entries) or None
+        try:
+            set_aside = self.prepare_batch(stream, entries) or None
+        except Exception as refused:
+            # The batch's own bookkeeping (slots, stop records), never an entry's work:
+            # weather met there, on whichever server, costs no entry a delivery.
+            if is_weather(refused):
+                self._weather_hit(stream, entries, (), counts)
+            raise
         stats = self.stats
         per_stream = self.stream_stats
         before = stats.outcomes() if per_stream is not None else None

@@ -693,7 +693,13 @@ class EventListener(Recovery, EventClient):
             got = [(stream, entries) for stream, entries in got if entries]
             for n, (stream, entries) in enumerate(got):
                 last = n == len(got) - 1
-                self._handle(stream, entries, None, defer=last and self.flush_with_next_read)
+                try:
+                    self._handle(stream, entries, None, defer=last and self.flush_with_next_read)
+                except Exception as error:
+                    if is_weather(error):  # the streams not reached were delivered too
+                        for later, rest in got[n + 1 :]:
+                            self._weather_hit(later, rest, (), None)
+                    raise
         finally:
             self.read_replies = None
 

@@ -121,6 +121,92 @@ def test_a_full_redis_loses_and_dead_letters_nothing_and_the_listener_resumes(
     )
 
 
+class Bookkeeper(Relay):
+    """A Relay whose batches each write first, on ``books`` (as a task worker takes a
+    batch's slots, on its kind's home node in a cluster)."""
+
+    def __init__(self, *args: Any, books: redis.Redis, **kw: Any) -> None:
+        super().__init__(*args, **kw)
+        self.books = books
+
+    def prepare_batch(self, stream, entries):
+        self.books.incr("batches prepared")
+        return None
+
+
+def test_weather_met_by_the_batch_bookkeeping_costs_no_delivery(server, run_listener, caplog):
+    """Weather met by ``prepare_batch()``, on whichever server, gives the batch's
+    deliveries back: else each retry through a long storm counts one, and the storm
+    dead-letters the batch."""
+    with RedisServer() as elsewhere:
+        books = redis.Redis(port=elsewhere.port)
+        listener = Bookkeeper(
+            "jobs",
+            "g",
+            books=books,
+            strike=lambda: books.config_set("maxmemory", 1),
+            mode="emit",
+            consumer="w",
+            url=server.url,
+            batch_size=5,
+            max_deliveries=1,
+            claim_idle=30,
+            reconnect=Backoff(initial=0.02, maximum=0.1),
+        )
+        ride_out(
+            server,
+            listener,
+            run_listener,
+            lambda: books.config_set("maxmemory", 0),
+            caplog,
+            "Redis is out of memory",
+        )
+        assert int(books.get("batches prepared")) >= 4
+        books.close()
+
+
+def test_entries_of_other_streams_read_with_a_batch_stopped_by_weather_cost_no_delivery(
+    server, run_listener
+):
+    """One read brings entries of two streams; weather stops the first stream's batch.
+    The second's entries, delivered by that read and not handled, are given back too."""
+    with RedisServer() as elsewhere:
+        books = redis.Redis(port=elsewhere.port)
+        books.config_set("maxmemory", 1)
+        seen: list[str] = []
+
+        class FirstStreamBooked(EventListener):
+            def prepare_batch(self, stream, entries):
+                if stream == "a":
+                    books.incr("batches of a prepared")
+                return None
+
+            def process(self, event_id, event):
+                seen.append(event["stream"])
+                return True
+
+        for stream in ("a", "b"):
+            EventClient(stream, url=server.url).append(message({"stream": stream}, kind="job"))
+        listener = FirstStreamBooked(
+            ["a", "b"],
+            "g",
+            consumer="w",
+            url=server.url,
+            max_deliveries=1,
+            claim_idle=30,
+            reconnect=Backoff(initial=0.02, maximum=0.1),
+        )
+        run = run_listener(listener)
+        wait_until(lambda: listener.stats.reconnects >= 3, what="the listener retrying")
+        books.config_set("maxmemory", 0)
+        wait_until(lambda: sorted(seen) == ["a", "b"], what="both jobs handled")
+        run.stop()
+        direct = redis.Redis(port=server.port)
+        assert direct.xlen(dead_letter_key("b")) == 0, "dead-lettered because of the weather"
+        direct.close()
+        books.close()
+
+
 def test_a_read_only_replica_is_waited_out(server, run_listener, caplog):
     side = redis.Redis(port=server.port)
     # A replica of a master that never answers keeps its data and refuses writes.
