@@ -46,7 +46,7 @@ def dead_lettered(engine: Engine) -> int:
 
 
 class DeadLettered(AssertionError):
-    """Something was dead-lettered (the known OOM bug, and only that, is expected)."""
+    """Something was dead-lettered: under OOM nothing may be."""
 
 
 def no_dead_letters(engine: Engine) -> None:
