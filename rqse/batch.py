@@ -13,17 +13,20 @@ transaction writes it all (:class:`rqse.outbox.Outbox`).
 Redis weather (:mod:`rqse.weather`: out of memory, read-only, unreachable...)
 is not the entry's fault. When ``process()`` fails with it (and a probe finds
 this listener's Redis refusing writes too: the handler may have met another
-server), or ``prepare_batch()`` does (on any server: it is the batch's
-bookkeeping, not an entry's work), or the batch's transaction does, the batch
+server), or ``prepare_batch()`` or ``finish_batch()`` does (on any server: it
+is the batch's bookkeeping, not an entry's work; the second writes nothing of
+the batch then), or the batch's transaction does, the batch
 stops there (and with it the read's entries of other streams): nothing is
 counted as failed, the entries not acknowledged stay pending, and each has
 the delivery the weather cost it given back in Redis (``XCLAIM ... RETRYCOUNT``,
 which Redis accepts even when it refuses writes for want of memory), so that
 no consumer counts it toward ``max_deliveries``: nothing is dead-lettered
 because Redis was full, however long the storm and whoever claims the entry
-meanwhile. Where even that is refused (read-only, unreachable), the entry is
-noted in ``_weathered`` and its next delivery to this listener is not counted.
-The error then goes up to the loop, which backs off.
+meanwhile. Where even that is refused (read-only, unreachable), or the counts
+of entries just claimed could not be read, the delivery is noted in
+``_weathered``: the entry's deliveries here count what is noted less, until a
+give-back in Redis succeeds and takes the notes with it. The error then goes up
+to the loop, which backs off.
 
 This is the hot path: locals instead of attribute lookups, no per-entry
 allocation beyond the decoded event, the id string and the ack list slot.
@@ -234,7 +237,7 @@ class BatchHandler:
                 else:
                     deliveries = counts.get(entry_id, 1)
                     if weathered:
-                        deliveries = max(1, deliveries - weathered.pop((stream, entry_id), 0))
+                        deliveries = max(1, deliveries - weathered.get((stream, entry_id), 0))
                 if deliveries > max_deliveries:
                     self._dead_letter(
                         stream,
@@ -291,7 +294,13 @@ class BatchHandler:
                     stats.declined += 1
             if batch and weather is None:
                 weather = self._handle_batch(stream, batch, acks)
-            self.finish_batch(stream)
+            try:
+                self.finish_batch(stream)
+            except Exception as refused:
+                if is_weather(refused):  # its writes may be missing: none go, none count
+                    self._outbox.clear()
+                    self._weather_hit(stream, entries, (), counts)
+                raise
         finally:
             self._in_batch = False
             self._current_stream = None
@@ -370,9 +379,12 @@ class BatchHandler:
         nothing."""
         done = set(finished)
         left = [entry_id for entry_id, _ in entries if entry_id not in done]
+        weathered = self._weathered
         by_count: dict[int, list[Any]] = {}
         for entry_id in left:
             delivered = counts.get(entry_id, 1) if counts is not None else 1
+            if weathered:  # deliveries already noted as the weather's are given back too
+                delivered = max(1, delivered - weathered.get((stream, entry_id), 0))
             by_count.setdefault(delivered - 1, []).append(entry_id)
         try:
             pipe = self._redis.pipeline(transaction=False)
@@ -381,13 +393,20 @@ class BatchHandler:
                     stream, self._group, self._consumer, 0, ids, retrycount=count, justid=True
                 )
             pipe.execute()
-            return
         except redis.RedisError as error:  # not even that: remember it here
             logger.debug("consumer %s: delivery counts kept locally: %s", self._consumer, error)
+            self._note_weathered(stream, left)
+            return
+        for entry_id in left:  # Redis's count is right again
+            weathered.pop((stream, entry_id), None)
+
+    def _note_weathered(self, stream: str, entry_ids: Sequence[bytes]) -> None:
+        """Note one delivery of each entry as the weather's, in this listener: its next
+        delivery here counts one less."""
         weathered = self._weathered
         if len(weathered) > 100_000:  # entries that never came back (claimed elsewhere)
             weathered.clear()
-        for entry_id in left:
+        for entry_id in entry_ids:
             key = (stream, entry_id)
             weathered[key] = weathered.get(key, 0) + 1
 

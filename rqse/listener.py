@@ -57,7 +57,7 @@ from typing import Any, cast
 import redis
 
 from rqse.backoff import Backoff
-from rqse.batch import ListenerStats
+from rqse.batch import Entry, ListenerStats
 from rqse.client import EventClient, _xadd_options
 from rqse.connection import translate_errors
 from rqse.durability import server_warnings
@@ -205,6 +205,7 @@ class EventListener(Recovery, EventClient):
         self._drain_timer: threading.Timer | None = None
         self._forecast = Forecast(f"consumer {self._consumer}", logger)
         self._weathered: dict[tuple[str, bytes], int] = {}
+        self._lost_delivery: float | None = None
         self._checked_server = False
         self.stats = ListenerStats()
         self._outbox = Outbox()
@@ -639,8 +640,10 @@ class EventListener(Recovery, EventClient):
         # one loop: a read is the listener's largest cost per entry after decoding).
         command = self._read_command(block_ms)
         along = self.read_along
+        sent = monotonic()
         connection.send_packed_command(connection.pack_commands([command, *along]))  # type: ignore[no-untyped-call]
         self._blocking = block_ms is not None
+        reply: Any = None
         try:
             if self._stopping.is_set():
                 self._start_waking()
@@ -652,12 +655,26 @@ class EventListener(Recovery, EventClient):
                     replies.append(connection.read_response())
                 except redis.ResponseError as error:  # the command's own answer
                     replies.append(error)
-        except BaseException:
+        except BaseException as error:
             connection.disconnect()  # type: ignore[no-untyped-call]  # reply half read?
+            self._give_back_unhandled(reply, sent, error)
             raise
         finally:
             self._blocking = False
         self._handle_read(reply, replies if along else None)
+
+    def _give_back_unhandled(self, reply: Any, sent: float, error: BaseException) -> None:
+        """Weather cut short a round trip sent at ``sent``, holding a read: the entries
+        its ``reply`` delivered go unhandled, their deliveries given back (or, the
+        reply lost, noted by the next recovery)."""
+        if isinstance(reply, BaseException) or not is_weather(error):
+            return
+        if reply is None:
+            self._delivery_lost(sent, error)
+            return
+        for name, entries in raw_stream_items(reply):
+            if entries:
+                self._weather_hit(self._names[name], entries, (), None)
 
     def _reader_connection(self, block_ms: int | None) -> Any:
         """The reader's connection; its client id known first when the read may block
@@ -715,35 +732,54 @@ class EventListener(Recovery, EventClient):
         connection = self._reader_connection(block_ms)
         along = self.read_along
         transaction = [("MULTI",), *writes, ("EXEC",)] if writes else []
+        written: list[Any] | None = None
+        reply: Any = None
+        sent = monotonic()
         try:
             send(connection, [*transaction, self._read_command(block_ms), *along])
             written = read(connection, len(transaction))
             self._blocking = block_ms is not None
             if self._stopping.is_set():
                 self._start_waking()
-            reply, *replies = read(connection, 1 + len(along))
-        except BaseException:
+            (reply,) = read(connection, 1)
+            self._blocking = False
+            replies = read(connection, len(along)) if along else []
+        except BaseException as error:
             connection.disconnect()  # type: ignore[no-untyped-call]  # replies half read?
             self._lease.clear()
+            if written is not None:  # the batch's fate is known: a refusal gives it back
+                self._check_deferred(written, stream, entries, counts, reply, sent)
+            self._give_back_unhandled(reply, sent, error)
             raise
         finally:
             self._blocking = False
+        self._check_deferred(written, stream, entries, counts, reply, sent)
+        if isinstance(reply, BaseException):
+            raise reply
+        self._handle_read(reply, replies if along else None)
+
+    def _check_deferred(
+        self,
+        written: list[Any],
+        stream: str,
+        entries: Sequence[Entry],
+        counts: dict[bytes, int] | None,
+        reply: Any,
+        sent: float,
+    ) -> None:
+        """Raise what refused the deferred batch's transaction (its ``written``
+        replies); weather gives back its entries' deliveries, and those of the read
+        sent behind it at ``sent`` (``reply``), which are not handled then."""
         try:
-            if transaction:
+            if written:
                 transaction_replies(written)
         except Exception as error:
             if is_weather(error):  # nothing was written: give every delivery back
                 self._weather_hit(stream, entries, (), counts)
-                if not isinstance(reply, BaseException):
-                    for name, new in raw_stream_items(reply):
-                        if new:
-                            self._weather_hit(self._names[name], new, (), None)
+                self._give_back_unhandled(reply, sent, error)
             raise
         finally:
             self._lease.clear()
-        if isinstance(reply, BaseException):
-            raise reply
-        self._handle_read(reply, replies if along else None)
 
     # -- waking and stopping -------------------------------------------------------
     def _wake(self) -> None:

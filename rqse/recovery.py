@@ -25,10 +25,14 @@ import redis
 
 from rqse.batch import BatchHandler
 from rqse.events import stream_items
+from rqse.weather import is_weather
 
 __all__ = ["Recovery"]
 
 logger = logging.getLogger(__name__)
+
+_PENDING_PAGE = 1000
+_CLOCK_SLACK_MS = 2
 
 
 class Recovery(BatchHandler):
@@ -39,6 +43,9 @@ class Recovery(BatchHandler):
     _claim_idle: float
     _claim_cursors: dict[str, Any]
     _next_claim: float
+    # When a round trip that delivers entries was sent whose reply weather lost
+    # (monotonic), until the next recovery notes what it delivered; else None.
+    _lost_delivery: float | None
 
     def _room(self) -> int:
         raise NotImplementedError
@@ -47,17 +54,23 @@ class Recovery(BatchHandler):
         """Re-process what this consumer held when it last stopped (or lost Redis), on
         ``streams`` (default: all of them)."""
         assert self._reader is not None
+        self._note_lost_deliveries()
         for stream in self._streams if streams is None else streams:
             cursor: str | bytes = "0"
             while not self._stopping.is_set() and self._room() > 0:
-                reply = self._reader.xreadgroup(
-                    self._group, self._consumer, {stream: cursor}, count=self._room()
-                )
+                sent = monotonic()
+                try:
+                    reply = self._reader.xreadgroup(
+                        self._group, self._consumer, {stream: cursor}, count=self._room()
+                    )
+                except Exception as error:
+                    self._delivery_lost(sent, error)
+                    raise
                 entries = next((e for _, e in stream_items(reply)), None)
                 if not entries:
                     break
                 self.stats.recovered += len(entries)
-                self._handle(stream, entries, self._delivery_counts(stream, entries))
+                self._handle(stream, entries, self._counted(stream, entries))
                 cursor = entries[-1][0]
 
     def _claim(self) -> None:
@@ -69,14 +82,19 @@ class Recovery(BatchHandler):
             room = self._room()
             if room <= 0:
                 return
-            reply = self._redis.xautoclaim(
-                stream,
-                self._group,
-                self._consumer,
-                idle_ms,
-                start_id=self._claim_cursors[stream],
-                count=room,
-            )
+            sent = monotonic()
+            try:
+                reply = self._redis.xautoclaim(
+                    stream,
+                    self._group,
+                    self._consumer,
+                    idle_ms,
+                    start_id=self._claim_cursors[stream],
+                    count=room,
+                )
+            except Exception as error:
+                self._delivery_lost(sent, error)
+                raise
             cursor, entries = reply[0], reply[1]
             self._claim_cursors[stream] = cursor
             if cursor not in (b"0-0", "0-0"):
@@ -90,9 +108,54 @@ class Recovery(BatchHandler):
                     stream,
                     self._claim_idle,
                 )
-                self._handle(stream, entries, self._delivery_counts(stream, entries))
+                self._handle(stream, entries, self._counted(stream, entries))
         now = monotonic()
         self._next_claim = now + self._claim_idle / 2 if wrapped else now
+
+    def _delivery_lost(self, sent: float, error: BaseException) -> None:
+        """A read or claim sent at ``sent`` failed with ``error``: when that is weather,
+        it may have delivered entries whose ids never came (the reply lost with the
+        connection, or held back by a busy server): the next recovery finds them."""
+        if self._lost_delivery is None and is_weather(error):
+            self._lost_delivery = sent
+
+    def _note_lost_deliveries(self) -> None:
+        """Note as the weather's one delivery of each entry this consumer holds that was
+        delivered since a lost reply's round trip was sent (XPENDING's idle times, by
+        pages): the reply never came, so nothing was handled."""
+        sent = self._lost_delivery
+        if sent is None:
+            return
+        lost: list[tuple[str, list[bytes]]] = []
+        for stream in self._streams:
+            # Server milliseconds since each delivery against local ones since the send:
+            # a delivery after the send is idle for less.
+            since_ms = (monotonic() - sent) * 1000 + _CLOCK_SLACK_MS
+            start: bytes | str = "-"
+            ids: list[bytes] = []
+            while True:
+                page: list[dict[str, Any]] = self._redis.xpending_range(
+                    stream, self._group, start, "+", _PENDING_PAGE, consumername=self._consumer
+                )
+                ids += [p["message_id"] for p in page if p["time_since_delivered"] <= since_ms]
+                if len(page) < _PENDING_PAGE:
+                    break
+                start = b"(" + page[-1]["message_id"]
+            lost.append((stream, ids))
+        for stream, ids in lost:
+            self._note_weathered(stream, ids)
+        self._lost_delivery = None
+
+    def _counted(self, stream: str, entries: Sequence[tuple[bytes, Any]]) -> dict[bytes, int]:
+        """The delivery counts of ``entries`` just delivered; when Redis weather keeps
+        them unknown, the delivery just made is noted as the weather's (it cannot be
+        given back in Redis without knowing what to set the count to)."""
+        try:
+            return self._delivery_counts(stream, entries)
+        except Exception as error:
+            if is_weather(error):
+                self._note_weathered(stream, [entry_id for entry_id, _ in entries])
+            raise
 
     def _delivery_counts(
         self, stream: str, entries: Sequence[tuple[bytes, Any]]

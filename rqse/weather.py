@@ -69,6 +69,9 @@ _CODES = {
 }
 
 
+_PIPELINE_SAID = " of pipeline caused error: "
+
+
 def classify(error: BaseException, chain: bool = True) -> str | None:
     """The weather ``error`` reports (one of this module's states), or None.
 
@@ -107,8 +110,11 @@ def _classify_one(error: BaseException) -> str | None:
             # "Transaction discarded because of: <the refusal>".
             _, _, refusal = str(error).partition("because of: ")
             return _CODES.get(refusal.split(" ", 1)[0])
-        code = getattr(error, "status_code", None) or str(error).split(" ", 1)[0]
-        return _CODES.get(code)
+        # redis-py words a pipeline's error "Command # 1 (...) of pipeline caused error:
+        # <the reply>", and its status_code is not always the reply's code.
+        said = str(error).partition(_PIPELINE_SAID)[2] or str(error)
+        code = said.split(" ", 1)[0]
+        return _CODES.get(code) or _CODES.get(getattr(error, "status_code", None) or "")
     if isinstance(error, redis.exceptions.BusyLoadingError):
         return LOADING
     if isinstance(error, (redis.AuthenticationError, redis.exceptions.AuthorizationError)):
