@@ -14,6 +14,7 @@ from rqse.cluster import Connections
 from rqse.connection import RedisSettings, mask_url, resolve_url
 from rqse.durability import server_warnings
 from rqse.errors import (
+    BatchWeather,
     ConfigurationError,
     EventEncodingError,
     MalformedEntry,
@@ -33,6 +34,7 @@ __all__ = [
     "RECEIPT_GROUP",
     "ReceiptNotArchived",
     "Backoff",
+    "BatchWeather",
     "ConfigurationError",
     "Connections",
     "EventClient",

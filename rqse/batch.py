@@ -7,7 +7,8 @@ more than ``max_deliveries`` times -> dead letter; malformed -> dead letter;
 kind not selected -> acknowledge (ignored), or dead letter with
 ``dead_letter_unselected`` (receipts excepted); else ``process()``: truthy ->
 acknowledge (processed), falsy -> acknowledge (declined), exception -> stays
-pending (failed), or dead letter on the last allowed delivery. Then one
+pending (failed), or dead letter on the last allowed delivery (InterruptedError
+while stopping -> stays pending, its delivery given back). Then one
 transaction writes it all (:class:`rqse.outbox.Outbox`).
 
 Redis weather (:mod:`rqse.weather`: out of memory, read-only, unreachable...)
@@ -51,7 +52,7 @@ from rqse.deadletter import (
     UNSELECTED,
     dead_letter_fields,
 )
-from rqse.errors import MalformedEntry
+from rqse.errors import BatchWeather, MalformedEntry
 from rqse.events import RECEIPT, decode_fields
 from rqse.keys import dead_letter_key
 from rqse.lease import Lease
@@ -130,6 +131,12 @@ class BatchHandler:
     _current_stream: str | None
     # (stream, entry id) -> deliveries lost to Redis weather, not yet made up for
     _weathered: dict[tuple[str, bytes], int]
+    # When a round trip that delivers entries was sent whose reply weather lost
+    # (monotonic), until the next recovery notes what it delivered; else None.
+    _lost_delivery: float | None
+    # Entries that look delivered since then but were not by that round trip (given
+    # back meanwhile: their idle times reset; or delivered just before it).
+    _not_lost: set[tuple[str, bytes]]
     # The batch whose writes wait in the outbox for the next read: (stream, entries,
     # delivery counts), or None.
     _deferred: tuple[str, Sequence[Entry], dict[bytes, int] | None] | None = None
@@ -322,6 +329,7 @@ class BatchHandler:
     ) -> None:
         """Write the outbox of the batch ``entries`` in one transaction; Redis weather
         gives their deliveries back (nothing was written)."""
+        noted = self._noted_acks()
         try:
             self._outbox.flush(self._redis, self._group)
         except Exception as e:
@@ -330,6 +338,20 @@ class BatchHandler:
             raise
         finally:
             self._lease.clear()
+        self._drop_notes(noted)
+
+    def _noted_acks(self) -> list[tuple[str, bytes]]:
+        """The outbox's acknowledgements of entries with weather notes (whose notes go
+        once the acknowledgements are written)."""
+        weathered = self._weathered
+        if not weathered:
+            return []
+        acks = self._outbox.acks.items()
+        return [(stream, i) for stream, ids in acks for i in ids if (stream, i) in weathered]
+
+    def _drop_notes(self, keys: Sequence[tuple[str, bytes]]) -> None:
+        for key in keys:
+            self._weathered.pop(key, None)
 
     def _flush_deferred(self) -> None:
         """Write the writes a batch left for the next read, now."""
@@ -340,13 +362,16 @@ class BatchHandler:
     def _our_weather(self, stream: str, error: BaseException) -> bool:
         """Whether this listener's Redis refuses writes now (one probe, on the failure
         path only): a handler's error may come from another Redis it talks to, which
-        must not spare an entry from being counted and, in the end, dead-lettered.
+        must not spare an entry from being counted and, in the end, dead-lettered;
+        unless the handler says it was the batch's bookkeeping (:class:`BatchWeather`).
 
         The probe is the write establishing does (XGROUP CREATE, answered BUSYGROUP by
         a healthy server), so it meets the same refusals the batch's writes would. Out
         of memory is a level, not a state: a small probe passes where the batch's large
         writes did not, so for it the probe is how near the limit this Redis is.
         """
+        if isinstance(error, BatchWeather):
+            return True
         try:
             self._redis.xgroup_create(stream, self._group, id="0", mkstream=True)
         except redis.RedisError as refused:
@@ -399,6 +424,26 @@ class BatchHandler:
             return
         for entry_id in left:  # Redis's count is right again
             weathered.pop((stream, entry_id), None)
+        if self._lost_delivery is not None:  # the claim made them look delivered since
+            self._not_lost.update((stream, entry_id) for entry_id in left)
+
+    def _give_back_one(self, stream: str, entry_id: bytes, deliveries: int) -> None:
+        """Give back the delivery ``deliveries`` counted last, in Redis (best effort: a
+        shutdown does not wait on it)."""
+        try:
+            self._redis.xclaim(
+                stream,
+                self._group,
+                self._consumer,
+                0,
+                [entry_id],
+                retrycount=deliveries - 1,
+                justid=True,
+            )
+        except redis.RedisError as error:
+            logger.debug("consumer %s: delivery not given back: %s", self._consumer, error)
+            return
+        self._weathered.pop((stream, entry_id), None)
 
     def _note_weathered(self, stream: str, entry_ids: Sequence[bytes]) -> None:
         """Note one delivery of each entry as the weather's, in this listener: its next
@@ -441,7 +486,8 @@ class BatchHandler:
         error: Exception,
         deliveries: int,
     ) -> bool:
-        """Log a failure; dead-letter on the last delivery (True: acknowledge it)."""
+        """Log a failure; dead-letter on the last delivery (True: acknowledge it), but
+        for a handler interrupted by stop(), whose delivery is given back."""
         last = deliveries >= self._max_deliveries
         # A handler cut short by stop() (EventListener.sleep returned True) leaves the
         # entry for another consumer: expected at every shutdown, so no traceback.
@@ -454,10 +500,12 @@ class BatchHandler:
             entry_id.decode(),
             deliveries,
             self._max_deliveries,
-            "" if last else "; retried after claim_idle",
+            "" if last and not expected else "; retried after claim_idle",
             exc_info=True,
         )
-        if not last:
+        if expected:  # stop()'s doing, not the entry's: its delivery is given back
+            self._give_back_one(stream, entry_id, deliveries)
+        if expected or not last:
             self._lease.release(entry_id)  # let it go idle, to be claimed again
             return False
         self._dead_letter(

@@ -20,6 +20,13 @@ class RedisUnavailable(RqseError):
     a listener waits and retries these, never counting them against an entry."""
 
 
+class BatchWeather(RedisUnavailable):
+    """Raised by a handler when the batch's bookkeeping, not the entry's own work (a
+    task kind's slots, say), met Redis weather, on whichever server: the listener then
+    gives the entries' deliveries back as it does for weather of its own Redis,
+    without asking its own Redis first. Raise it ``from`` the error met."""
+
+
 class RedisCommandError(RqseError):
     """Raised when Redis rejects a command (wrong type, missing permission, ...)."""
 

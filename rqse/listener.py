@@ -206,6 +206,7 @@ class EventListener(Recovery, EventClient):
         self._forecast = Forecast(f"consumer {self._consumer}", logger)
         self._weathered: dict[tuple[str, bytes], int] = {}
         self._lost_delivery: float | None = None
+        self._not_lost: set[tuple[str, bytes]] = set()
         self._checked_server = False
         self.stats = ListenerStats()
         self._outbox = Outbox()
@@ -728,6 +729,7 @@ class EventListener(Recovery, EventClient):
         stream, entries, counts = self._deferred
         self._deferred = None
         writes = self._outbox.commands(self._group)
+        noted = self._noted_acks()
         self._outbox.clear()
         connection = self._reader_connection(block_ms)
         along = self.read_along
@@ -749,11 +751,19 @@ class EventListener(Recovery, EventClient):
             self._lease.clear()
             if written is not None:  # the batch's fate is known: a refusal gives it back
                 self._check_deferred(written, stream, entries, counts, reply, sent)
-            self._give_back_unhandled(reply, sent, error)
+                self._drop_notes(noted)
+                self._give_back_unhandled(reply, sent, error)
+            elif transaction and is_weather(error):  # written or not: if not, not counted
+                self._give_back_unhandled(reply, sent, error)
+                self._not_lost.update((stream, entry_id) for entry_id, _ in entries)
+                self._weather_hit(stream, entries, (), counts)
+            else:
+                self._give_back_unhandled(reply, sent, error)
             raise
         finally:
             self._blocking = False
         self._check_deferred(written, stream, entries, counts, reply, sent)
+        self._drop_notes(noted)
         if isinstance(reply, BaseException):
             raise reply
         self._handle_read(reply, replies if along else None)

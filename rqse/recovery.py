@@ -43,9 +43,6 @@ class Recovery(BatchHandler):
     _claim_idle: float
     _claim_cursors: dict[str, Any]
     _next_claim: float
-    # When a round trip that delivers entries was sent whose reply weather lost
-    # (monotonic), until the next recovery notes what it delivered; else None.
-    _lost_delivery: float | None
 
     def _room(self) -> int:
         raise NotImplementedError
@@ -127,9 +124,11 @@ class Recovery(BatchHandler):
         if sent is None:
             return
         lost: list[tuple[str, list[bytes]]] = []
+        not_lost = self._not_lost
         for stream in self._streams:
             # Server milliseconds since each delivery against local ones since the send:
-            # a delivery after the send is idle for less.
+            # a delivery after the send is idle for less, give or take the server's
+            # whole milliseconds (its two times each cut to one).
             since_ms = (monotonic() - sent) * 1000 + _CLOCK_SLACK_MS
             start: bytes | str = "-"
             ids: list[bytes] = []
@@ -137,7 +136,12 @@ class Recovery(BatchHandler):
                 page: list[dict[str, Any]] = self._redis.xpending_range(
                     stream, self._group, start, "+", _PENDING_PAGE, consumername=self._consumer
                 )
-                ids += [p["message_id"] for p in page if p["time_since_delivered"] <= since_ms]
+                ids += [
+                    p["message_id"]
+                    for p in page
+                    if p["time_since_delivered"] <= since_ms
+                    and (stream, p["message_id"]) not in not_lost
+                ]
                 if len(page) < _PENDING_PAGE:
                     break
                 start = b"(" + page[-1]["message_id"]
@@ -145,6 +149,7 @@ class Recovery(BatchHandler):
         for stream, ids in lost:
             self._note_weathered(stream, ids)
         self._lost_delivery = None
+        not_lost.clear()
 
     def _counted(self, stream: str, entries: Sequence[tuple[bytes, Any]]) -> dict[bytes, int]:
         """The delivery counts of ``entries`` just delivered; when Redis weather keeps

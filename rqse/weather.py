@@ -110,9 +110,10 @@ def _classify_one(error: BaseException) -> str | None:
             # "Transaction discarded because of: <the refusal>".
             _, _, refusal = str(error).partition("because of: ")
             return _CODES.get(refusal.split(" ", 1)[0])
-        # redis-py words a pipeline's error "Command # 1 (...) of pipeline caused error:
-        # <the reply>", and its status_code is not always the reply's code.
-        said = str(error).partition(_PIPELINE_SAID)[2] or str(error)
+        # redis-py words a pipeline's error "Command # 1 (<its arguments>) of pipeline
+        # caused error: <the reply>" (the reply last: an argument cannot pose as it), and
+        # its status_code is not always the reply's code.
+        said = str(error).rpartition(_PIPELINE_SAID)[2] or str(error)
         code = said.split(" ", 1)[0]
         return _CODES.get(code) or _CODES.get(getattr(error, "status_code", None) or "")
     if isinstance(error, redis.exceptions.BusyLoadingError):

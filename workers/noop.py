@@ -26,6 +26,7 @@ from lifecycle.records import GRAPH
 from rqse import EventListener
 from rqse.deadletter import REJECTED
 from rqse.errors import MalformedEntry
+from rqse.weather import is_weather
 from workers.answers import AnswerPack, batch_pack
 from workers.slots import BatchSlots
 from workers.task import StoppedWorkflows
@@ -146,6 +147,8 @@ class NoopWorker(EventListener):
         else:
             any_limit = replies[1] if replies and len(replies) > 1 else True  # claimed: look
         if isinstance(any_limit, BaseException):
+            if is_weather(any_limit):
+                raise any_limit  # for now: the batch waits it out, its limits read again
             self.read_along = self.read_along[:1]
             log.warning(
                 "consumer %s: cannot read %s (%s); kinds run without their limits",

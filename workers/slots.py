@@ -18,6 +18,8 @@ from typing import Any
 import redis
 
 from lifecycle.kind_limits import KindSlots
+from rqse.errors import BatchWeather
+from rqse.weather import describe, is_weather
 
 __all__ = ["BatchSlots"]
 
@@ -66,15 +68,23 @@ class BatchSlots:
     def hold(self, entry_id: str, give_up: Callable[[], str | None]) -> str | None:
         """The slot for this entry's task: the one taken for it, else one waited for in
         line (:class:`lifecycle.kind_limits.GaveUp` when ``give_up()`` gave a reason
-        meanwhile); None when the kind's limit went meanwhile (run it without)."""
+        meanwhile); None when the kind's limit went meanwhile (run it without). Redis
+        weather met on the way is :class:`rqse.BatchWeather`: the slots may live on
+        another server than the task's stream, and waiting for one is not the task's
+        work, so the delivery is not counted."""
         if self._whole is not None:
             return self._whole
         if entry_id not in self._waiting:
             self._held.append(entry_id)
             return self.slots.member(entry_id)
         self._waiting.discard(entry_id)
-        self._release_done()
-        return self.slots.acquire(entry_id, give_up)
+        try:
+            self._release_done()
+            return self.slots.acquire(entry_id, give_up)
+        except redis.RedisError as error:
+            if is_weather(error):
+                raise BatchWeather(f"kind {self.slots.kind}'s slots: {describe(error)}") from error
+            raise
 
     def ran(self, slot: str) -> None:
         """The slot's task ran: its slot goes with the batch's answers."""
@@ -84,7 +94,10 @@ class BatchSlots:
     def failed(self, slot: str) -> None:
         """The slot's task raised (its entry stays pending): its slot goes now."""
         if slot is self._whole:
-            self.slots.give(slot, 1)
+            try:
+                self.slots.give(slot, 1)
+            except redis.RedisError as error:  # held until the batch's release, or its lease
+                log.info("slot %s of kind %s: not given back now: %s", slot, self.slots.kind, error)
             self._whole_left -= 1
             if not self._whole_left:  # all given back: the holder is gone
                 self.slots.renewer.drop([slot])

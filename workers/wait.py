@@ -33,6 +33,7 @@ from rqse.errors import EventEncodingError
 from rqse.events import encode_event
 from rqse.listener import default_consumer_name
 from rqse.pump import Pump
+from rqse.weather import is_weather
 from workers.errors import BadTask, WaitParameterError, WorkerError
 from workers.scripts import load_script
 from workers.task import PRIORITY_DISCOVERY, Task, encode_output, error_text
@@ -113,6 +114,9 @@ class WaitTaskListener(EventListener):
         done = []
         # One script failing (a Redis error) must not fail the others of the pipeline.
         replies = pipe.execute(raise_on_error=False)
+        for outcome in replies:
+            if isinstance(outcome, Exception) and is_weather(outcome):
+                raise outcome  # Redis refused, not the task: the batch waits it out
         for event_id, outcome, wait in zip(taken, replies, event_waits, strict=True):
             if isinstance(outcome, Exception):
                 log.warning("wait task %s: %s", event_id, outcome)

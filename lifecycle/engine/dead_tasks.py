@@ -35,6 +35,7 @@ from rqse import EventListener
 from rqse.deadletter import DEAD_LETTER, OVERSIZE
 from rqse.errors import RqseError
 from rqse.keys import dead_letter_key
+from rqse.weather import is_weather
 
 __all__ = ["DeadTasks", "dead_task_error"]
 
@@ -116,8 +117,10 @@ class DeadTasks(EventListener):
             return None
         try:
             rows: Any = self.connection.xrange(stream, entry_id, entry_id, count=1)
-        except redis.ResponseError:  # not a stream, a malformed id: garbage
-            return None
+        except redis.ResponseError as error:
+            if is_weather(error):
+                raise  # Redis refused for now (BUSY, MASTERDOWN...): asked again later
+            return None  # not a stream, a malformed id: garbage
         if not rows:
             return None
         wanted = {name.encode() for name in ("kind", *_ECHOED)}

@@ -22,7 +22,10 @@ from lifecycle.submit import start_workflow
 from lifecycle.worker import LifecycleWorker
 from rqse import EventListener
 from rqse.keys import dead_letter_key
+from rqse.server import RedisServer
+from rqse.weather import BUSY, classify
 from tests.conftest import wait_until
+from tests.rqse.helpers import busy_server
 from workers.noop import NoopWorker
 
 KEYS = Keys()
@@ -183,3 +186,14 @@ def test_a_dead_tasks_listener_redis_refuses_ends_in_one_error_line(
     (record,) = [r for r in caplog.records if r.name == "lifecycle.engine.dead_tasks"]
     assert "dead-lettered start-tasks go unanswered" in record.getMessage()
     assert "WRONGTYPE" in record.getMessage() and record.exc_info is None
+
+
+def test_a_busy_server_met_reading_an_oversize_task_s_original_is_weather_not_garbage() -> None:
+    """BUSY is Redis's state, not the dead letter's: taking it for garbage would
+    acknowledge the letter and leave its task unanswered for ever."""
+    with RedisServer() as server:
+        dead = DeadTasks(url=server.url)
+        with busy_server(server), pytest.raises(redis.ResponseError) as raised:
+            dead._original({"stream": KEYS.tasks("default"), "id": "1-0"})
+        assert classify(raised.value) == BUSY
+        assert dead._original({"stream": KEYS.tasks("default"), "id": "1-0"}) is None  # gone

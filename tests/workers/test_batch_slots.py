@@ -5,12 +5,16 @@ from __future__ import annotations
 import time
 
 import orjson
+import pytest
 import redis
 
 from flowlang.compiler import compile_text
 from lifecycle.kind_limits import KindSlots, entry_order, list_kind_limits, set_kind_limit
 from lifecycle.stored_state import state_from_fields
 from lifecycle.submit import start_workflow
+from rqse import BatchWeather
+from rqse.server import RedisServer, free_port
+from rqse.weather import OUT_OF_MEMORY, classify
 from tests.conftest import wait_until
 from tests.workers.helpers import KEYS, Threads, state, submit, wait_for_end
 from tests.workers.test_kind_limits import Recorder, assert_nothing_held, most_at_once
@@ -287,3 +291,37 @@ def test_noop_workers_of_every_partition_share_their_kinds_limit_at_home(
 
     wait_until(lambda: all(status(w) == "finished" for w in workflows), what="all 6 to finish")
     assert redis_client.zcard(partitions.home.slots("lim")) == 0
+
+
+def test_weather_met_waiting_for_a_slot_is_batch_weather_not_the_task_s_failure() -> None:
+    """The slots may live on another server than the task's stream: a listener asked
+    only its own would count the delivery against the task."""
+    with RedisServer() as server:
+        client = redis.Redis(port=server.port)
+        slots = BatchSlots(limited_to(client, 1))
+        assert slots.take(ids("7-1", "7-2"))  # 7-2 waits for 7-1's slot
+        assert slots.hold("7-1", lambda: None) == slots.slots.member("7-1")
+        client.config_set("maxmemory", 1)
+        with pytest.raises(BatchWeather) as raised:
+            slots.hold("7-2", lambda: None)
+        assert classify(raised.value) == OUT_OF_MEMORY
+        assert "kind lim" in str(raised.value)
+        client.close()
+
+
+def test_a_whole_batch_s_slot_not_given_back_for_weather_is_left_to_its_release() -> None:
+    with RedisServer() as server:
+        client = redis.Redis(port=server.port)
+        slots = BatchSlots(limited_to(client, 10))
+        assert slots.take(ids("8-1", "8-2"))
+        whole = slots.hold("8-1", lambda: None)
+        client.replicaof("127.0.0.1", free_port())  # a replica refuses writes
+        assert whole is not None
+        slots.failed(whole)  # refused: logged, not raised over the task's own error
+        client.replicaof("NO", "ONE")
+        assert list_kind_limits(client, KEYS)[0].running == 2
+        release = slots.finish()
+        assert release is not None
+        client.execute_command(*release)
+        assert list_kind_limits(client, KEYS)[0].running == 0
+        client.close()

@@ -1,11 +1,14 @@
 """The no-op worker: echoes engine start-tasks without decoding them, survives garbage."""
 
+import threading
+
 import orjson
 import redis
 
 from lifecycle.events import end_task
 from lifecycle.keys import Keys
 from rqse.keys import dead_letter_key
+from tests.conftest import wait_until
 from workers.noop import NoopWorker, SimulatedWorker
 
 KEYS = Keys()
@@ -131,3 +134,29 @@ def test_the_simulated_worker_still_decodes_to_build_its_output(
     _run(worker, 1)
     (end,) = _ends(redis_client)
     assert end["output"] == {"done": ["Z", "A"]}
+
+
+def test_a_task_interrupted_by_a_stop_on_its_last_delivery_is_not_dead_lettered(
+    redis_client: redis.Redis,
+) -> None:
+    """A stop is the worker's doing, not the task's: its delivery is given back, and
+    the next worker answers it."""
+    _add(redis_client, _encoded(_start_task("w1", "1", {"done": []})))
+    stream = KEYS.tasks("default")
+    options = {**_options(redis_client), "max_deliveries": 1, "claim_idle": 0.2}
+    slow = SimulatedWorker(["default"], delay_max=30, consumer="slow", **options)
+    slow.random.uniform = lambda low, high: high  # the longest task, and no failure
+    worker = threading.Thread(target=slow.listen)
+    worker.start()
+    try:
+        wait_until(lambda: slow.stats.received == 1, what="the task taken")
+    finally:
+        slow.stop()
+        worker.join(10)
+    assert not worker.is_alive()
+    assert redis_client.xlen(dead_letter_key(stream)) == 0, "dead-lettered at a stop"
+    [pending] = redis_client.xpending_range(stream, "workers", "-", "+", 1)
+    assert pending["times_delivered"] == 0
+    _run(SimulatedWorker(["default"], delay_max=0, consumer="next", **options), 1)
+    (end,) = _ends(redis_client)
+    assert end["output"] == {"done": ["A"]}

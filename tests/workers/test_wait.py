@@ -10,6 +10,8 @@ import redis
 
 from lifecycle.keys import TASK_GROUP
 from rqse.events import encode_event
+from rqse.server import RedisServer, free_port
+from rqse.weather import READONLY, classify
 from tests.conftest import wait_until
 from tests.workers.helpers import (
     KEYS,
@@ -227,3 +229,36 @@ def test_a_wait_worker_started_beside_a_lifecycle_worker_stops_and_keeps_its_wai
     assert not thread.is_alive()
     assert redis_client.hlen(KEYS.waits) == 1
     assert state(redis_client, workflow)["status"] == "running"
+
+
+def test_a_wait_start_task_refused_by_a_read_only_redis_is_waited_out_not_rejected() -> None:
+    """A replica's refusal is Redis's state, not the task's: it stops the batch (and
+    the listener backs off) instead of dead-lettering the task."""
+    with RedisServer() as server:
+        client = redis.Redis(port=server.port)
+        listener = WaitTaskListener(url=server.url, handle_signals=False)
+        stream = KEYS.tasks("wait")
+        client.xgroup_create(stream, TASK_GROUP, id="0", mkstream=True)
+        start = {
+            "kind": "start-task",
+            "workflow": "w",
+            "name": "wait:acquire",
+            "index": 1,
+            "key": "1",
+            "attempt": 1,
+            "id": "w/1/1",
+            "input": {},
+            "parameters": {"name": "once"},
+        }
+        entry = client.xadd(stream, encode_event(start)).decode()
+        client.xreadgroup(TASK_GROUP, "a", {stream: ">"})
+        client.replicaof("127.0.0.1", free_port())
+        try:
+            with pytest.raises(redis.ResponseError) as raised:
+                listener.process_batch([(entry, start)])
+            assert classify(raised.value) == READONLY
+        finally:
+            client.replicaof("NO", "ONE")
+        assert listener.process_batch([(entry, start)]) == [entry]
+        assert client.get(KEYS.latch("once")) == b"1"
+        client.close()
