@@ -141,8 +141,12 @@ def test_connections_reset_stalled_and_refused_the_workers_reconnect_and_finish_
         proxy.up()
         faults.append("refused")
         healed = time.monotonic()
-        found = wait_all_ended(engine.client, ids, timeout=size(90, 900))
+        found = wait_all_ended(
+            engine.client, ids, timeout=size(90, 900), during=lambda: no_dead_letters(engine)
+        )
         assert not (exited := engine.exited(running)), f"a worker exited: {exited}"
+        # A reply lost with its connection costs no delivery either (noted at recovery).
+        assert dead_lettered(engine) == 0
         counts = check_exactly_once(engine.client, found, expected)
         record(
             "network-faults",
