@@ -26,11 +26,13 @@ because Redis was full, however long the storm and whoever claims the entry
 meanwhile. Where even that is refused (read-only, unreachable), or the counts
 of entries just claimed could not be read, the delivery is noted in
 ``_weathered``: the entry's deliveries here count what is noted less, until a
-give-back in Redis succeeds and takes the notes with it. The error then goes up
-to the loop, which backs off.
+give-back in Redis succeeds or the entry is acknowledged, which take the notes
+with them. The error then goes up to the loop, which backs off. A stop gives
+back the deliveries of the entry it interrupted and of those not started.
 
 This is the hot path: locals instead of attribute lookups, no per-entry
-allocation beyond the decoded event, the id string and the ack list slot.
+allocation beyond the decoded event, the id string and the ack list slot (and,
+after weather, a lookup of each claimed entry's note).
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ import threading
 import traceback
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
+from itertools import islice
 from typing import Any
 
 import redis
@@ -62,6 +65,8 @@ from rqse.weather import OUT_OF_MEMORY, classify, is_weather
 __all__ = ["BatchHandler", "ListenerStats"]
 
 logger = logging.getLogger(__name__)
+
+_MAX_NOTES = 100_000
 # Within this of maxmemory, an out-of-memory error is this Redis's: a batch's writes
 # (and their client buffers) need more than a probe does.
 _OOM_MARGIN = 16 << 20
@@ -137,6 +142,8 @@ class BatchHandler:
     # Entries that look delivered since then but were not by that round trip (given
     # back meanwhile: their idle times reset; or delivered just before it).
     _not_lost: set[tuple[str, bytes]]
+    _batch_noted: bool  # a batch met a note since the last flush
+    _interrupted: list[Entry]  # the batch's entries a stop interrupted
     # The batch whose writes wait in the outbox for the next read: (stream, entries,
     # delivery counts), or None.
     _deferred: tuple[str, Sequence[Entry], dict[bytes, int] | None] | None = None
@@ -206,7 +213,7 @@ class BatchHandler:
             # The batch's own bookkeeping (slots, stop records), never an entry's work:
             # weather met there, on whichever server, costs no entry a delivery.
             if is_weather(refused):
-                self._weather_hit(stream, entries, (), counts)
+                self._give_back(stream, entries, (), counts)
             raise
         stats = self.stats
         per_stream = self.stream_stats
@@ -226,12 +233,15 @@ class BatchHandler:
         self._rejected: set[str] = set()
         weathered = self._weathered
         weather: Exception | None = None
+        unrun: list[Entry] = []
         self._in_batch = True
         self._current_stream = stream
         try:
             for entry_id, fields in entries:
                 if stopping.is_set():
-                    break  # the rest stays pending on this consumer
+                    # The rest stays pending on this consumer, its delivery given back.
+                    unrun = list(entries[_position(entries, entry_id) :])
+                    break
                 if not fields:  # deleted (XDEL) while pending: nothing left to do
                     acks.append(entry_id)
                     continue
@@ -244,7 +254,10 @@ class BatchHandler:
                 else:
                     deliveries = counts.get(entry_id, 1)
                     if weathered:
-                        deliveries = max(1, deliveries - weathered.get((stream, entry_id), 0))
+                        noted = weathered.get((stream, entry_id), 0)
+                        if noted:
+                            deliveries = max(1, deliveries - noted)
+                            self._batch_noted = True
                 if deliveries > max_deliveries:
                     self._dead_letter(
                         stream,
@@ -306,7 +319,7 @@ class BatchHandler:
             except Exception as refused:
                 if is_weather(refused):  # its writes may be missing: none go, none count
                     self._outbox.clear()
-                    self._weather_hit(stream, entries, (), counts)
+                    self._give_back(stream, entries, (), counts)
                 raise
         finally:
             self._in_batch = False
@@ -316,12 +329,16 @@ class BatchHandler:
                 if counted is None:
                     counted = per_stream[stream] = ListenerStats()
                 counted.add_since(before, stats)
+        if self._interrupted or unrun:
+            interrupted, self._interrupted = self._interrupted, []
+            if weather is None:  # (else all that is left is given back below)
+                self._give_back(stream, [*interrupted, *unrun], (), counts)
         if defer and weather is None:
             self._deferred = (stream, entries, counts)  # the lease holds them meanwhile
             return
         self._flush(stream, entries, counts)
         if weather is not None:
-            self._weather_hit(stream, entries, acks, counts)
+            self._give_back(stream, entries, acks, counts)
             raise weather
 
     def _flush(
@@ -334,7 +351,7 @@ class BatchHandler:
             self._outbox.flush(self._redis, self._group)
         except Exception as e:
             if is_weather(e):
-                self._weather_hit(stream, entries, (), counts)
+                self._give_back(stream, entries, (), counts)
             raise
         finally:
             self._lease.clear()
@@ -342,10 +359,12 @@ class BatchHandler:
 
     def _noted_acks(self) -> list[tuple[str, bytes]]:
         """The outbox's acknowledgements of entries with weather notes (whose notes go
-        once the acknowledgements are written)."""
+        once the acknowledgements are written); looked for only after a batch that met
+        a note."""
         weathered = self._weathered
-        if not weathered:
+        if not self._batch_noted:
             return []
+        self._batch_noted = False
         acks = self._outbox.acks.items()
         return [(stream, i) for stream, ids in acks for i in ids if (stream, i) in weathered]
 
@@ -390,7 +409,7 @@ class BatchHandler:
         limit = int(memory.get("maxmemory", 0))
         return bool(limit) and int(memory.get("used_memory", 0)) >= limit - _OOM_MARGIN
 
-    def _weather_hit(
+    def _give_back(
         self,
         stream: str,
         entries: Sequence[Entry],
@@ -427,33 +446,16 @@ class BatchHandler:
         if self._lost_delivery is not None:  # the claim made them look delivered since
             self._not_lost.update((stream, entry_id) for entry_id in left)
 
-    def _give_back_one(self, stream: str, entry_id: bytes, deliveries: int) -> None:
-        """Give back the delivery ``deliveries`` counted last, in Redis (best effort: a
-        shutdown does not wait on it)."""
-        try:
-            self._redis.xclaim(
-                stream,
-                self._group,
-                self._consumer,
-                0,
-                [entry_id],
-                retrycount=deliveries - 1,
-                justid=True,
-            )
-        except redis.RedisError as error:
-            logger.debug("consumer %s: delivery not given back: %s", self._consumer, error)
-            return
-        self._weathered.pop((stream, entry_id), None)
-
     def _note_weathered(self, stream: str, entry_ids: Sequence[bytes]) -> None:
         """Note one delivery of each entry as the weather's, in this listener: its next
         delivery here counts one less."""
         weathered = self._weathered
-        if len(weathered) > 100_000:  # entries that never came back (claimed elsewhere)
-            weathered.clear()
+        if len(weathered) > _MAX_NOTES:  # the oldest never came back (claimed elsewhere)
+            for key in list(islice(weathered, _MAX_NOTES // 2)):
+                del weathered[key]
         for entry_id in entry_ids:
             key = (stream, entry_id)
-            weathered[key] = weathered.get(key, 0) + 1
+            weathered[key] = weathered.pop(key, 0) + 1  # last in line: noted last
 
     def _handle_batch(
         self, stream: str, batch: list[tuple[str, dict[str, Any]]], acks: list[bytes]
@@ -504,7 +506,7 @@ class BatchHandler:
             exc_info=True,
         )
         if expected:  # stop()'s doing, not the entry's: its delivery is given back
-            self._give_back_one(stream, entry_id, deliveries)
+            self._interrupted.append((entry_id, fields))
         if expected or not last:
             self._lease.release(entry_id)  # let it go idle, to be claimed again
             return False
@@ -572,3 +574,8 @@ class BatchHandler:
             reason,
             error,
         )
+
+
+def _position(entries: Sequence[Entry], entry_id: bytes) -> int:
+    """Where ``entry_id`` is in ``entries`` (a stop's cut: not on the hot path)."""
+    return next(n for n, (found, _) in enumerate(entries) if found == entry_id)

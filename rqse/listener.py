@@ -207,6 +207,8 @@ class EventListener(Recovery, EventClient):
         self._weathered: dict[tuple[str, bytes], int] = {}
         self._lost_delivery: float | None = None
         self._not_lost: set[tuple[str, bytes]] = set()
+        self._batch_noted = False
+        self._interrupted: list[Entry] = []
         self._checked_server = False
         self.stats = ListenerStats()
         self._outbox = Outbox()
@@ -675,7 +677,7 @@ class EventListener(Recovery, EventClient):
             return
         for name, entries in raw_stream_items(reply):
             if entries:
-                self._weather_hit(self._names[name], entries, (), None)
+                self._give_back(self._names[name], entries, (), None)
 
     def _reader_connection(self, block_ms: int | None) -> Any:
         """The reader's connection; its client id known first when the read may block
@@ -716,7 +718,7 @@ class EventListener(Recovery, EventClient):
                 except Exception as error:
                     if is_weather(error):  # the streams not reached were delivered too
                         for later, rest in got[n + 1 :]:
-                            self._weather_hit(later, rest, (), None)
+                            self._give_back(later, rest, (), None)
                     raise
         finally:
             self.read_replies = None
@@ -749,44 +751,62 @@ class EventListener(Recovery, EventClient):
         except BaseException as error:
             connection.disconnect()  # type: ignore[no-untyped-call]  # replies half read?
             self._lease.clear()
-            if written is not None:  # the batch's fate is known: a refusal gives it back
-                self._check_deferred(written, stream, entries, counts, reply, sent)
-                self._drop_notes(noted)
-                self._give_back_unhandled(reply, sent, error)
-            elif transaction and is_weather(error):  # written or not: if not, not counted
-                self._give_back_unhandled(reply, sent, error)
-                self._not_lost.update((stream, entry_id) for entry_id, _ in entries)
-                self._weather_hit(stream, entries, (), counts)
-            else:
-                self._give_back_unhandled(reply, sent, error)
+            if isinstance(error, Exception):  # (an interrupt or an exit goes up as it is)
+                cut = (stream, entries, counts, noted, bool(transaction))
+                self._round_trip_cut(error, *cut, written, reply, sent)
             raise
         finally:
             self._blocking = False
-        self._check_deferred(written, stream, entries, counts, reply, sent)
+        try:
+            self._check_deferred(written, stream, entries, counts)
+        except Exception as error:
+            self._give_back_unhandled(reply, sent, error)
+            raise
         self._drop_notes(noted)
         if isinstance(reply, BaseException):
             raise reply
         self._handle_read(reply, replies if along else None)
 
-    def _check_deferred(
+    def _round_trip_cut(
         self,
-        written: list[Any],
+        error: Exception,
         stream: str,
         entries: Sequence[Entry],
         counts: dict[bytes, int] | None,
+        noted: Sequence[tuple[str, bytes]],
+        writes: bool,
+        written: list[Any] | None,
         reply: Any,
         sent: float,
     ) -> None:
+        """``error`` cut short the round trip of a deferred batch's transaction and a
+        read: what the read delivered is given back (or, its reply lost, recorded for
+        the next recovery), then the batch: refused, or with its fate unknown, its
+        deliveries are given back too."""
+        self._give_back_unhandled(reply, sent, error)
+        if self._lost_delivery is not None:  # the batch was delivered before the read
+            self._not_lost.update((stream, entry_id) for entry_id, _ in entries)
+        if written is not None:
+            self._check_deferred(written, stream, entries, counts)
+            self._drop_notes(noted)
+        elif writes and is_weather(error):  # ran or not: if not, not counted
+            self._give_back(stream, entries, (), counts)
+
+    def _check_deferred(
+        self,
+        written: list[Any] | None,
+        stream: str,
+        entries: Sequence[Entry],
+        counts: dict[bytes, int] | None,
+    ) -> None:
         """Raise what refused the deferred batch's transaction (its ``written``
-        replies); weather gives back its entries' deliveries, and those of the read
-        sent behind it at ``sent`` (``reply``), which are not handled then."""
+        replies); weather gives back its entries' deliveries."""
         try:
             if written:
                 transaction_replies(written)
         except Exception as error:
             if is_weather(error):  # nothing was written: give every delivery back
-                self._weather_hit(stream, entries, (), counts)
-                self._give_back_unhandled(reply, sent, error)
+                self._give_back(stream, entries, (), counts)
             raise
         finally:
             self._lease.clear()

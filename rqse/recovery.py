@@ -25,7 +25,7 @@ import redis
 
 from rqse.batch import BatchHandler
 from rqse.events import stream_items
-from rqse.weather import is_weather
+from rqse.weather import DOWN, TIMEOUT, classify, is_weather
 
 __all__ = ["Recovery"]
 
@@ -51,7 +51,7 @@ class Recovery(BatchHandler):
         """Re-process what this consumer held when it last stopped (or lost Redis), on
         ``streams`` (default: all of them)."""
         assert self._reader is not None
-        self._note_lost_deliveries()
+        self._give_back_lost_deliveries()
         for stream in self._streams if streams is None else streams:
             cursor: str | bytes = "0"
             while not self._stopping.is_set() and self._room() > 0:
@@ -110,46 +110,48 @@ class Recovery(BatchHandler):
         self._next_claim = now + self._claim_idle / 2 if wrapped else now
 
     def _delivery_lost(self, sent: float, error: BaseException) -> None:
-        """A read or claim sent at ``sent`` failed with ``error``: when that is weather,
-        it may have delivered entries whose ids never came (the reply lost with the
-        connection, or held back by a busy server): the next recovery finds them."""
-        if self._lost_delivery is None and is_weather(error):
+        """A read or claim sent at ``sent`` failed with ``error``: when its reply was lost
+        (the connection dropped, or the server held it back past the timeout), it may
+        have delivered entries whose ids never came: the next recovery finds them. (A
+        refusal, BUSY or OOM, is a reply: the command did not run.)"""
+        if self._lost_delivery is None and classify(error) in (DOWN, TIMEOUT):
             self._lost_delivery = sent
 
-    def _note_lost_deliveries(self) -> None:
-        """Note as the weather's one delivery of each entry this consumer holds that was
-        delivered since a lost reply's round trip was sent (XPENDING's idle times, by
-        pages): the reply never came, so nothing was handled."""
+    def _give_back_lost_deliveries(self) -> None:
+        """Give back the delivery of each entry this consumer holds that was delivered
+        since a lost reply's round trip was sent (XPENDING's idle times, by pages): the
+        reply never came, so nothing was handled."""
         sent = self._lost_delivery
         if sent is None:
             return
-        lost: list[tuple[str, list[bytes]]] = []
+        lost: list[tuple[str, dict[bytes, int]]] = []
         not_lost = self._not_lost
         for stream in self._streams:
-            # Server milliseconds since each delivery against local ones since the send:
-            # a delivery after the send is idle for less, give or take the server's
-            # whole milliseconds (its two times each cut to one).
-            since_ms = (monotonic() - sent) * 1000 + _CLOCK_SLACK_MS
             start: bytes | str = "-"
-            ids: list[bytes] = []
+            counts: dict[bytes, int] = {}
             while True:
                 page: list[dict[str, Any]] = self._redis.xpending_range(
                     stream, self._group, start, "+", _PENDING_PAGE, consumername=self._consumer
                 )
-                ids += [
-                    p["message_id"]
-                    for p in page
-                    if p["time_since_delivered"] <= since_ms
-                    and (stream, p["message_id"]) not in not_lost
-                ]
+                # Server milliseconds since each delivery against local ones since the
+                # send, taken once the page is here: a delivery after the send is idle for
+                # less, give or take the server's whole milliseconds.
+                since_ms = (monotonic() - sent) * 1000 + _CLOCK_SLACK_MS
+                for pending in page:
+                    entry_id = pending["message_id"]
+                    if pending["time_since_delivered"] <= since_ms and (
+                        (stream, entry_id) not in not_lost
+                    ):
+                        counts[entry_id] = pending["times_delivered"]
                 if len(page) < _PENDING_PAGE:
                     break
                 start = b"(" + page[-1]["message_id"]
-            lost.append((stream, ids))
-        for stream, ids in lost:
-            self._note_weathered(stream, ids)
+            lost.append((stream, counts))
         self._lost_delivery = None
         not_lost.clear()
+        for stream, counts in lost:
+            if counts:
+                self._give_back(stream, [(i, {}) for i in counts], (), counts)
 
     def _counted(self, stream: str, entries: Sequence[tuple[bytes, Any]]) -> dict[bytes, int]:
         """The delivery counts of ``entries`` just delivered; when Redis weather keeps

@@ -377,3 +377,82 @@ def test_a_batch_whose_transaction_went_out_with_a_read_lost_in_a_stall_costs_no
     assert Deferring.cut
     assert_nothing_dead_lettered(direct)
     assert listener.seen == [0, 0]  # processed again: its acknowledgement never ran
+
+
+def test_an_entry_that_fails_on_its_own_is_still_dead_lettered_after_max_deliveries(
+    server, direct, run_listener
+):
+    """What weather gives back is the weather's delivery only: an entry whose handler
+    fails by itself, with a spell of out-of-memory on its first delivery, is
+    dead-lettered on its third counted failure (max_deliveries=3), not sooner, not
+    later."""
+    direct.xgroup_create(STREAM, GROUP, id="0", mkstream=True)
+    add_jobs(server)
+
+    class Failing(Worker):
+        calls = 0
+
+        def process(self, event_id: str, event: dict[str, Any]) -> bool:
+            Failing.calls += 1
+            if Failing.calls == 1:
+                direct.config_set("maxmemory", 1)
+                threading.Timer(0.2, lambda: direct.config_set("maxmemory", 0)).start()
+                self.connection.set("work", "1")  # refused: the weather's delivery
+            raise ValueError("the entry's own fault")
+
+    listener = Failing(url=server.url, max_deliveries=3, claim_idle=0.05)
+    run = run_listener(listener)
+    wait_until(lambda: direct.xlen(dead_letter_key(STREAM)), what="the dead letter", timeout=15)
+    run.stop()
+
+    [(_, letter)] = direct.xrange(dead_letter_key(STREAM))
+    assert letter[b"reason"] == b'"process-error"'
+    assert letter[b"deliveries"] == b"3"
+    assert Failing.calls == 4  # one cut by the weather, three failures counted
+
+
+def test_a_stop_gives_back_the_interrupted_entry_and_those_not_started(
+    server, direct, run_listener
+):
+    """A stop in the middle of a batch costs none of its entries a delivery: the one
+    it interrupted and the two after it are taken by the next listener as first
+    deliveries (max_deliveries=1)."""
+    direct.xgroup_create(STREAM, GROUP, id="0", mkstream=True)
+    add_jobs(server, 3)
+
+    class Stopped(Worker):
+        def process(self, event_id: str, event: dict[str, Any]) -> bool:
+            self.stop()
+            raise InterruptedError("stopping")
+
+    first = Stopped(url=server.url, batch_size=3, max_deliveries=1, handle_signals=False)
+    first.listen()
+    counts = [p["times_delivered"] for p in direct.xpending_range(STREAM, GROUP, "-", "+", 3)]
+    assert counts == [0, 0, 0]
+
+    after = Worker(url=server.url, consumer="w2", max_deliveries=1, claim_idle=0.05)
+    settle(run_listener(after), direct, jobs=3)
+    assert_nothing_dead_lettered(direct)
+    assert sorted(after.seen) == [0, 1, 2]
+
+
+def test_a_lost_read_behind_many_pending_entries_is_found_on_the_last_page(server, direct):
+    """The recovery that looks for what a lost read delivered goes by idle times over
+    pages of the consumer's pending entries: the newest, on the last page, are found
+    however long the paging took, and the old ones are left as counted."""
+    direct.xgroup_create(STREAM, GROUP, id="0", mkstream=True)
+    pipe = direct.pipeline(transaction=False)
+    for n in range(2_510):
+        pipe.xadd(STREAM, {"n": n})
+    pipe.execute()
+    direct.xreadgroup(GROUP, "w", {STREAM: ">"}, count=2_500)  # held since long ago
+    time.sleep(0.05)
+    listener = Worker(url=server.url, handle_signals=False)
+    listener._lost_delivery = time.monotonic()  # a read is sent, its reply lost...
+    direct.xreadgroup(GROUP, "w", {STREAM: ">"}, count=10)  # ...and it delivered 10
+    listener._give_back_lost_deliveries()
+
+    pending = direct.xpending_range(STREAM, GROUP, "-", "+", 3_000)
+    assert [p["times_delivered"] for p in pending[:2_500]] == [1] * 2_500
+    assert [p["times_delivered"] for p in pending[2_500:]] == [0] * 10
+    assert listener._lost_delivery is None
