@@ -234,6 +234,8 @@ class BatchHandler:
         weathered = self._weathered
         weather: Exception | None = None
         unrun: list[Entry] = []
+        if self._interrupted:  # left by a batch that ended in an error: given back then
+            self._interrupted = []
         self._in_batch = True
         self._current_stream = stream
         try:

@@ -669,7 +669,7 @@ class EventListener(Recovery, EventClient):
     def _give_back_unhandled(self, reply: Any, sent: float, error: BaseException) -> None:
         """Weather cut short a round trip sent at ``sent``, holding a read: the entries
         its ``reply`` delivered go unhandled, their deliveries given back (or, the
-        reply lost, noted by the next recovery)."""
+        reply lost, by the next recovery)."""
         if isinstance(reply, BaseException) or not is_weather(error):
             return
         if reply is None:
