@@ -22,7 +22,7 @@ from flowlang.errors import (
     FlowStructureError,
 )
 from flowlang.graph import Graph, Node, NodeKind
-from flowlang.limits import DEFAULT_LIMITS, Limits
+from flowlang.limits import DEFAULT_LIMITS, LimitExceeded, Limits
 from flowlang.loops import check_loops
 from flowlang.parser import parse
 from flowlang.policy import split_params
@@ -33,12 +33,14 @@ __all__ = ["compile_flow", "compile_text", "merge_params"]
 def compile_text(text: str, file: str | None = None, limits: Limits = DEFAULT_LIMITS) -> Graph:
     """Parse and compile flow text; every error is a :class:`FlowError` naming ``file``
     (:class:`~flowlang.limits.LimitExceeded` for a text past ``limits.flow_bytes``)."""
-    return compile_flow(parse(text, file, limits), file)
+    return compile_flow(parse(text, file, limits), file, limits)
 
 
-def compile_flow(flow: ast.Flow, file: str | None = None) -> Graph:
+def compile_flow(flow: ast.Flow, file: str | None = None, limits: Limits = DEFAULT_LIMITS) -> Graph:
+    """The graph of a parsed flow; :class:`~flowlang.limits.LimitExceeded` when it
+    would have more than ``limits.nodes`` nodes (found as they are made)."""
     try:
-        graph = _Compiler(flow).build()
+        graph = _Compiler(flow, limits.nodes).build()
         check_loops(graph)
         return graph
     except FlowError as error:
@@ -112,8 +114,9 @@ class _Scope:
 
 
 class _Compiler:
-    def __init__(self, flow: ast.Flow) -> None:
+    def __init__(self, flow: ast.Flow, max_nodes: int) -> None:
         self.flow = flow
+        self.max_nodes = max_nodes
         self.nodes: list[Node] = []
         self.edges: dict[tuple[int, int], None] = {}  # insertion-ordered set
         self.expanding: list[str] = []  # @task bodies being inlined, to catch recursion
@@ -135,11 +138,22 @@ class _Compiler:
     # -- nodes and edges ---------------------------------------------------------
 
     def _node(self, kind: NodeKind, pos: ast.Pos, parent: int | None, **fields: Any) -> int:
+        if len(self.nodes) >= self.max_nodes:
+            raise self._too_many_nodes(pos)
         node = Node(
             len(self.nodes), kind, line=pos.line, column=pos.column, parent=parent, **fields
         )
         self.nodes.append(node)
         return node.id
+
+    def _too_many_nodes(self, pos: ast.Pos) -> LimitExceeded:
+        copies = f" (each use of an @task body is a copy: {' → '.join(self.expanding)})"
+        return LimitExceeded(
+            f"the flow compiles to more than {self.max_nodes:,} nodes"
+            + (copies if self.expanding else ""),
+            pos.line,
+            pos.column,
+        )
 
     def _edge(self, source: int, target: int) -> None:
         self.edges[(source, target)] = None

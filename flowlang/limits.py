@@ -46,6 +46,9 @@ class Limits:
     # one iteration puts on the task streams and in a workflow's record at a time.
     window: int = 10_000
     flow_bytes: int = 1 * MIB  # one .flow text
+    # Nodes of one compiled graph: each use of an @task with a body is a copy of it, so
+    # a few hundred bytes of nested uses would otherwise compile to billions.
+    nodes: int = 100_000
     guard_ms: int = 100  # time budget of one guard evaluation
     visits: int = 100_000  # visits of nodes on a cycle in one advance of a workflow
     yaml_aliases: int = 100  # alias uses in one YAML document (alias bombs)

@@ -35,6 +35,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from rqse.connection import mask_url
 from workers.errors import ResourceError
 
 __all__ = [
@@ -42,7 +43,6 @@ __all__ = [
     "Network",
     "Response",
     "address_refusal",
-    "mask_url",
     "parse_networks",
     "request",
 ]
@@ -74,19 +74,6 @@ def parse_networks(cidrs: Iterable[str]) -> tuple[Network, ...]:
                 f"allowed network {cidr!r}: {error} (expected CIDR like 10.0.0.0/8)"
             ) from None
     return tuple(networks)
-
-
-def mask_url(url: str) -> str:
-    """``url`` with any password replaced by ``***`` (for messages and logs)."""
-    try:
-        parts = urllib.parse.urlsplit(url)
-        if parts.password is None:
-            return url
-    except ValueError:
-        return url
-    user = parts.username or ""
-    host = parts.netloc.rpartition("@")[2]
-    return urllib.parse.urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
 
 
 def _embedded_ipv4(address: ipaddress.IPv6Address) -> ipaddress.IPv4Address | None:
@@ -278,8 +265,10 @@ def _target(url: str) -> tuple[urllib.parse.SplitResult, str, int]:
         raise ResourceError(f"refused: scheme {scheme!r} (only http and https are fetched)")
     try:
         host, port = parts.hostname, parts.port
-    except ValueError as error:  # a port that is not a number or out of range
-        raise ResourceError(f"refused: bad address: {error}") from None
+    except ValueError:  # a port that is not a number or out of range
+        # (Not the parser's words: they quote the "port", which may be a password's
+        # part where the password holds an unescaped "/".)
+        raise ResourceError("refused: bad address: its port is not a number to 65535") from None
     if not host:
         raise ResourceError("refused: no host in the URL")
     try:  # an international name travels as ASCII (IDNA), in DNS and in the Host header

@@ -36,9 +36,10 @@ from flowlang.limits import DEFAULT_LIMITS, LimitExceeded, Limits, depth_within,
 from flowlang.literals import safe_yaml
 from lifecycle.events import ROLES
 from lifecycle.keys import RESOURCE_KIND, Keys
+from rqse.connection import mask_url
 from workers.errors import ResourceError
 from workers.resource_files import default_base_dir, read_file, write_file
-from workers.resource_http import Network, mask_url, parse_networks, request
+from workers.resource_http import Network, parse_networks, request
 from workers.task import Task, TaskListener
 
 __all__ = [

@@ -40,7 +40,7 @@ from lifecycle.events import START_TASK, end_task, is_start_task, sent_again
 from lifecycle.keys import TASK_GROUP, Keys
 from lifecycle.kind_limits import DEFAULT_CHECK_INTERVAL, DEFAULT_LEASE, GaveUp, KindSlots
 from lifecycle.priorities import kind_streams, stream_order
-from rqse import EventListener
+from rqse import EventListener, mask_url
 from rqse.events import encode_event
 from rqse.fastpipe import execute
 from workers.answers import AnswerPack, batch_pack
@@ -472,14 +472,14 @@ class TaskListener(EventListener):
             raise  # Redis went away, not the task: leave it pending, retried later
         except Exception as error:
             # Expected: tasks fail. One line at INFO; the traceback only for debugging.
-            log.info("task %s: %s failed: %s", task.id, task.name, error_text(error))
+            log.info("task %s: %s failed: %s", task.id, _shown(task.name), error_text(error))
             log.debug("task %s: traceback", task.id, exc_info=True)
             self.fail(event, error_text(error))
             return True
         try:  # the encoding is the size check, and these bytes are what is sent
             encoded = encode_output({} if output is None else output, self.limits)
         except LimitExceeded as error:
-            log.info("task %s: %s failed: %s", task.id, task.name, error)
+            log.info("task %s: %s failed: %s", task.id, _shown(task.name), error)
             self.fail(event, str(error))
             return True
         answer = end_task(event, worker=self.consumer)
@@ -520,3 +520,8 @@ class TaskListener(EventListener):
     def fail(self, event: Mapping[str, Any], error: str) -> None:
         """Answer the start-task ``event`` with a FAILURE carrying ``error``."""
         self.emit(end_task(dict(event), error=error, worker=self.consumer), self.keys.lifecycle)
+
+
+def _shown(name: str) -> str:
+    """A task's name as a log shows it: a resource's URI without its password."""
+    return mask_url(name) if "://" in name else name

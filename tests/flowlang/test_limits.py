@@ -127,6 +127,29 @@ def test_a_flow_text_past_flow_bytes_is_one_error_with_its_size() -> None:
     compile_text(text, "big.flow", Limits(flow_bytes=160))
 
 
+def test_nested_task_bodies_doubling_past_the_node_limit_stop_in_one_error() -> None:
+    """Each use of an @task body is a copy: 31 declarations of a few bytes each would
+    compile to billions of nodes. The limit is met as nodes are made, naming the
+    uses being copied."""
+    lines = ["@task a0 { t → t }"]
+    lines += [f"@task a{n} {{ a{n - 1} → a{n - 1} }}" for n in range(1, 31)]
+    started = time.monotonic()
+    with pytest.raises(LimitExceeded) as caught:
+        compile_text("\n".join([*lines, "a30"]), "bomb.flow")
+    assert time.monotonic() - started < 10  # bounded by the limit, not by 2**31
+    message = str(caught.value)
+    assert message.startswith("bomb.flow:1:12: the flow compiles to more than 100,000 nodes")
+    assert "a30 → a29 → " in message and message.endswith("a1 → a0)")
+
+
+def test_a_flow_within_the_node_limit_compiles_and_one_past_it_does_not() -> None:
+    text = " | ".join(f"t{n}" for n in range(50)) + " → done"
+    size = len(compile_text(text, "wide.flow").nodes)
+    assert len(compile_text(text, "wide.flow", Limits(nodes=size)).nodes) == size
+    with pytest.raises(LimitExceeded, match=f"more than {size - 1} nodes"):
+        compile_text(text, "wide.flow", Limits(nodes=size - 1))
+
+
 def test_flowlang_check_refuses_a_file_past_the_limit_in_one_line(tmp_path, capsys) -> None:
     path = tmp_path / "huge.flow"
     path.write_bytes(b"A\n" * (DEFAULT_LIMITS.flow_bytes // 2 + 1))

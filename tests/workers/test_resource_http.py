@@ -16,6 +16,7 @@ import pytest
 import yaml
 
 from flowlang.limits import Limits
+from rqse.connection import mask_url
 from tests.workers.http_servers import (
     Site,
     body,
@@ -27,7 +28,7 @@ from tests.workers.http_servers import (
     server_context,
 )
 from workers.errors import ResourceError
-from workers.resource_http import address_refusal, mask_url, parse_networks, request
+from workers.resource_http import address_refusal, parse_networks, request
 from workers.resources import Resources, load_resource, store_resource
 
 LOOPBACK = ["127.0.0.0/8"]
@@ -168,6 +169,15 @@ def test_a_password_in_the_url_is_masked_in_errors_and_sent_as_basic_auth(site: 
     assert "s3cret" not in str(missing.value)
     assert site.requests[-1][2]["Authorization"] == "Basic YW5uOnMzY3JldA=="
     assert mask_url("https://u:p@h/x?q") == "https://u:***@h/x?q"
+
+
+def test_a_password_a_url_parser_would_misread_is_masked_all_the_same() -> None:
+    """An unescaped ``/`` in a password ends the host part for a URL parser, which
+    then finds no password; a token given as the user name is a secret too."""
+    with pytest.raises(ResourceError) as refused:
+        load_resource("https://u:s3c/ret@example.com/x")
+    assert "s3c" not in str(refused.value) and "u:***@example.com/x" in str(refused.value)
+    assert mask_url("https://tok_ABCDEF@example.com/") == "https://***@example.com/"
 
 
 def test_a_resolver_answer_changing_after_the_check_cannot_redirect_the_connection(

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from typing import Any
 
+import pytest
 import redis
 
 from lifecycle.submit import terminate_workflow
@@ -172,3 +174,23 @@ def test_the_seeds_sleep_listener_runs_a_workflow_with_its_index_only_end_tasks(
     assert all("key" not in e and "attempt" not in e for e in ends)
     assert seed.stats.processed == 2
     seed.close()
+
+
+class Refusing(TaskListener):
+    kind = "resource"
+
+    def run(self, task: Task) -> Any:
+        raise ValueError("refused")
+
+
+def test_a_failed_resource_task_is_logged_without_its_url_s_password(
+    redis_client: redis.Redis, threads: Threads, caplog: pytest.LogCaptureFixture
+) -> None:
+    threads.lifecycle()
+    threads.start(Refusing(pool=threads.pool, handle_signals=False, block_ms=100))
+    with caplog.at_level(logging.INFO, logger="workers.task"):
+        workflow = submit(redis_client, "<https://ann:hunter2@127.0.0.1/data.json> → done")
+        assert wait_for_end(redis_client, workflow)["status"] == "failed"
+    failed = [r.getMessage() for r in caplog.records if "failed" in r.getMessage()]
+    assert failed and all("hunter2" not in line for line in failed), failed
+    assert any("https://ann:***@127.0.0.1/data.json" in line for line in failed), failed
