@@ -144,6 +144,7 @@ class BatchHandler:
     _not_lost: set[tuple[str, bytes]]
     _batch_noted: bool  # a batch met a note since the last flush
     _interrupted: list[Entry]  # the batch's entries a stop interrupted
+    _failed_lately: list[tuple[str, bytes]]  # the last batch's entries failed (counted)
     # The batch whose writes wait in the outbox for the next read: (stream, entries,
     # delivery counts), or None.
     _deferred: tuple[str, Sequence[Entry], dict[bytes, int] | None] | None = None
@@ -236,6 +237,8 @@ class BatchHandler:
         unrun: list[Entry] = []
         if self._interrupted:  # left by a batch that ended in an error: given back then
             self._interrupted = []
+        if self._failed_lately:
+            self._failed_lately = []
         self._in_batch = True
         self._current_stream = stream
         try:
@@ -331,17 +334,18 @@ class BatchHandler:
                 if counted is None:
                     counted = per_stream[stream] = ListenerStats()
                 counted.add_since(before, stats)
+        stopped: list[Entry] = []
         if self._interrupted or unrun:
-            interrupted, self._interrupted = self._interrupted, []
-            if weather is None:  # (else all that is left is given back below)
-                self._give_back(stream, [*interrupted, *unrun], (), counts)
-        if defer and weather is None:
+            stopped, self._interrupted = [*self._interrupted, *unrun], []
+        if defer and weather is None and not stopped:
             self._deferred = (stream, entries, counts)  # the lease holds them meanwhile
             return
-        self._flush(stream, entries, counts)
+        self._flush(stream, entries, counts)  # (weather there gives back all, once)
         if weather is not None:
             self._give_back(stream, entries, acks, counts)
             raise weather
+        if stopped:  # a stop's: given back once the batch's writes are in
+            self._give_back(stream, stopped, (), counts)
 
     def _flush(
         self, stream: str, entries: Sequence[Entry], counts: dict[bytes, int] | None
@@ -509,6 +513,8 @@ class BatchHandler:
         )
         if expected:  # stop()'s doing, not the entry's: its delivery is given back
             self._interrupted.append((entry_id, fields))
+        else:  # counted: a read lost just after must not take it for its delivery
+            self._failed_lately.append((stream, entry_id))
         if expected or not last:
             self._lease.release(entry_id)  # let it go idle, to be claimed again
             return False

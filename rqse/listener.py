@@ -209,6 +209,7 @@ class EventListener(Recovery, EventClient):
         self._not_lost: set[tuple[str, bytes]] = set()
         self._batch_noted = False
         self._interrupted: list[Entry] = []
+        self._failed_lately: list[tuple[str, bytes]] = []
         self._checked_server = False
         self.stats = ListenerStats()
         self._outbox = Outbox()
@@ -748,15 +749,24 @@ class EventListener(Recovery, EventClient):
             (reply,) = read(connection, 1)
             self._blocking = False
             replies = read(connection, len(along)) if along else []
-        except BaseException as error:
+        except Exception as error:
             connection.disconnect()  # type: ignore[no-untyped-call]  # replies half read?
             self._lease.clear()
-            if isinstance(error, Exception):  # (an interrupt or an exit goes up as it is)
-                cut = (stream, entries, counts, noted, bool(transaction))
-                self._round_trip_cut(error, *cut, written, reply, sent)
+            failure: Exception | None = error
+        except BaseException:  # an interrupt or an exit goes up as it is
+            connection.disconnect()  # type: ignore[no-untyped-call]
+            self._lease.clear()
             raise
+        else:
+            failure = None
         finally:
             self._blocking = False
+        if failure is not None:
+            # Out of the except block: an error the cut raises is not chained to this one
+            # (a chain would make a real refusal look like the connection's weather).
+            cut = (stream, entries, counts, noted, bool(transaction))
+            self._round_trip_cut(failure, *cut, written, reply, sent)
+            raise failure
         try:
             self._check_deferred(written, stream, entries, counts)
         except Exception as error:

@@ -116,6 +116,8 @@ class Recovery(BatchHandler):
         refusal, BUSY or OOM, is a reply: the command did not run.)"""
         if self._lost_delivery is None and classify(error) in (DOWN, TIMEOUT):
             self._lost_delivery = sent
+            # Delivered just before, within the clock's slack: counted failures.
+            self._not_lost.update(self._failed_lately)
 
     def _give_back_lost_deliveries(self) -> None:
         """Give back the delivery of each entry this consumer holds that was delivered

@@ -456,3 +456,32 @@ def test_a_lost_read_behind_many_pending_entries_is_found_on_the_last_page(serve
     assert [p["times_delivered"] for p in pending[:2_500]] == [1] * 2_500
     assert [p["times_delivered"] for p in pending[2_500:]] == [0] * 10
     assert listener._lost_delivery is None
+
+
+def test_a_stop_during_a_read_only_spell_notes_each_entry_once(server, direct):
+    """The stop's give-back comes after the batch's writes: when Redis refuses those
+    (a replica), the batch is given back once, by the weather's give-back, and each
+    entry is noted once, not once for the stop and once more for the weather."""
+    direct.xgroup_create(STREAM, GROUP, id="0", mkstream=True)
+    add_jobs(server, 2)
+    direct.xreadgroup(GROUP, "w", {STREAM: ">"}, count=2)  # a delivery counted each
+    [(_, entries)] = direct.xreadgroup(GROUP, "w", {STREAM: "0"}, count=2)  # and a second
+
+    class StoppedMidway(Worker):
+        def process(self, event_id: str, event: dict[str, Any]) -> bool:
+            self._stopping.set()  # a stop arrives while the first entry runs
+            return super().process(event_id, event)
+
+    listener = StoppedMidway(url=server.url, handle_signals=False)
+    counts = {
+        p["message_id"]: p["times_delivered"]
+        for p in direct.xpending_range(STREAM, GROUP, "-", "+", 10)
+    }
+    assert list(counts.values()) == [2, 2]
+    direct.replicaof("127.0.0.1", free_port())
+    try:
+        with pytest.raises(redis.ReadOnlyError):
+            listener._handle(STREAM, entries, counts)
+    finally:
+        direct.replicaof("NO", "ONE")
+    assert listener._weathered == {(STREAM, entry_id): 1 for entry_id, _ in entries}
