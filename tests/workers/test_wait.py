@@ -189,10 +189,10 @@ def test_a_wait_task_with_bad_parameters_fails_with_a_message_naming_the_problem
     assert message in final["error"]
 
 
-def test_a_wait_start_task_delivered_twice_takes_effect_once(redis_client: redis.Redis) -> None:
-    listener = WaitTaskListener(pool=redis_client.connection_pool, handle_signals=False)
+def delivered_acquire(client: redis.Redis) -> tuple[str, dict[str, Any]]:
+    """A wait:acquire start-task of latch ``once`` on the wait stream, delivered."""
     stream = KEYS.tasks("wait")
-    redis_client.xgroup_create(stream, TASK_GROUP, id="0", mkstream=True)
+    client.xgroup_create(stream, TASK_GROUP, id="0", mkstream=True)
     start = {
         "kind": "start-task",
         "workflow": "w",
@@ -204,8 +204,15 @@ def test_a_wait_start_task_delivered_twice_takes_effect_once(redis_client: redis
         "input": {},
         "parameters": {"name": "once"},
     }
-    entry = redis_client.xadd(stream, encode_event(start)).decode()
-    redis_client.xreadgroup(TASK_GROUP, "a", {stream: ">"})
+    entry = client.xadd(stream, encode_event(start)).decode()
+    client.xreadgroup(TASK_GROUP, "a", {stream: ">"})
+    return entry, start
+
+
+def test_a_wait_start_task_delivered_twice_takes_effect_once(redis_client: redis.Redis) -> None:
+    listener = WaitTaskListener(pool=redis_client.connection_pool, handle_signals=False)
+    stream = KEYS.tasks("wait")
+    entry, start = delivered_acquire(redis_client)
     for _ in range(2):  # e.g. claimed by a second consumer while the first still had it
         assert listener.process_batch([(entry, start)]) == [entry]
     assert redis_client.get(KEYS.latch("once")) == b"1"
@@ -237,21 +244,7 @@ def test_a_wait_start_task_refused_by_a_read_only_redis_is_waited_out_not_reject
     with RedisServer() as server:
         client = redis.Redis(port=server.port)
         listener = WaitTaskListener(url=server.url, handle_signals=False)
-        stream = KEYS.tasks("wait")
-        client.xgroup_create(stream, TASK_GROUP, id="0", mkstream=True)
-        start = {
-            "kind": "start-task",
-            "workflow": "w",
-            "name": "wait:acquire",
-            "index": 1,
-            "key": "1",
-            "attempt": 1,
-            "id": "w/1/1",
-            "input": {},
-            "parameters": {"name": "once"},
-        }
-        entry = client.xadd(stream, encode_event(start)).decode()
-        client.xreadgroup(TASK_GROUP, "a", {stream: ">"})
+        entry, start = delivered_acquire(client)
         client.replicaof("127.0.0.1", free_port())
         try:
             with pytest.raises(redis.ResponseError) as raised:
