@@ -19,6 +19,7 @@ from pathlib import Path
 import redis
 
 from flowlang.compiler import compile_text
+from lifecycle.cli.support import at_least_one
 from lifecycle.keys import LIFECYCLE_GROUP, TASK_GROUP, Keys
 from lifecycle.submit import start_workflows
 from rqse.server import RedisServer
@@ -208,18 +209,6 @@ class Rig:
         if self.receipts:
             wait_trimmed(self.client, timeout=5)
         return self.ended()
-
-
-def at_least_one(text: str) -> int:
-    """An argparse type: a whole number of 1 or more (a count of processes, of
-    workflows, of items: none would leave a run waiting for ever)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be 1 or more, got {value}")
-    return value
 
 
 def add_pack_answers_argument(parser: argparse.ArgumentParser) -> None:

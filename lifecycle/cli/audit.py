@@ -22,6 +22,7 @@ from lifecycle.cli.support import (
     EXIT_OK,
     CliError,
     Context,
+    at_least_one,
     dumps_text,
     print_json,
     watch_partition_count,
@@ -44,17 +45,6 @@ log = logging.getLogger(__name__)
 EXIT_DIFFERENT = EXIT_FAILED  # replay found a difference
 
 
-def _at_least_one(text: str) -> int:
-    """An argument that counts something: a whole number, 1 or more."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value} is below 1")
-    return value
-
-
 def _seconds(text: str) -> float:
     """A duration in seconds, above 0."""
     try:
@@ -73,7 +63,7 @@ def add_commands(commands: Any, common: argparse.ArgumentParser) -> None:
     )
     receipts.add_argument("--archive", default="receipts", help="archive directory (./receipts)")
     receipts.add_argument("--consumer", default="receipts", help="consumer name (keep it stable)")
-    receipts.add_argument("--batch-size", type=_at_least_one, default=1000, help="entries per read")
+    receipts.add_argument("--batch-size", type=at_least_one, default=1000, help="entries per read")
     receipts.add_argument(
         "--segment-mb", type=float, default=64.0, help="rotate segments at this size (64)"
     )
@@ -83,7 +73,7 @@ def add_commands(commands: Any, common: argparse.ArgumentParser) -> None:
     )
     receipts.add_argument(
         "--trim-after",
-        type=_at_least_one,
+        type=at_least_one,
         default=5000,
         help="also trim a stream once this many of its entries were archived (5000)",
     )

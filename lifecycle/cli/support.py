@@ -43,6 +43,7 @@ __all__ = [
     "Command",
     "Context",
     "Registrar",
+    "at_least_one",
     "common_options",
     "partitions_argument",
     "watch_partition_count",
@@ -154,6 +155,18 @@ Command = Callable[[argparse.Namespace, Context], int]
 # Adds subcommands to a subparsers action, each with the common options as parent and
 # ``set_defaults(func=<a Command>)``.
 Registrar = Callable[[Any, argparse.ArgumentParser], None]
+
+
+def at_least_one(text: str) -> int:
+    """An argparse type for a count (of processes, entries, workflows): a whole number,
+    1 or more (none would leave a run or a read waiting for ever)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is below 1")
+    return value
 
 
 def common_options() -> argparse.ArgumentParser:

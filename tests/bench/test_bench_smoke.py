@@ -64,7 +64,7 @@ def test_a_count_below_one_is_refused_in_one_line_before_anything_starts(
     with pytest.raises(SystemExit) as stopped:
         main(argv)  # (none of these would ever end: no worker, or nothing to wait for)
     assert stopped.value.code == 2
-    assert capsys.readouterr().err.splitlines()[-1].endswith("must be 1 or more, got " + argv[1])
+    assert capsys.readouterr().err.splitlines()[-1].endswith(f"{argv[1]} is below 1")
 
 
 def test_a_tiny_run_at_a_priority_under_a_key_and_a_kind_limit_finishes_every_workflow(
