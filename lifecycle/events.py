@@ -176,6 +176,9 @@ class StartWorkflow:
     priority: int = 0  # lifecycle.priorities: which of its kinds' streams its tasks go to
     # (key, max running) when it runs under a concurrency key, else None
     concurrency: tuple[str, int] | None = None
+    # its id was claimed in the workflows index when it was sent (a hint for how the
+    # lifecycle reads what the id holds; never what decides whether it starts)
+    claimed: bool = False
 
 
 def start_workflow(
@@ -186,11 +189,13 @@ def start_workflow(
     priority: int = 0,
     concurrency_key: str | None = None,
     max_running: int | None = None,
+    claimed: bool = False,
 ) -> dict[str, Any]:
     """Ask the lifecycle to start ``workflow`` from the stored graph ``graph``.
     ``priority`` is written only when not 0 (events from before priorities are 0). With
     a ``concurrency_key``, it starts only once fewer than ``max_running`` workflows of
-    that key run (it waits queued until then)."""
+    that key run (it waits queued until then). ``claimed``: the sender put the id in the
+    workflows index first (start_once.lua, schedules); written only when true."""
     event = {
         "kind": START_WORKFLOW,
         "workflow": workflow,
@@ -203,6 +208,8 @@ def start_workflow(
     if concurrency_key is not None:
         event["concurrency_key"] = concurrency_key
         event["max_running"] = max_running
+    if claimed:
+        event["claimed"] = True
     return event
 
 
@@ -235,6 +242,7 @@ def parse_start_workflow(event_id: str, event: dict[str, Any]) -> StartWorkflow:
         if problem is not None:
             raise BadEvent(f"event {event_id} ({START_WORKFLOW}): {problem}")
         concurrency = (key, most)
+    claimed = _field(event_id, event, "claimed", bool) if "claimed" in event else False
     return StartWorkflow(
         _field(event_id, event, "workflow", str),
         _field(event_id, event, "graph", str),
@@ -242,6 +250,7 @@ def parse_start_workflow(event_id: str, event: dict[str, Any]) -> StartWorkflow:
         salt,
         priority,
         concurrency,  # type: ignore[arg-type]  # checked by concurrency_problem
+        claimed,
     )
 
 

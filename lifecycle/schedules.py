@@ -394,6 +394,7 @@ class Schedules:
             schedule.priority,
             schedule.concurrency_key,
             schedule.max_running,
+            claimed=True,  # fire_schedule.lua claims the id in the index
         )
         return _flat(fields)
 

@@ -87,9 +87,11 @@ def encode_start(
     priority: int = 0,
     concurrency_key: str | None = None,
     max_running: int | None = None,
+    claimed: bool = False,
 ) -> dict[str, bytes]:
     """The start-workflow's fields, its input checked against the limits (the input's
-    encoding is the check, and what is sent)."""
+    encoding is the check, and what is sent). ``claimed``: the id is put in the workflows
+    index along with the start (lifecycle.events.start_workflow)."""
     event = ev.start_workflow(
         workflow_id,
         digest,
@@ -97,6 +99,7 @@ def encode_start(
         priority=priority,
         concurrency_key=concurrency_key,
         max_running=max_running,
+        claimed=claimed,
     )
     fields = encode_event(event)
     fields["input"] = encode_value(input, limits, f"the input of workflow {workflow_id}")
@@ -268,7 +271,7 @@ def start_workflow_once(
     check_concurrency(concurrency_key, max_running)
     digest = graph.content_hash()
     fields = encode_start(
-        workflow_id, digest, input, limits, priority, concurrency_key, max_running
+        workflow_id, digest, input, limits, priority, concurrency_key, max_running, claimed=True
     )
     pipe = client.pipeline(transaction=False)
     pipe.set(keys.graph(digest), graph.to_json(), nx=True)

@@ -66,6 +66,7 @@ _LOADED = (
 _WHOLE_RECORD = frozenset({ev.RESUME_WORKFLOW, ev.RESTART_WORKFLOW, ev.ADMIT_WORKFLOW})
 _LOADED_COUNT = len(_LOADED)
 _LOAD = fastpipe.Template("HMGET", fastpipe.SLOT, *_LOADED)
+_NO_RECORD = (None,) * _LOADED_COUNT  # the HMGET of _LOADED where the id holds nothing
 _NOTHING_SAID = Said()  # what a plain step says of its event besides its commit (never written)
 
 
@@ -428,38 +429,71 @@ class Advancer:
         names = [workflow_key(item.workflow) for item in pending]
         commands: list[Any] = [("WATCH", *names)] if watch else []
         chunked = self._chunked
-        end_task, load = ev.END_TASK, _LOAD.fill
+        end_task, start, load = ev.END_TASK, ev.START_WORKFLOW, _LOAD.fill
+        index, compacted = self.keys.workflows, self.keys.compacted
         starts: list[Pending] = []  # items with a start-workflow among their events
+        fresh: set[Pending] = set()  # of those, the ones asked only whether the index lists
         for item, key in zip(pending, names, strict=True):
             events = item.events
             if len(events) == 1 and chunked.get(item.workflow) is None:
-                # The common case, one answer that succeeded: the record's core alone, as
-                # _read_command would say, without its general walk over the events.
                 _, kind, event = events[0]
                 if kind == end_task and event.success and "." not in event.key:
+                    # The common case, one answer that succeeded: the record's core alone,
+                    # as _read_command would say, without its general walk over the events.
                     if item.resends or item.entries or item.input_keys:  # (a round before)
                         item.resends, item.entries, item.input_keys = False, [], []
                     item.key = encoded = key.encode()
                     commands.append(load(encoded))
                     continue
+                if kind == start and watch and not event.claimed:
+                    # A start alone, most often of a new id: the index lists every id that
+                    # has a record or a compacted one (each is written and removed with its
+                    # entry, advance.lua's before its record), so one ZSCORE stands for
+                    # reading both. The WATCH above guards the record against a start of
+                    # the same id elsewhere; a round after a lost race reads it whole.
+                    item.resends, item.entries, item.input_keys = False, [], []
+                    commands.append(("ZSCORE", index, item.workflow))
+                    starts.append(item)
+                    fresh.add(item)
+                    continue
             item.resends = any(kind in _WHOLE_RECORD for _, kind, _ in events)
             item.entries = _entries_touched(item, chunked.get(item.workflow))
             commands.append(self._read_command(item, key))
-            if any(kind == ev.START_WORKFLOW for _, kind, _ in events):
+            if any(kind == start for _, kind, _ in events):
                 starts.append(item)
         # A start's id may be a compacted workflow's (no hash, an entry of Keys.compacted):
         # asked in the same round trip, as most of those ids are new.
-        compacted = self.keys.compacted
-        commands += [("HEXISTS", compacted, item.workflow) for item in starts]
+        asking = [item for item in starts if item not in fresh] if fresh else starts
+        commands += [("HEXISTS", compacted, item.workflow) for item in asking]
         replies = _raise_errors(send(commands))[1 if watch else 0 :]
-        asked = dict(zip(starts, replies[len(pending) :], strict=True))
-        reads = replies[: len(pending)] if starts else replies
-        gone = []
+        asked = dict(zip(asking, replies[len(pending) :], strict=True))
+        reads = replies[: len(pending)] if asking else replies
+        listed = []  # lone starts of an id the index lists: a duplicate, or a claimed id
         for item, values in zip(pending, reads, strict=True):
+            if item in fresh:
+                if values is not None:
+                    listed.append(item)
+                    continue
+                values = _NO_RECORD  # and no compacted one: asked, and it is not
+                asked[item] = 0
             self._read(item, values)
             item.compacted = False
-            if item.state is None and item.corrupt is None and item not in asked:
-                gone.append(item)
+        if listed:  # (rare) read as any other start is, in a second round trip
+            again = _raise_errors(
+                send(
+                    [self._read_command(i, workflow_key(i.workflow)) for i in listed]
+                    + [("HEXISTS", compacted, i.workflow) for i in listed]
+                )
+            )
+            for item, values in zip(listed, again[: len(listed)], strict=True):
+                self._read(item, values)
+                item.compacted = False
+            asked.update(zip(listed, again[len(listed) :], strict=True))
+        gone = [
+            item
+            for item in pending
+            if item.state is None and item.corrupt is None and item not in asked
+        ]
         if gone:  # (rare: a late answer or a control for a workflow with no hash)
             found = _raise_errors(send([("HEXISTS", compacted, i.workflow) for i in gone]))
             asked.update(zip(gone, found, strict=True))
@@ -471,9 +505,7 @@ class Advancer:
             if item.digest is not None and item.corrupt is None and not item.compacted:
                 digests.add(item.digest)
         for item in starts:  # a new run's graph, whatever ran under its id before
-            digests.update(
-                event.graph for _, kind, event in item.events if kind == ev.START_WORKFLOW
-            )
+            digests.update(event.graph for _, kind, event in item.events if kind == start)
         self.graphs.load(digests)
 
     def _read_command(self, item: Pending, key: str) -> Any:

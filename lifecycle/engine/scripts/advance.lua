@@ -25,7 +25,8 @@
 --           carry KEYS[1]'s hash tag, so they are in its slot on a cluster)
 --   timers  n, (score, member) × n                   ZADD on KEYS[3]
 --   cancels n, member × n                            ZREM on KEYS[3]
--- and last: the creation time for KEYS[4], or '' when the workflow already exists;
+-- and last: the creation time for KEYS[4], or '' when the workflow already exists
+-- (written first of all, read as ARGV[#ARGV - 5]);
 -- the status the workflow ends with (counted in KEYS[5]), or '' while it runs;
 -- when retention removes it (ms, score in KEYS[6]), or '';
 -- its stop record for KEYS[7] (it ended failed or terminated: the attempts it stopped), or '';
@@ -79,6 +80,15 @@ local i = 6
 local n = tonumber(ARGV[i]); i = i + 1
 i = sliced({'XACK', KEYS[2], ARGV[1]}, i, n, 1)
 
+-- The index entry before the record: a write refused further on ends the script with
+-- what it wrote so far in place, and the lifecycle takes an id the index does not list
+-- for one with no record (a start alone asks the index only). After the XACK, which a
+-- full Redis allows: a script that wrote goes on, as gate.lua counts on.
+local created = ARGV[#ARGV - 5]
+if created ~= '' then
+  redis.call('ZADD', KEYS[4], created, ARGV[4])
+end
+
 n = tonumber(ARGV[i]); i = i + 1
 i = sliced({'HSET', KEYS[1]}, i, n, 2)
 
@@ -98,9 +108,6 @@ i = sliced({'ZADD', KEYS[3]}, i, n, 2)
 n = tonumber(ARGV[i]); i = i + 1
 i = sliced({'ZREM', KEYS[3]}, i, n, 1)
 
-if ARGV[i] ~= '' then
-  redis.call('ZADD', KEYS[4], ARGV[i], ARGV[4])
-end
 if ARGV[i + 1] ~= '' then
   redis.call('HINCRBY', KEYS[5], ARGV[i + 1], 1)
 end
