@@ -18,7 +18,8 @@ cannot be restarted). Readers get it back as the fields its hash had, so
 ``inspect``, ``list``, ``status`` and replay's comparison read both forms alike
 (:func:`read_record`, :func:`read_fields`). The lifecycle worker knows a compacted
 workflow as a finished one (``engine/advance.py`` looks up ``Keys.compacted`` for an
-id with no hash): a second start of its id is a duplicate, a late answer too, a
+id with no hash, or asks the workflows index, which lists it, for a start alone): a
+second start of its id is a duplicate, a late answer too, a
 control is refused as for any finished workflow, and a delete removes its entry in
 the commit that deletes it.
 """

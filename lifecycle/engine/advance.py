@@ -432,7 +432,7 @@ class Advancer:
         end_task, start, load = ev.END_TASK, ev.START_WORKFLOW, _LOAD.fill
         index, compacted = self.keys.workflows, self.keys.compacted
         starts: list[Pending] = []  # items with a start-workflow among their events
-        fresh: set[Pending] = set()  # of those, the ones asked only whether the index lists
+        index_only: set[Pending] = set()  # of those, asked only whether the index lists them
         for item, key in zip(pending, names, strict=True):
             events = item.events
             if len(events) == 1 and chunked.get(item.workflow) is None:
@@ -454,28 +454,28 @@ class Advancer:
                     item.resends, item.entries, item.input_keys = False, [], []
                     commands.append(("ZSCORE", index, item.workflow))
                     starts.append(item)
-                    fresh.add(item)
+                    index_only.add(item)
                     continue
             item.resends = any(kind in _WHOLE_RECORD for _, kind, _ in events)
             item.entries = _entries_touched(item, chunked.get(item.workflow))
             commands.append(self._read_command(item, key))
             if any(kind == start for _, kind, _ in events):
                 starts.append(item)
-        # A start's id may be a compacted workflow's (no hash, an entry of Keys.compacted):
-        # asked in the same round trip, as most of those ids are new.
-        asking = [item for item in starts if item not in fresh] if fresh else starts
+        # The other starts' ids may be compacted workflows' (no hash, an entry of
+        # Keys.compacted): asked in the same round trip, not after the record was read.
+        asking = [item for item in starts if item not in index_only] if index_only else starts
         commands += [("HEXISTS", compacted, item.workflow) for item in asking]
         replies = _raise_errors(send(commands))[1 if watch else 0 :]
         asked = dict(zip(asking, replies[len(pending) :], strict=True))
         reads = replies[: len(pending)] if asking else replies
         listed = []  # lone starts of an id the index lists: a duplicate, or a claimed id
         for item, values in zip(pending, reads, strict=True):
-            if item in fresh:
+            if item in index_only:
                 if values is not None:
                     listed.append(item)
                     continue
-                values = _NO_RECORD  # and no compacted one: asked, and it is not
-                asked[item] = 0
+                values = _NO_RECORD
+                asked[item] = 0  # not compacted either: the index lists every compacted id
             self._read(item, values)
             item.compacted = False
         if listed:  # (rare) read as any other start is, in a second round trip

@@ -32,7 +32,8 @@ def _start_task_fields() -> set[str]:
 
 BUILT = {
     ev.START_WORKFLOW: set(ev.start_workflow("w", "g", {}, priority=1))
-    | set(ev.start_workflow("w", "g", {}, concurrency_key="k", max_running=1)),
+    | set(ev.start_workflow("w", "g", {}, concurrency_key="k", max_running=1))
+    | set(ev.start_workflow("w", "g", {}, claimed=True)),
     ev.ADMIT_WORKFLOW: {"kind", "workflow"},  # written by gate.lua only
     ev.END_TASK: set(ev.end_task({"workflow": "w", "key": "1", "attempt": 1, "token": "t"}, {}))
     | set(ev.end_task({"workflow": "w", "key": "1"}, error="e", worker="x")),

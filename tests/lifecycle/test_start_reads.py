@@ -14,12 +14,11 @@ import redis
 from flowlang.compiler import compile_text
 from lifecycle import events as ev
 from lifecycle import records as rec
-from lifecycle.engine.advance import _SCRIPTS, Advancer
+from lifecycle.engine.advance import Advancer
 from lifecycle.engine.commit import Commit, shared_keys
 from lifecycle.errors import BadEvent
 from lifecycle.keys import Keys
 from lifecycle.submit import start_workflow_once
-from rqse import lua
 from tests.lifecycle.harness import Harness, decode
 
 GRAPH = compile_text("A → B")
@@ -63,7 +62,7 @@ def test_a_start_of_a_running_id_is_read_whole_and_is_a_duplicate(harness: Harne
 
 
 def test_an_id_the_index_lists_without_a_record_starts(harness: Harness) -> None:
-    """As a claim does, that start_once.lua put and whose start was sent without it."""
+    """An id start_once.lua claimed, whose start came without the ``claimed`` hint."""
     harness.client.zadd(Keys().workflows, {"wf": 1})
     harness.submit(GRAPH, None, "wf")
     harness.advance()
@@ -71,7 +70,7 @@ def test_an_id_the_index_lists_without_a_record_starts(harness: Harness) -> None
     assert harness.client.hget(Keys().workflow("wf"), "g") is not None
 
 
-def test_a_claimed_start_reads_record_and_compacted_workflows_in_one_round(
+def test_a_claimed_start_reads_its_record_and_compacted_entry_in_one_round(
     harness: Harness,
 ) -> None:
     harness.submit(GRAPH, None, "other")  # (registers the task stream's group)
@@ -129,7 +128,7 @@ def test_a_commit_refused_midway_in_advance_lua_leaves_the_record_it_wrote_liste
     commit.append(keys.tasks("broken"), {"kind": ev.START_TASK})
     call_keys, args = commit.script_call(keys.lifecycle_group, "")
     with pytest.raises(redis.ResponseError, match="WRONGTYPE"):
-        lua.load_script(redis_client, "advance", _SCRIPTS)(keys=call_keys, args=args)
+        Advancer(redis_client, keys).script(keys=call_keys, args=args)
     assert redis_client.hget(keys.workflow("victim"), rec.VERSION) == b"1"
     assert redis_client.zscore(keys.workflows, "victim") == 1000
 

@@ -26,7 +26,7 @@
 --   timers  n, (score, member) × n                   ZADD on KEYS[3]
 --   cancels n, member × n                            ZREM on KEYS[3]
 -- and last: the creation time for KEYS[4], or '' when the workflow already exists
--- (written first of all, read as ARGV[#ARGV - 5]);
+-- (written after the acks, before the record; read as ARGV[#ARGV - 5]);
 -- the status the workflow ends with (counted in KEYS[5]), or '' while it runs;
 -- when retention removes it (ms, score in KEYS[6]), or '';
 -- its stop record for KEYS[7] (it ended failed or terminated: the attempts it stopped), or '';
@@ -82,8 +82,8 @@ i = sliced({'XACK', KEYS[2], ARGV[1]}, i, n, 1)
 
 -- The index entry before the record: a write refused further on ends the script with
 -- what it wrote so far in place, and the lifecycle takes an id the index does not list
--- for one with no record (a start alone asks the index only). After the XACK, which a
--- full Redis allows: a script that wrote goes on, as gate.lua counts on.
+-- for one with no record (a start alone asks the index only). After the XACKs: a full
+-- Redis refuses a ZADD only as a script's first write, and an XACK is allowed then.
 local created = ARGV[#ARGV - 5]
 if created ~= '' then
   redis.call('ZADD', KEYS[4], created, ARGV[4])
