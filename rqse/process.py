@@ -16,7 +16,7 @@ log = logging.getLogger(__name__)
 _M_TRIM_THRESHOLD, _M_TOP_PAD, _M_MMAP_THRESHOLD = -1, -2, -3
 
 
-def settle_process(young_threshold: int = 20_000, heap_slack: int = 64 << 20) -> None:
+def settle_process(young_threshold: int = 100_000, heap_slack: int = 64 << 20) -> None:
     """Call once a worker process has started, before its loop.
 
     Garbage collector: start-up leaves hundreds of thousands of objects that live
