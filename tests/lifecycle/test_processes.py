@@ -11,6 +11,7 @@ from __future__ import annotations
 import random
 import time
 from collections import Counter
+from collections.abc import Callable
 
 import orjson
 import redis
@@ -85,3 +86,56 @@ def test_a_lifecycle_worker_killed_again_and_again_loses_and_repeats_nothing(
     assert kills[0] >= 2, "the run ended before the worker was killed twice"
     assert steady.poll() is None
     check_exactly_once(redis_client, states, expected)
+
+
+def _wait_for(condition: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {timeout} s: {what}")
+        time.sleep(0.2)
+
+
+def _all_applied(client: redis.Redis) -> bool:
+    groups = client.xinfo_groups(KEYS.lifecycle)
+    (group,) = [g for g in groups if g["name"].decode() == KEYS.lifecycle_group]
+    return group["pending"] == 0 and group["lag"] == 0
+
+
+def test_an_id_sent_again_and_again_to_three_lifecycle_workers_runs_once_compacted_or_not(
+    processes: Processes, redis_client: redis.Redis
+) -> None:
+    """Each start of an id not yet known asks the index alone, under the WATCH of its
+    record: three workers racing on copies of it run it once, and copies sent once it
+    finished and was compacted start nothing."""
+    graph = compile_text("A → B")
+    ids = [f"d{i}" for i in range(300)]
+    sends = [(workflow, copy) for workflow in ids for copy in range(3)]
+    random.Random(3).shuffle(sends)
+    for n in range(3):
+        processes.start("lifecycle", "worker", "--consumer", f"lc-{n}", "--keep-details", "0")
+    for n in range(2):
+        processes.noop(f"noop-{n}")
+    for workflow, copy in sends:
+        start_workflow(redis_client, graph, {"copy": copy}, workflow)
+
+    def finished() -> int:
+        return int(redis_client.hget(KEYS.outcomes, "finished") or 0)
+
+    _wait_for(lambda: finished() == len(ids), 120, "every workflow finished")
+    ends = Counter(
+        orjson.loads(fields[b"workflow"])
+        for _, fields in redis_client.xrange(KEYS.lifecycle)
+        if orjson.loads(fields[b"kind"]) == "end-workflow"
+    )
+    assert set(ends) == set(ids) and set(ends.values()) == {1}
+    starts = Counter(orjson.loads(f[b"id"]) for _, f in redis_client.xrange(KEYS.tasks("default")))
+    assert len(starts) == 2 * len(ids) and set(starts.values()) == {1}
+
+    _wait_for(lambda: redis_client.hlen(KEYS.compacted) == len(ids), 30, "all compacted")
+    sent = redis_client.xlen(KEYS.tasks("default"))
+    for workflow in ids:
+        start_workflow(redis_client, graph, {"copy": 9}, workflow)
+    _wait_for(lambda: _all_applied(redis_client), 30, "the copies applied")
+    assert redis_client.xlen(KEYS.tasks("default")) == sent
+    assert finished() == len(ids) and redis_client.hlen(KEYS.compacted) == len(ids)
