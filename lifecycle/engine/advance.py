@@ -479,16 +479,7 @@ class Advancer:
             self._read(item, values)
             item.compacted = False
         if listed:  # (rare) read as any other start is, in a second round trip
-            again = _raise_errors(
-                send(
-                    [self._read_command(i, workflow_key(i.workflow)) for i in listed]
-                    + [("HEXISTS", compacted, i.workflow) for i in listed]
-                )
-            )
-            for item, values in zip(listed, again[: len(listed)], strict=True):
-                self._read(item, values)
-                item.compacted = False
-            asked.update(zip(listed, again[len(listed) :], strict=True))
+            asked.update(self._read_whole(listed, send))
         gone = [
             item
             for item in pending
@@ -507,6 +498,21 @@ class Advancer:
         for item in starts:  # a new run's graph, whatever ran under its id before
             digests.update(event.graph for _, kind, event in item.events if kind == start)
         self.graphs.load(digests)
+
+    def _read_whole(self, items: list[Pending], send: fastpipe.Send) -> dict[Pending, Any]:
+        """Read ``items``' records, and ask whether each id names a compacted workflow
+        (the HEXISTS reply of each), in one round trip."""
+        workflow_key, compacted = self.keys.workflow, self.keys.compacted
+        replies = _raise_errors(
+            send(
+                [self._read_command(item, workflow_key(item.workflow)) for item in items]
+                + [("HEXISTS", compacted, item.workflow) for item in items]
+            )
+        )
+        for item, values in zip(items, replies[: len(items)], strict=True):
+            self._read(item, values)
+            item.compacted = False
+        return dict(zip(items, replies[len(items) :], strict=True))
 
     def _read_command(self, item: Pending, key: str) -> Any:
         if item.resends:  # a resume or restart sends start-tasks again: everything is read
