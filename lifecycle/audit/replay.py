@@ -367,7 +367,9 @@ def compare_live(client: redis.Redis, keys: Keys, item: WorkflowReplay) -> None:
     try:
         record = load_workflow(client, keys, item.workflow)
     except UnknownWorkflow:
-        if item.deleted:
+        if item.state is None and not item.deleted:  # never started: Redis agrees
+            item.live = "equal"
+        elif item.deleted:
             item.live = DELETED
         elif _removed_on_time(client, keys, item):
             item.live = REMOVED

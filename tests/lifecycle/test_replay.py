@@ -21,6 +21,7 @@ from tests.lifecycle.audit_helpers import (
     rewrite,
     run_in_harness,
 )
+from tests.lifecycle.harness import Harness
 
 
 @pytest.fixture
@@ -225,3 +226,22 @@ def test_an_output_archived_in_the_same_millisecond_as_its_input_counts_as_its_o
     assert same_ms.divergence is None and same_ms.unarchived == []
     forged = replayed([(stream, "1000-0", {**task, "input": {"n": 2}})])
     assert forged.divergence is not None and "field 'input'" in str(forged.divergence)
+
+
+def test_the_audit_finds_a_rejected_start_equal_to_redis_not_lost(
+    harness: Harness, redis_client: redis.Redis, tmp_path: Path
+) -> None:
+    """A start the lifecycle refused never ran: Redis holding nothing of it agrees with
+    the archive, and `recover` has nothing to bring back."""
+    keys = KEYS
+    graph = compile_text("A → B")
+    harness.submit(graph, None, "ok")
+    event = ev.start_workflow("refused", graph.content_hash(), None)
+    event["claimed"] = "yes"
+    redis_client.xadd(keys.lifecycle, {k: orjson.dumps(v) for k, v in event.items()})
+    harness.pump(lambda call: call.input)
+    archive_all(redis_client, tmp_path / "archive")
+    report = audit_archive(tmp_path / "archive", keys, client=redis_client)
+    shown = {w.workflow: (w.shown_state, w.live) for w in report.workflows}
+    assert shown["refused"] == ("never started", "equal")
+    assert report.summary()["lost_in_redis"] == 0
