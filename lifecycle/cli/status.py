@@ -186,7 +186,9 @@ def _print(found: Status) -> None:
     if counts.expiring:
         due = counts.next_removal_ms or 0
         when = iso(due) if due else "-"
-        print(f"retention: {counts.expiring} ended workflows to remove, the next at {when}")
+        print(
+            f"retention: {counts.expiring} ended workflows to compact or remove, the next at {when}"
+        )
     if counts.ended_since_start:
         ended = "  ".join(f"{k} {v}" for k, v in sorted(counts.ended_since_start.items()))
         print(f"ended since the start: {ended}")
