@@ -7,12 +7,15 @@ answers. Private servers are stopped when the session ends.
 
 ``redis_cluster`` is a local Redis Cluster (3 masters, 3 replicas, loopback) started
 from the same binary on first use; ``cluster_client`` a cluster client on it, every
-master flushed.
+master flushed. A SIGTERM ends the run as Ctrl-C does, so those servers are stopped
+then too.
 """
 
 from __future__ import annotations
 
 import os
+import signal
+import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -23,6 +26,17 @@ from redis.cluster import RedisCluster
 
 from rqse.server import LocalCluster, RedisServer, ServerNotFound, find_server_binary
 from tests.processes import Processes
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # A run stopped by SIGTERM (`timeout`, a CI job cancelled, a container stopped)
+    # would end without the session's teardown and leave its servers running.
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _interrupted)
+
+
+def _interrupted(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
 
 
 def wait_until(
