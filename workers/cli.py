@@ -27,6 +27,8 @@ if TYPE_CHECKING:
 
 __all__ = ["main"]
 
+log = logging.getLogger(__name__)
+
 EXIT_OK = 0  # stopped cleanly (signal, or every listener returned)
 EXIT_STOPPED_BADLY = 1  # a listener died, or a task was still running at the drain deadline
 EXIT_ERROR = 2  # bad arguments, a class that cannot be loaded, Redis unreachable
@@ -180,6 +182,15 @@ def _command(
         from workers.noop import NoopWorker, SimulatedWorker
 
         kinds = sorted(set(args.kinds)) if args.kinds else None  # None: every kind, as they appear
+        if kinds is None:
+            # Its tasks go to whichever consumer of the kind's group reads first: beside
+            # a deployment's own workers it would answer a share of their tasks.
+            log.warning(
+                "%s worker: serving every task kind (but wait), also those your own "
+                "workers serve, with %s; name the kinds with --kinds beside real workers",
+                args.command,
+                "each task's input as its output" if args.command == "noop" else "made-up outputs",
+            )
         workers: list[NoopWorker] = []
         for keys, pool in places:
             if args.command == "noop":
