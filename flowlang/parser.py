@@ -100,6 +100,7 @@ def _describe(token: Token) -> str:
     name = _TERMINAL_NAMES.get(token.type, token.type.lower())
     if name.startswith("'"):
         return name
+    name = name.removeprefix("a ").removeprefix("an ")  # "unexpected guard", not "a guard"
     value = str(token)
     if len(value) > 30:
         value = value[:27] + "..."
