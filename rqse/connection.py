@@ -155,8 +155,10 @@ class RedisSettings:
         password: str | None = None,
         env: Mapping[str, str] | None = None,
         url_file: str | os.PathLike[str] | None = None,
+        url_origin: str = "the url argument",
     ) -> RedisSettings:
-        """Apply the resolution order of this module; ``env`` defaults to ``os.environ``."""
+        """Apply the resolution order of this module; ``env`` defaults to ``os.environ``.
+        ``url_origin``: what messages call ``url`` (a CLI's ``--redis-url``)."""
         env = os.environ if env is None else env
         if url is not None and url_file is not None:
             raise ConfigurationError(
@@ -169,7 +171,7 @@ class RedisSettings:
                 f"give either url= ({given!r}) or host=/port= ({host!r}, {port!r}), not both"
             )
         if url is not None:
-            chosen, origin = url, "the url argument"
+            chosen, origin = url, url_origin
         elif url_file is not None:
             origin = f"the file {os.fspath(url_file)!r}"
             chosen = read_url_file(url_file, origin)
@@ -254,7 +256,7 @@ def resolve_url(
     may be None): the resolved settings (``.pool()``, ``.masked_url``, ``.origin``),
     falling back to the environment (``REDIS_URL``, ``REDIS_URL_FILE``, ``REDIS_HOST``...).
     Raises :class:`ConfigurationError` with one printable line."""
-    return RedisSettings.resolve(url=url, url_file=url_file, env=env)
+    return RedisSettings.resolve(url=url, url_file=url_file, env=env, url_origin="--redis-url")
 
 
 def redis_arguments(parser: argparse.ArgumentParser) -> None:

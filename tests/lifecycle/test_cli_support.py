@@ -75,7 +75,7 @@ def test_redis_out_of_memory_is_one_line(
     finally:
         redis_client.config_set("maxmemory", 0)
     assert code == EXIT_ERROR
-    assert err.startswith(f"error: Redis at {redis_url} (the url argument) is out of memory")
+    assert err.startswith(f"error: Redis at {redis_url} (--redis-url) is out of memory")
     assert err.count("\n") == 1
 
 
@@ -89,7 +89,7 @@ def test_a_read_only_redis_is_one_line(
     finally:
         redis_client.execute_command("REPLICAOF", "NO", "ONE")
     assert code == EXIT_ERROR
-    assert err.startswith(f"error: Redis at {redis_url} (the url argument) is read-only")
+    assert err.startswith(f"error: Redis at {redis_url} (--redis-url) is read-only")
     assert err.count("\n") == 1
 
 
@@ -105,7 +105,7 @@ def test_an_unsupported_url_scheme_is_one_line(capsys: Any) -> None:
     code, err = run(capsys, "list", "--redis-url", "http://localhost:6379")
     assert (code, err) == (
         EXIT_ERROR,
-        "error: unsupported Redis URL scheme 'http' from the url argument "
+        "error: unsupported Redis URL scheme 'http' from --redis-url "
         "(expected redis://, rediss:// or unix://)\n",
     )
 

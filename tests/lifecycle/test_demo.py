@@ -101,5 +101,5 @@ def test_the_demo_names_the_redis_it_was_given(
 ) -> None:
     assert main(["demo", "--delay-max", "0", "--redis-url", redis_url]) == EXIT_OK
     err = capsys.readouterr().err
-    assert err.splitlines()[0] == f"Redis at {redis_url} (the url argument)"
+    assert err.splitlines()[0] == f"Redis at {redis_url} (--redis-url)"
     assert "embedded server" not in err
