@@ -213,6 +213,11 @@ def dispatch(args: argparse.Namespace) -> int:
         return code
     except KeyboardInterrupt:
         return EXIT_FAILED
+    except BrokenPipeError:
+        # The reader went away (`| head`): not an error of ours. Point stdout at
+        # /dev/null so that the interpreter's final flush does not fail again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_OK
     except NotAllowed as error:  # the workflow exists; its state does not allow it
         print(f"error: {_one_line(str(error))}", file=sys.stderr)
         return EXIT_FAILED

@@ -161,3 +161,17 @@ def test_the_redis_url_can_come_from_a_file_and_never_shows_its_password(
     wrong.write_text("redis://user:s3cr#t/pw@127.0.0.1:1/0\n")
     code, err = run(capsys, "list", "--redis-url-file", str(wrong))
     assert code == EXIT_ERROR and "s3cr" not in err and "***" in err
+
+
+def test_a_reader_that_goes_away_is_not_an_error(redis_url: str) -> None:
+    """`status | head -1`: the command stops writing, says nothing on stderr."""
+    reader = subprocess.Popen(
+        [sys.executable, "-m", "lifecycle", "status", "--redis-url", redis_url],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert reader.stdout is not None and reader.stderr is not None
+    reader.stdout.close()  # before the command writes: its first write meets a closed pipe
+    err = reader.stderr.read().decode()
+    reader.wait(timeout=30)
+    assert err == ""
