@@ -39,6 +39,11 @@ def load_listener_class(spec: str) -> type[EventListener]:
     module_name, colon, class_name = spec.partition(":")
     if not colon or not module_name or not class_name:
         raise WorkerLoadError(f"{spec!r}: expected package.module:ClassName")
+    if "/" in module_name or "\\" in module_name:
+        raise WorkerLoadError(
+            f"{spec!r}: {module_name!r} is a file path; give the module's dotted name "
+            "(package.module:ClassName), importable from the current directory or PYTHONPATH"
+        )
     try:
         module = importlib.import_module(module_name)
     except SyntaxError as error:  # the author's mistake: point at it, as a compiler would

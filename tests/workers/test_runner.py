@@ -22,6 +22,7 @@ from workers.runner import Runner, build_listener, load_listener_class
         ("no.such.module:X", "cannot import 'no.such.module'"),
         ("tests.workers.sample:Missing", "has no 'Missing'"),
         ("tests.workers.sample:NotAListener", "expected a subclass of rqse.EventListener"),
+        ("../mine/worker.py:Team", "is a file path; give the module's dotted name"),
     ],
 )
 def test_a_target_that_is_not_a_listener_class_is_refused_with_one_line(
