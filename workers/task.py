@@ -336,7 +336,8 @@ class TaskListener(EventListener):
         kind = kind or type(self).kind
         if not kind or not isinstance(kind, str):
             raise ValueError(
-                f"{type(self).__name__}: no task kind (pass kind= or set the class attribute)"
+                f"{type(self).__name__}: no task kind (set the class attribute kind, "
+                "pass kind=, or run it with --kind)"
             )
         self.kind = kind  # type: ignore[misc]  # the instance's own, from the argument
         self.keys = keys or Keys()
