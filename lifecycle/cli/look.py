@@ -136,7 +136,8 @@ def show_workflow(data: dict[str, Any], console: Console) -> None:
             soft_wrap=True,
         )
     if console.is_terminal:
-        _table([_cells(task, data["created"]) for task in data["tasks"]], console)
+        if data["tasks"]:  # (none once compacted, said above: no empty table)
+            _table([_cells(task, data["created"]) for task in data["tasks"]], console)
         return
     # Tab-separated for grep, cut and awk: written as is (rich would expand the tabs).
     for row in [[c.upper() for c in COLUMNS], *(_cells(t, None) for t in data["tasks"])]:
