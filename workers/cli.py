@@ -182,15 +182,6 @@ def _command(
         from workers.noop import NoopWorker, SimulatedWorker
 
         kinds = sorted(set(args.kinds)) if args.kinds else None  # None: every kind, as they appear
-        if kinds is None:
-            # Its tasks go to whichever consumer of the kind's group reads first: beside
-            # a deployment's own workers it would answer a share of their tasks.
-            log.warning(
-                "%s worker: serving every task kind (but wait), also those your own "
-                "workers serve, with %s; name the kinds with --kinds beside real workers",
-                args.command,
-                "each task's input as its output" if args.command == "noop" else "made-up outputs",
-            )
         workers: list[NoopWorker] = []
         for keys, pool in places:
             if args.command == "noop":
@@ -220,6 +211,15 @@ def _command(
                     )
                 )
         _serve(args, metrics, workers)
+        if kinds is None:
+            # Its tasks go to whichever consumer of the kind's group reads first: beside
+            # a deployment's own workers it would answer a share of their tasks.
+            log.warning(
+                "%s worker: serving every task kind (but wait), also those your own "
+                "workers serve, with %s; name the kinds with --kinds beside real workers",
+                args.command,
+                "each task's input as its output" if args.command == "noop" else "made-up outputs",
+            )
         settle_process()
         if alone:
             workers[0].listen()
