@@ -29,7 +29,7 @@ import orjson
 import redis
 
 from bench.rig import (
-    add_pack_answers_argument,
+    add_packing_arguments,
     at_least_one,
     process_cpu_seconds,
     redis_cpu_seconds,
@@ -63,6 +63,7 @@ class ClusterFigures:
     ratio_to_one_master: float | None = None
     cpu_s: dict[str, float] = field(default_factory=dict)
     pack_answers: bool = False  # the no-op workers sent their answers packed (end-tasks)
+    pack_starts: bool = False  # the lifecycle workers sent start-tasks packed (start-tasks)
 
 
 def _masters(connections: Connections) -> list[redis.Redis]:
@@ -101,6 +102,8 @@ def run_once(url: str, args: argparse.Namespace, masters: int, logs: Path | None
         for n in range(args.lifecycle):
             command = ("lifecycle", "worker", *mode, "--partitions", str(args.partitions))
             command += ("--no-wait", "--consumer", f"lc{n}")
+            if args.pack_starts:
+                command += ("--pack-starts",)
             procs["lifecycle"].append(spawn(url, *command, log=log(f"lc{n}")))
         deployment = Deployment(connections, "{flow}", args.partitions)
         deadline = time.monotonic() + 30
@@ -165,6 +168,7 @@ def run_once(url: str, args: argparse.Namespace, masters: int, logs: Path | None
         stuck=0 if not stalled else args.workflows - finished,
         cpu_s=cpu,
         pack_answers=args.pack_answers,
+        pack_starts=args.pack_starts,
     )
 
 
@@ -187,7 +191,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--workers", type=at_least_one, default=1, help="no-op worker processes")
     parser.add_argument("--no-receipts", action="store_true", help="without the receipts worker")
-    add_pack_answers_argument(parser)
+    add_packing_arguments(parser)
     parser.add_argument("--stall", type=float, default=30.0, help="give up after this idle")
     parser.add_argument("--logs", help="write each process's output to DIR")
     parser.add_argument("--json", help="also write the figures to this file")

@@ -23,7 +23,7 @@ import redis
 
 from bench.rig import (
     KEYS,
-    add_pack_answers_argument,
+    add_packing_arguments,
     add_rig_arguments,
     at_least_one,
     ended_count,
@@ -95,6 +95,7 @@ class Figures:
     redis_calls_per_task: dict[str, float] = field(default_factory=dict)
     lifecycle_workers: int = 1
     pack_answers: bool = False  # the no-op workers sent their answers packed (end-tasks)
+    pack_starts: bool = False  # the lifecycle workers sent start-tasks packed (start-tasks)
 
 
 # The wait loop reads what ends the wait (the outcome counters) and the stream lengths
@@ -293,6 +294,7 @@ def throughput(args: argparse.Namespace) -> Figures:
         redis_calls_per_task=_per_task(commandstats, tasks, "calls", 0.001),
         lifecycle_workers=args.lifecycle,
         pack_answers=args.pack_answers,
+        pack_starts=args.pack_starts,
     )
 
 
@@ -363,7 +365,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=8.0,
         help="give up when a worker process holds more memory than this (default 8; 0: never)",
     )
-    add_pack_answers_argument(parser)
+    add_packing_arguments(parser)
     parser.add_argument("--json", help="also write the figures to this file")
     return parser
 

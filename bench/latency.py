@@ -29,7 +29,14 @@ import orjson
 import redis
 
 from bench.engine import print_table
-from bench.rig import KEYS, add_rig_arguments, redis_cpu_seconds, server_name, start_rig
+from bench.rig import (
+    KEYS,
+    add_packing_arguments,
+    add_rig_arguments,
+    redis_cpu_seconds,
+    server_name,
+    start_rig,
+)
 from bench.shapes import SHAPES
 from flowlang.compiler import compile_text
 from lifecycle.events import END_WORKFLOW
@@ -132,6 +139,8 @@ def latency(args: argparse.Namespace) -> dict[str, Any]:
         "timed_s": round(elapsed, 2),
         "task_stream_length_at_end": backlog,
         "cpu_s": cpu,
+        "pack_answers": args.pack_answers,
+        "pack_starts": args.pack_starts,
     }
 
 
@@ -151,6 +160,7 @@ def main(argv: list[str] | None = None) -> int:
         "--settle", type=float, default=3.0, help="seconds of load before the timing starts"
     )
     add_rig_arguments(parser)
+    add_packing_arguments(parser)
     parser.add_argument("--json", help="also write the figures to this file")
     args = parser.parse_args(argv)
     if args.count < 1 or args.load < 0:

@@ -27,11 +27,11 @@ from rqse.server import RedisServer
 __all__ = [
     "KEYS",
     "Rig",
-    "add_pack_answers_argument",
+    "add_packing_arguments",
     "add_rig_arguments",
     "at_least_one",
     "ended_count",
-    "pack_answers_flag",
+    "packing_flags",
     "process_cpu_seconds",
     "redis_cpu_seconds",
     "server_name",
@@ -211,9 +211,11 @@ class Rig:
         return self.ended()
 
 
-def add_pack_answers_argument(parser: argparse.ArgumentParser) -> None:
-    """``--pack-answers``/``--no-pack-answers``: how the no-op workers answer (packed by
-    default, as a deployment whose lifecycle workers are all of this version runs)."""
+def add_packing_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--pack-answers``/``--no-pack-answers`` and ``--pack-starts``/``--no-pack-starts``:
+    whether the no-op workers pack their answers and the lifecycle workers their
+    start-tasks (both by default, as a deployment whose workers are all of this version
+    runs)."""
     parser.add_argument(
         "--pack-answers",
         action=argparse.BooleanOptionalAction,
@@ -221,11 +223,22 @@ def add_pack_answers_argument(parser: argparse.ArgumentParser) -> None:
         help="the no-op workers send each batch's answers as one end-tasks entry "
         "(workers.answers); --no-pack-answers: one end-task per task (default: packed)",
     )
+    parser.add_argument(
+        "--pack-starts",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="the lifecycle workers send each batch's start-tasks of a kind as one "
+        "start-tasks entry (lifecycle worker --pack-starts); --no-pack-starts: one "
+        "start-task per task (default: packed)",
+    )
 
 
-def pack_answers_flag(pack: bool) -> str:
-    """The flag that passes ``pack`` on to another benchmark's parser."""
-    return "--pack-answers" if pack else "--no-pack-answers"
+def packing_flags(args: argparse.Namespace) -> tuple[str, str]:
+    """The flags that pass ``args``' packing on to another benchmark's parser."""
+    return (
+        "--pack-answers" if args.pack_answers else "--no-pack-answers",
+        "--pack-starts" if args.pack_starts else "--no-pack-starts",
+    )
 
 
 def add_rig_arguments(
@@ -289,6 +302,8 @@ def start_rig(
     procs: dict[str, list[subprocess.Popen[bytes]]] = {"lifecycle": [], "noop": []}
     for n in range(args.lifecycle):
         command = ("lifecycle", "worker", "--no-wait", "--consumer", f"lc{n}", *lifecycle_flags)
+        if getattr(args, "pack_starts", False):
+            command += ("--pack-starts",)
         procs["lifecycle"].append(spawn(server.url, *command, *metrics(), log=log(f"lc{n}")))
     for n in range(args.workers):
         command = ("workers", "noop", "--kinds", "default", "--consumer", f"w{n}")

@@ -20,7 +20,7 @@ from typing import Any
 import orjson
 
 from bench.engine import build_parser, throughput
-from bench.rig import add_pack_answers_argument, pack_answers_flag, yardstick
+from bench.rig import add_packing_arguments, packing_flags, yardstick
 from bench.sizes import parse_sizes
 
 __all__ = ["cell", "main"]
@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workflows", type=parse_sizes, default=[1000, 10000], help="W,W,...")
     parser.add_argument("--lifecycle", type=parse_sizes, default=[1, 2], help="L,L,...")
     parser.add_argument("--workers", type=int, default=1, help="no-op worker processes")
-    add_pack_answers_argument(parser)
+    add_packing_arguments(parser)
     parser.add_argument("--json", help="also write every cell's figures to this file")
     args = parser.parse_args(argv)
     answers = "packed" if args.pack_answers else "one end-task per task"
@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
                     "--workflows", str(workflows),
                     "--lifecycle", str(lifecycle),
                     "--workers", str(args.workers),
-                    pack_answers_flag(args.pack_answers),
+                    *packing_flags(args),
                 ]
             )  # fmt: skip
             figures = asdict(throughput(bench_args))

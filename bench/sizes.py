@@ -19,7 +19,7 @@ from typing import Any
 import orjson
 
 from bench.engine import build_parser, throughput
-from bench.rig import add_pack_answers_argument, pack_answers_flag, yardstick
+from bench.rig import add_packing_arguments, packing_flags, yardstick
 from bench.shapes import GROWING
 
 __all__ = ["main", "parse_sizes", "row"]
@@ -81,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
         "--max-rss-gb", type=float, default=8.0, help="give up on a run whose worker holds more"
     )
     parser.add_argument("--lifecycle", type=int, default=1, help="lifecycle worker processes")
-    add_pack_answers_argument(parser)
+    add_packing_arguments(parser)
     parser.add_argument("--json", help="also write every run's figures to this file")
     args = parser.parse_args(argv)
     runs: list[dict[str, Any]] = []
@@ -100,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
                 "--lifecycle", str(args.lifecycle),
                 "--timeout", str(args.timeout),
                 "--max-rss-gb", str(args.max_rss_gb),
-                pack_answers_flag(args.pack_answers),
+                *packing_flags(args),
             ]
         )  # fmt: skip
         figures = asdict(throughput(bench_args))

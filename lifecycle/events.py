@@ -41,6 +41,7 @@ __all__ = [
     "FAILED_WORKFLOW",
     "RETRY_TASK",
     "START_TASK",
+    "START_TASKS",
     "START_WORKFLOW",
     "TERMINATE_WORKFLOW",
     "TIMEOUT_TASK",
@@ -62,6 +63,11 @@ __all__ = [
     "parse_task_timer",
     "parse_terminate",
     "start_task_template",
+    "start_task_piece",
+    "start_tasks_fields",
+    "parse_start_tasks",
+    "unpacked_starts",
+    "is_start_tasks",
     "start_workflow",
     "task_instance_id",
     "task_token",
@@ -100,6 +106,11 @@ RETRY_TASK = "retry-task"  # a durable timer fired: start the next attempt now
 TIMEOUT_TASK = "timeout-task"  # a durable timer fired: the attempt ran out of time
 # Written by the lifecycle worker.
 START_TASK = "start-task"
+# The start-tasks of one lifecycle transaction for one task stream in one entry (``tasks``:
+# a list of objects, each the fields of the start-task it stands for, ``kind`` left out):
+# one XADD per stream and batch instead of one per task, for the kinds a lifecycle worker
+# is told to pack (``--pack-starts``).
+START_TASKS = "start-tasks"
 END_WORKFLOW = "end-workflow"
 FAILED_WORKFLOW = "failed-workflow"
 
@@ -109,7 +120,9 @@ CONTROLS = (
 LIFECYCLE_INPUTS = frozenset(
     {START_WORKFLOW, END_TASK, RETRY_TASK, TIMEOUT_TASK, ADMIT_WORKFLOW, *CONTROLS}
 )
-KINDS = (*sorted(LIFECYCLE_INPUTS), END_TASKS, START_TASK, END_WORKFLOW, FAILED_WORKFLOW)
+KINDS = (
+    *sorted(LIFECYCLE_INPUTS), END_TASKS, START_TASK, START_TASKS, END_WORKFLOW, FAILED_WORKFLOW
+)  # fmt: skip
 
 SUCCESS, FAILURE = "SUCCESS", "FAILURE"
 # What a resource task does (start-task ``role``): load a value, or store its input.
@@ -533,6 +546,7 @@ def failed_workflow(workflow: str, reason: str, status: str | None = None) -> di
 
 
 _START_TASK_JSON = _dumps(START_TASK)
+_START_TASKS_JSON = _dumps(START_TASKS)
 
 
 def start_task_template(
@@ -564,6 +578,72 @@ def start_task_template(
     if priority:
         fields += (b"priority", _dumps(priority))
     return fastpipe.Template("XADD", stream, "*", *fields)
+
+
+def start_task_piece(template: fastpipe.Template) -> bytes:
+    """The start-task ``template`` fills, as one object of a ``start-tasks`` entry's
+    ``tasks`` (its fields but ``kind``): a format of the template's slot values
+    (``piece % (workflow, key, attempt, id, token, input)``, each JSON already)."""
+    arguments = template.arguments[3:]  # after XADD stream *
+    parts = []
+    for at in range(0, len(arguments), 2):
+        name, value = arguments[at], arguments[at + 1]
+        if name == b"kind":
+            continue
+        if value is fastpipe.SLOT:
+            shown = b"%b"
+        else:
+            assert isinstance(name, bytes) and isinstance(value, bytes), "JSON, as built above"
+            shown = value.replace(b"%", b"%%")
+        assert isinstance(name, bytes), "a start-task template names its fields in bytes"
+        parts.append(_dumps(name.decode()) + b":" + shown)
+    return b"{" + b",".join(parts) + b"}"
+
+
+def start_tasks_fields(pieces: list[bytes]) -> tuple[bytes, ...]:
+    """The fields of a ``start-tasks`` entry (:data:`START_TASKS`), flattened: each of
+    ``pieces`` one start-task's fields as a JSON object (:func:`start_task_piece`)."""
+    return (
+        b"kind", _START_TASKS_JSON,
+        b"tasks", b"[" + b",".join(pieces) + b"]",
+    )  # fmt: skip
+
+
+def parse_start_tasks(
+    event_id: str, event: dict[str, Any]
+) -> tuple[list[dict[str, Any]], list[str]]:
+    """The start-tasks a ``start-tasks`` entry packs, each the decoded start-task event
+    it stands for, and the reasons its malformed ones (left out) are not: an object
+    without a string ``workflow`` and ``name``. :class:`BadEvent` when ``tasks`` is not
+    a list."""
+    tasks = event.get("tasks")
+    if type(tasks) is not list:
+        raise BadEvent(
+            f"event {event_id} (start-tasks): field 'tasks' is {repr(tasks)[:120]}, expected list"
+        )
+    starts, bad = [], []
+    for n, task in enumerate(tasks):
+        if (
+            type(task) is dict
+            and type(task.get("workflow")) is str
+            and type(task.get("name")) is str
+        ):
+            starts.append({"kind": START_TASK, **task})
+        else:
+            bad.append(
+                f"event {event_id} (start-tasks): task {n} is {repr(task)[:120]}, expected an "
+                "object with string 'workflow' and 'name'"
+            )
+    return starts, bad
+
+
+def unpacked_starts(event_id: str, event: dict[str, Any]) -> list[dict[str, Any]]:
+    """The start-tasks of a ``start-tasks`` entry (:data:`START_TASKS`), each as the
+    start-task event it stands for: what readers of task streams and of the archive
+    (workers, replay, history, recover) see in its place, under the entry's id.
+    Malformed ones are left out (:func:`parse_start_tasks` says why); :class:`BadEvent`
+    when ``tasks`` is not a list."""
+    return parse_start_tasks(event_id, event)[0]
 
 
 # On a start-task sent again: by recover (lifecycle.audit.recover), or put back on its
@@ -623,6 +703,11 @@ def admission_sent(kind: Any, event: dict[str, Any]) -> bool:
 def is_start_task(kind_field: bytes | None) -> bool:
     """Whether an entry's raw ``kind`` field names a start-task (read without decoding)."""
     return kind_field == _START_TASK_JSON
+
+
+def is_start_tasks(kind_field: bytes | None) -> bool:
+    """Whether an entry's raw ``kind`` field names a ``start-tasks`` pack."""
+    return kind_field == _START_TASKS_JSON
 
 
 def timer_member(kind: str, workflow: str, key: str, attempt: int) -> str:

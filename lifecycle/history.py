@@ -179,15 +179,9 @@ def live_history(
     live: list[Entry] = []
     for stream in engine_streams(client, keys):
         for raw_id, fields in scan_entries(client, stream, 5000):
-            if fields.get(b"workflow") == needle:
-                entry_id = raw_id.decode()
-                event, bad = _decode(fields)
-                problems += [f"corrupt entry {stream} {entry_id}: {b}" for b in bad]
-                live.append((stream, entry_id, event))
-            elif fields.get(b"kind") == _END_TASKS_JSON and needle in fields.get(b"answers", b""):
-                entry_id = raw_id.decode()
-                event, _ = _decode(fields)
-                live += _answers_of(stream, entry_id, event, workflow_id)
+            found, bad = _entries_of(stream, raw_id.decode(), fields, workflow_id, needle)
+            live += found
+            problems += bad
     entries = _current_run(live, keys)
     lost = lost_streams(client, keys, record, entries)
     read, from_archive = None, set()
@@ -276,10 +270,10 @@ def lost_streams(
             read += streams[1:]
         needle = orjson.dumps(record.id)
         entries = [
-            (stream, raw_id.decode(), _decode(fields)[0])
+            entry
             for stream in read
             for raw_id, fields in scan_entries(client, stream, 5000)
-            if fields.get(b"workflow") == needle
+            for entry in _entries_of(stream, raw_id.decode(), fields, record.id, needle)[0]
         ]
     lost = []
     if keys.lifecycle in trimmed and not any(_is_start(e, keys) for e in entries):
@@ -362,10 +356,33 @@ def archived_entries(directory: str | Path, keys: Keys, workflow_id: str) -> lis
             found.append((stream, entry_id, event))
         elif event.get("kind") == ev.END_TASKS:
             found += _answers_of(stream, entry_id, event, workflow_id)
+        elif event.get("kind") == ev.START_TASKS:
+            found += _starts_of(stream, entry_id, event, workflow_id)[0]
     return found
 
 
 _END_TASKS_JSON = orjson.dumps(ev.END_TASKS)
+
+
+def _entries_of(
+    stream: str, entry_id: str, fields: dict[bytes, bytes], workflow_id: str, needle: bytes
+) -> tuple[list[Entry], list[str]]:
+    """The events of ``workflow_id`` (``needle``: its id in JSON) a stream entry stands
+    for: itself, or those of its tasks an end-tasks or start-tasks entry packs; and a
+    line per part of it that cannot be read. Tells from the raw fields first: most
+    entries are another workflow's, and are not decoded."""
+    kind = fields.get(b"kind")
+    if fields.get(b"workflow") == needle:
+        event, bad = _decode(fields)
+        return [(stream, entry_id, event)], [f"corrupt entry {stream} {entry_id}: {b}" for b in bad]
+    if kind == _END_TASKS_JSON and needle in fields.get(b"answers", b""):
+        return _answers_of(stream, entry_id, _decode(fields)[0], workflow_id), []
+    if ev.is_start_tasks(kind) and needle in fields.get(b"tasks", b""):
+        event, bad = _decode(fields)
+        if bad:  # its tasks are not JSON: they cannot be told apart
+            return [], [f"corrupt entry {stream} {entry_id}: {b}" for b in bad]
+        return _starts_of(stream, entry_id, event, workflow_id)
+    return [], []
 
 
 def _answers_of(stream: str, entry_id: str, event: dict[str, Any], workflow_id: str) -> list[Entry]:
@@ -376,6 +393,19 @@ def _answers_of(stream: str, entry_id: str, event: dict[str, Any], workflow_id: 
     except BadEvent:
         return []
     return [(stream, entry_id, a) for a in answers if a["workflow"] == workflow_id]
+
+
+def _starts_of(
+    stream: str, entry_id: str, event: dict[str, Any], workflow_id: str
+) -> tuple[list[Entry], list[str]]:
+    """The start-tasks of ``workflow_id`` a start-tasks entry packs, each as the
+    start-task it stands for (lifecycle.events.unpacked_starts), under the entry's id;
+    and why its tasks cannot be read, when its ``tasks`` is not a list."""
+    try:
+        starts = ev.unpacked_starts(entry_id, event)
+    except BadEvent as error:
+        return [], [f"corrupt entry {stream} {entry_id}: {error}"]
+    return [(stream, entry_id, s) for s in starts if s["workflow"] == workflow_id], []
 
 
 def _text(value: Any) -> str:

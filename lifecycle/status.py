@@ -42,7 +42,8 @@ from lifecycle import compact
 from lifecycle import records as rec
 from lifecycle.audit.archive import id_order
 from lifecycle.dead_letters import LIFECYCLE_SOURCE, dead_letter_count
-from lifecycle.events import is_start_task
+from lifecycle.errors import BadEvent
+from lifecycle.events import is_start_task, is_start_tasks, unpacked_starts
 from lifecycle.keys import LIFECYCLE_GROUP, RECEIPTS_GROUP, TASK_GROUP, Keys
 from lifecycle.priorities import task_streams
 from rqse.durability import server_warnings
@@ -126,7 +127,8 @@ class StreamInfo:
     others: list[GroupInfo] = field(default_factory=list)  # receipts, wait, ...
     # Undelivered start-tasks whose workflow ended (failed, terminated) or is gone
     # (deleted, removed by retention): not work waiting. Counted among the oldest
-    # ``queued_checked`` undelivered entries; ``queued_capped``: there were more.
+    # ``queued_checked`` undelivered entries; ``queued_capped``: there were more. In
+    # entries, as the lag: a start-tasks pack counts once, when all its workflows ended.
     ended_queued: int = 0
     queued_checked: int = 0
     queued_capped: bool = False
@@ -223,7 +225,8 @@ def read_streams(client: redis.Redis, keys: Keys) -> list[StreamInfo]:
 
 
 def _check_queued(client: redis.Redis, keys: Keys, info: StreamInfo) -> None:
-    """Count the undelivered start-tasks of ``info`` whose workflow no longer runs.
+    """Count the undelivered start-tasks of ``info`` whose workflow no longer runs (a
+    start-tasks pack: whose every workflow no longer runs).
 
     A terminated or failed workflow's queued start-task stays on its kind's stream
     until a worker reads (and skips) it; without a worker of that kind it would be
@@ -236,17 +239,8 @@ def _check_queued(client: redis.Redis, keys: Keys, info: StreamInfo) -> None:
         return
     start = "-" if group is None else f"({group.last_delivered}"
     entries: Any = client.xrange(info.stream, start, "+", count=QUEUED_CHECK)
-    owners: list[str | None] = []
-    for _, fields in entries:
-        owner = None
-        if is_start_task(fields.get(b"kind")):
-            try:
-                value = orjson.loads(fields.get(b"workflow") or b"null")
-            except orjson.JSONDecodeError:
-                value = None
-            owner = value if isinstance(value, str) else None
-        owners.append(owner)
-    ids = list(dict.fromkeys(o for o in owners if o is not None))
+    owners = [_owners(entry_id, fields) for entry_id, fields in entries]
+    ids = list(dict.fromkeys(o for of_one in owners for o in of_one))
     if not ids:
         return
     fields_of = compact.read_fields(client, keys, ids, (rec.CREATED, rec.ENDED, rec.STATE))
@@ -255,9 +249,27 @@ def _check_queued(client: redis.Redis, keys: Keys, info: StreamInfo) -> None:
         for workflow_id, (created, ended_at, state) in zip(ids, fields_of, strict=True)
         if ended_at is not None or (created is None and state is None)
     }
-    info.ended_queued = sum(1 for o in owners if o in ended)
+    # Entries, as the lag they are taken from: a pack with a task of a running workflow
+    # is work waiting (a worker runs that task).
+    info.ended_queued = sum(1 for of_one in owners if of_one and ended.issuperset(of_one))
     info.queued_checked = len(entries)
     info.queued_capped = lag > len(entries)
+
+
+def _owners(entry_id: bytes, fields: dict[bytes, bytes]) -> list[str]:
+    """The workflows whose tasks an entry of a task stream starts: a start-task's one,
+    each of a start-tasks pack's (none for an entry that cannot be read as either)."""
+    kind = fields.get(b"kind")
+    try:
+        if is_start_task(kind):
+            value = orjson.loads(fields.get(b"workflow") or b"null")
+            return [value] if isinstance(value, str) else []
+        if is_start_tasks(kind):
+            event = {"tasks": orjson.loads(fields.get(b"tasks") or b"null")}
+            return [start["workflow"] for start in unpacked_starts(entry_id.decode(), event)]
+    except (orjson.JSONDecodeError, BadEvent):
+        return []  # not one a worker can run either: counted as waiting
+    return []
 
 
 def _notes(streams: list[StreamInfo]) -> list[str]:

@@ -12,6 +12,7 @@ acknowledgement of its events, each takes effect exactly once.
 from __future__ import annotations
 
 import logging
+from collections.abc import Collection
 from time import perf_counter
 from typing import Any
 
@@ -52,13 +53,16 @@ class LifecycleWorker(EventListener):
         schedules: bool = True,
         dead_tasks: bool = True,
         untokened_answers: bool = False,
+        pack_starts: bool | Collection[str] = False,
         limits: Limits = DEFAULT_LIMITS,
         retain: float = parse_duration(DEFAULT_RETENTION),
         keep_details: float = parse_duration(DEFAULT_KEEP_DETAILS),
         **options: Any,
     ) -> None:
         """``retain``: seconds a workflow that ended stays in Redis (0: until deleted).
-        ``keep_details``: seconds a finished workflow keeps its task records (0: none)."""
+        ``keep_details``: seconds a finished workflow keeps its task records (0: none).
+        ``pack_starts``: the kinds whose start-tasks go packed (True: every kind but the
+        built-in ``wait`` and ``resource``; see :class:`lifecycle.engine.advance.Advancer`)."""
         self.keys = keys or Keys()
         options.setdefault("batch_size", 200)
         options.setdefault("claim_idle", 10.0)
@@ -72,6 +76,7 @@ class LifecycleWorker(EventListener):
             self.keys,
             limits=limits,
             untokened_answers=untokened_answers,
+            pack_starts=pack_starts,
             retain_ms=int(retain * 1000),
             keep_details_ms=int(keep_details * 1000),
         )

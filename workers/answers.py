@@ -47,7 +47,10 @@ class AnswerPack:
     def add(self, workflow: bytes, key: bytes, attempt: bytes, token: bytes, output: bytes) -> bool:
         """Pack one answer, each value its JSON; False (nothing packed) when it alone
         is larger than a pack may be: the caller sends it as an ``end-task``."""
-        answer = b"[%b,%b,%b,%b,%b]" % (workflow, key, attempt, token, output)
+        return self.add_answer(b"[%b,%b,%b,%b,%b]" % (workflow, key, attempt, token, output))
+
+    def add_answer(self, answer: bytes) -> bool:
+        """:meth:`add` of an answer already in JSON: ``[workflow,key,attempt,token,output]``."""
         if len(answer) > self.most_bytes:
             return False
         if self._size + len(answer) > self.most_bytes or len(self._answers) >= self.most_answers:

@@ -18,7 +18,7 @@ import orjson
 import redis
 
 from flowlang.graph import Graph, NodeKind
-from lifecycle.events import START_TASK, end_task, end_task_template
+from lifecycle.events import START_TASK, START_TASKS, end_task, end_task_template, sent_again
 from lifecycle.keys import DEFAULT_KIND, TASK_GROUP, Keys
 from lifecycle.kind_limits import GaveUp, KindSlots
 from lifecycle.priorities import stream_kind, stream_order, task_streams
@@ -29,7 +29,7 @@ from rqse.errors import MalformedEntry
 from rqse.weather import MOVED, classify
 from workers.answers import AnswerPack, batch_pack
 from workers.slots import BatchSlots
-from workers.task import StoppedWorkflows
+from workers.task import StoppedWorkflows, checked_pack, pack_starts
 
 __all__ = ["NoopWorker", "SimulatedWorker", "served_kinds"]
 
@@ -48,7 +48,9 @@ def served_kinds(client: Any, keys: Keys, kinds: Iterable[str] | None = None) ->
 
 _RAW = "raw"  # the event's key for the values copied, on the pass-through path
 _START_TASK_JSON = orjson.dumps(START_TASK)  # an entry's raw kind field, for a start-task
+_START_TASKS_JSON = orjson.dumps(START_TASKS)  # the raw kind field of a start-tasks pack
 _loads = orjson.loads
+_dumps = orjson.dumps
 _join = b"".join  # the entry's size: two joins cost less than two sums of lengths
 
 
@@ -102,7 +104,7 @@ class NoopWorker(EventListener):
         options.setdefault("order", stream_order(self.keys))
         options.setdefault("batch_size", 200)
         options.setdefault("dead_letter_unselected", True)  # as TaskListener
-        super().__init__(streams, TASK_GROUP, [START_TASK], **options)
+        super().__init__(streams, TASK_GROUP, [START_TASK, START_TASKS], **options)
         self._end_task = end_task_template(self.keys.lifecycle, self.consumer)
         self._stopped = StoppedWorkflows(self.connection, self.keys, self.consumer)
         # Whether any kind has a limit, read with each batch: none costs nothing more.
@@ -111,6 +113,7 @@ class NoopWorker(EventListener):
             self.read_along = self.read_along[:1]
         self._slots: dict[str, BatchSlots] = {}  # by kind, for kinds found limited
         self._batch_slots: BatchSlots | None = None  # the batch in hand's, when limited
+        self._kind_limited = False  # whether the batch's kind had a limit when it came
         self.flush_with_next_read = True  # one round trip per batch
         # The echo is this class's own: a subclass that computes its output or handles
         # tasks itself gets decoded events.
@@ -140,6 +143,7 @@ class NoopWorker(EventListener):
         replies = self.read_replies
         skipped = self._stopped(entries, replies[0] if replies else None)
         self._batch_slots = None
+        self._kind_limited = False
         if self._home is not None:
             any_limit: Any = self._kind_slots(stream).slots.limited(None)
         elif len(self.read_along) < 2:  # not allowed to read the limits
@@ -160,7 +164,13 @@ class NoopWorker(EventListener):
         if not any_limit:
             return skipped
         slots = self._kind_slots(stream)
-        if slots.take([i for i, f in entries if f and not (skipped and i in skipped)]):
+        self._kind_limited = True  # packs go back one task per entry, each to take a slot
+        singles = [
+            i
+            for i, f in entries
+            if f and not (skipped and i in skipped) and f.get(b"kind") != _START_TASKS_JSON
+        ]
+        if slots.take(singles):
             self._batch_slots = slots
         return skipped
 
@@ -215,7 +225,7 @@ class NoopWorker(EventListener):
     def _decoded(self, fields: dict[bytes, bytes], event_id: str) -> dict[str, Any]:
         """The ordinary path; a start-task that names no workflow goes to the dead
         letters at once (no delivery would make it answerable)."""
-        event = super().decode_entry(fields, event_id)
+        event = checked_pack(super().decode_entry(fields, event_id), event_id)
         if event.get("kind") == START_TASK and not isinstance(event.get("workflow"), str):
             raise MalformedEntry(
                 REJECTED, "start-task without a string 'workflow'", event_id, "workflow"
@@ -227,6 +237,8 @@ class NoopWorker(EventListener):
 
     def process(self, event_id: str, event: dict[str, Any]) -> bool:
         """Answer the task, once it holds a slot when its kind has a limit."""
+        if event.get("kind") == START_TASKS:
+            return self._process_pack(event_id, event)
         slots = self._batch_slots
         if slots is None:
             return self.answer(event)
@@ -244,6 +256,38 @@ class NoopWorker(EventListener):
             slots.ran(slot)
         return answered
 
+    def _process_pack(self, event_id: str, event: dict[str, Any]) -> bool:
+        """Answer a ``start-tasks`` pack's tasks in turn, as lone start-tasks would be.
+        Those not answered go back on the stream one start-task each: all of them when
+        the kind has a limit (each takes its own slot), the rest when the worker stops."""
+        replies = self.read_replies
+        starts = pack_starts(
+            self._stopped, self.consumer, event_id, event, replies[0] if replies else None
+        )
+        if self._kind_limited:
+            self._hand_back(starts)
+            return True
+        quick = self._pack if self._passes_through else None
+        for n, start in enumerate(starts):
+            if quick is not None and _quick_answer(quick, start):
+                continue
+            if self.stopping:
+                self._hand_back(starts[n:])
+                return True
+            try:
+                self.answer(start)
+            except InterruptedError:
+                if not self.stopping:
+                    raise
+                self._hand_back(starts[n:])
+                return True
+        return True
+
+    def _hand_back(self, starts: list[dict[str, Any]]) -> None:
+        """Put ``starts`` back on the stream in hand, one start-task entry each."""
+        for start in starts:
+            self.emit(sent_again(start), self.current_stream)
+
     def _stopping_reason(self) -> str | None:
         return "stopping while it waited for a slot" if self.stopping else None
 
@@ -258,6 +302,17 @@ class NoopWorker(EventListener):
             return True
         self.emit_filled(self._end_task, *copied)
         return True
+
+
+def _quick_answer(pack: AnswerPack, start: dict[str, Any]) -> bool:
+    """Pack the answer (output = input) of a start-task of the engine's own shape in one
+    JSON encoding; False, nothing packed, for any other (answered the ordinary way)."""
+    key, attempt, token = start.get("key"), start.get("attempt"), start.get("token")
+    if not (type(key) is str and type(attempt) is int and type(token) is str):
+        return False
+    output = start.get("input")
+    answer = _dumps([start["workflow"], key, attempt, token, {} if output is None else output])
+    return pack.add_answer(answer)
 
 
 class SimulatedWorker(NoopWorker):

@@ -36,11 +36,22 @@ import orjson
 import redis
 
 from flowlang.limits import DEFAULT_LIMITS, LimitExceeded, Limits, encode_value
-from lifecycle.events import START_TASK, end_task, is_start_task, sent_again
+from lifecycle.errors import BadEvent
+from lifecycle.events import (
+    START_TASK,
+    START_TASKS,
+    end_task,
+    is_start_task,
+    is_start_tasks,
+    parse_start_tasks,
+    sent_again,
+)
 from lifecycle.keys import TASK_GROUP, Keys
 from lifecycle.kind_limits import DEFAULT_CHECK_INTERVAL, DEFAULT_LEASE, GaveUp, KindSlots
 from lifecycle.priorities import kind_streams, stream_order
 from rqse import EventListener, mask_url
+from rqse.deadletter import REJECTED
+from rqse.errors import MalformedEntry
 from rqse.events import encode_event
 from rqse.fastpipe import execute
 from workers.answers import AnswerPack, batch_pack
@@ -222,7 +233,44 @@ class StoppedWorkflows:
                 starts.append((entry_id, workflow.encode(), fields))
         if not starts:
             return None
-        workflows = list(dict.fromkeys(workflow for _, workflow, _ in starts))
+        stops = self._records(list(dict.fromkeys(workflow for _, workflow, _ in starts)))
+        if not stops:
+            return None
+        skipped = set()
+        for entry_id, workflow, fields in starts:
+            record = stops.get(workflow)
+            if record is not None and _stopped(record, workflow, fields):
+                log.info(
+                    "task %s not started: workflow %s stopped it",
+                    _task_id(fields),
+                    workflow.decode(errors="replace"),
+                )
+                skipped.add(entry_id)
+        return skipped
+
+    def covered(self, starts: Sequence[Mapping[str, Any]], exists: Any = None) -> set[int]:
+        """Which of ``starts`` (the decoded start-tasks of a ``start-tasks`` pack) a stop
+        record covers, by index, one INFO line each; ``exists`` as for a call."""
+        if not self._checking or exists == 0:
+            return set()
+        names = {start["workflow"].encode() for start in starts}
+        stops = self._records(list(names))
+        if not stops:
+            return set()
+        covered = set()
+        for n, start in enumerate(starts):
+            record = stops.get(start["workflow"].encode())
+            if record is not None and _covers(record, start.get("key"), start.get("attempt")):
+                log.info(
+                    "task %s not started: workflow %s stopped it",
+                    start.get("id"),
+                    start["workflow"],
+                )
+                covered.add(n)
+        return covered
+
+    def _records(self, workflows: list[bytes]) -> dict[bytes, bytes] | None:
+        """The stop records of those of ``workflows`` that have one (None: not checked)."""
         try:
             (records,) = execute(self._client, [("HMGET", self._key, *workflows)])
             if isinstance(records, BaseException):
@@ -239,24 +287,11 @@ class StoppedWorkflows:
         except redis.RedisError as error:
             log.debug("consumer %s: %s not checked: %s", self._consumer, self._key, error)
             return None
-        stops = {
+        return {
             workflow: record
             for workflow, record in zip(workflows, records, strict=True)
             if record is not None
         }
-        if not stops:
-            return None
-        skipped = set()
-        for entry_id, workflow, fields in starts:
-            record = stops.get(workflow)
-            if record is not None and _stopped(record, workflow, fields):
-                log.info(
-                    "task %s not started: workflow %s stopped it",
-                    _task_id(fields),
-                    workflow.decode(errors="replace"),
-                )
-                skipped.add(entry_id)
-        return skipped
 
 
 def _stopped(record: bytes, workflow: bytes, fields: Mapping[bytes, bytes]) -> bool:
@@ -265,14 +300,53 @@ def _stopped(record: bytes, workflow: bytes, fields: Mapping[bytes, bytes]) -> b
     try:
         if _loads(fields.get(b"workflow") or b"null") != workflow.decode():
             return False
-        stopped = _loads(record)
-        if not stopped:
-            return True
         key, attempt = _loads(fields.get(b"key") or b"null"), _loads(fields.get(b"attempt") or b"0")
     except (orjson.JSONDecodeError, UnicodeDecodeError):
         return False  # not ours to judge: it runs, the lifecycle decides on its answer
+    return _covers(record, key, attempt)
+
+
+def _covers(record: bytes, key: Any, attempt: Any) -> bool:
+    """Whether a stop record (``{key: attempt}``, ``{}`` = all) covers attempt ``attempt``
+    of node instance ``key``."""
+    try:
+        stopped = _loads(record)
+    except orjson.JSONDecodeError:
+        return False  # not ours to judge: it runs, the lifecycle decides on its answer
+    if not stopped:
+        return True
     last = stopped.get(key) if isinstance(stopped, dict) else None
     return isinstance(last, int) and isinstance(attempt, int) and attempt <= last
+
+
+def pack_starts(
+    stopped: StoppedWorkflows, consumer: str, event_id: str, event: Mapping[str, Any], exists: Any
+) -> list[dict[str, Any]]:
+    """The start-tasks of a ``start-tasks`` pack a worker is to run: its malformed ones
+    left out (one WARNING line each: only a lifecycle worker writes packs), and those a
+    stop record covers (:meth:`StoppedWorkflows.covered`). :class:`MalformedEntry` when
+    ``tasks`` is not a list, for the listener to dead-letter the entry."""
+    try:
+        starts, bad = parse_start_tasks(event_id, dict(event))
+    except BadEvent as error:
+        raise MalformedEntry(REJECTED, str(error), event_id, "tasks") from None
+    for reason in bad:
+        log.warning("consumer %s: %s; left out", consumer, reason)
+    covered = stopped.covered(starts, exists) if starts else ()
+    return [start for n, start in enumerate(starts) if n not in covered] if covered else starts
+
+
+def checked_pack(event: dict[str, Any], event_id: str) -> dict[str, Any]:
+    """A decoded entry as read; :class:`MalformedEntry` (dead-lettered at once, no delivery
+    would mend it) for a ``start-tasks`` pack whose ``tasks`` is not a list."""
+    if event.get("kind") == START_TASKS and type(event.get("tasks")) is not list:
+        raise MalformedEntry(
+            REJECTED,
+            f"start-tasks: field 'tasks' is {repr(event.get('tasks'))[:120]}, expected list",
+            event_id,
+            "tasks",
+        )
+    return event
 
 
 def _task_id(fields: Mapping[bytes, bytes]) -> str:
@@ -349,7 +423,7 @@ class TaskListener(EventListener):
         # Only start-tasks (and rqse receipts) belong on a task stream: another kind
         # (garbage, or a newer lifecycle's) is dead-lettered, kept to be requeued.
         options.setdefault("dead_letter_unselected", True)
-        super().__init__(self.keys.tasks(kind), TASK_GROUP, [START_TASK], **options)
+        super().__init__(self.keys.tasks(kind), TASK_GROUP, [START_TASK, START_TASKS], **options)
         self._attempt_state = load_script(self.connection, "attempt_state")
         self._stopped = StoppedWorkflows(self.connection, self.keys, self.consumer)
         self._slots = KindSlots(
@@ -369,6 +443,7 @@ class TaskListener(EventListener):
         self._limit_reply = 1  # where the kind's limit is among read_replies
         self._batch_slots = BatchSlots(self._slots)
         self._limited = False  # whether the batch in hand took slots
+        self._kind_limited = False  # whether the kind had a limit when the batch came
         self.flush_with_next_read = True  # one round trip per batch
         self._pack: AnswerPack | None = None  # made at the first batch, when packing
 
@@ -384,13 +459,20 @@ class TaskListener(EventListener):
         self._pack = batch_pack(self._pack, self)
         replies, at = self.read_replies, self._limit_reply
         skipped = self._stopped(entries, replies[0] if replies else None)
-        self._limited = False
+        self._limited = self._kind_limited = False
         if not self._slots.limited(replies[at] if replies and len(replies) > at else None):
             if not self._slots.checking and len(self.read_along) > at:
                 self.read_along = self.read_along[:at]  # refused: not sent any more
             return skipped
+        self._kind_limited = True  # packs go back one task per entry, each to take a slot
         self._limited = self._batch_slots.take(
-            [i for i, fields in entries if fields and not (skipped and i in skipped)]
+            [
+                i
+                for i, fields in entries
+                if fields
+                and not (skipped and i in skipped)
+                and not is_start_tasks(fields.get(b"kind"))
+            ]
         )
         return skipped
 
@@ -423,7 +505,12 @@ class TaskListener(EventListener):
         )
         return Task.from_event(event_id, event, cancel)
 
+    def decode_entry(self, fields: dict[bytes, bytes], event_id: str) -> dict[str, Any]:
+        return checked_pack(super().decode_entry(fields, event_id), event_id)
+
     def process(self, event_id: str, event: dict[str, Any]) -> bool:
+        if event.get("kind") == START_TASKS:
+            return self._process_pack(event_id, event)
         task = self.task(event_id, event)
         if not self._limited:
             return self._answer(task, event)
@@ -438,6 +525,38 @@ class TaskListener(EventListener):
         if slot is None:  # the limit went meanwhile
             return self._answer(task, event)
         return self._answer_holding(task, event, slot)
+
+    def _process_pack(self, event_id: str, event: dict[str, Any]) -> bool:
+        """Run a ``start-tasks`` pack's tasks in turn, each answered as a lone start-task
+        would be. Those not run go back on the stream one start-task each: all of them
+        when the kind has a limit (each task takes its own slot), the rest of them when
+        the worker stops or a task is handed back."""
+        replies = self.read_replies
+        starts = pack_starts(
+            self._stopped, self.consumer, event_id, event, replies[0] if replies else None
+        )
+        if self._kind_limited:
+            self.hand_back(starts)
+            return True
+        for n, start in enumerate(starts):
+            if self.stopping:
+                self.hand_back(starts[n:])
+                return True
+            try:
+                answered = self._answer(self.task(event_id, start), start)
+            except HandBack:  # not stopping: it waits its turn again, as a lone start-task
+                self.hand_back(starts[n : n + 1])
+                answered = True
+            if not answered:  # handed back while stopping (sent again by _answer)
+                self.hand_back(starts[n + 1 :])
+                return True
+        return True
+
+    def hand_back(self, starts: Sequence[Mapping[str, Any]]) -> None:
+        """Put ``starts`` (decoded start-tasks) back on the stream in hand, one entry each,
+        with the batch's acknowledgement."""
+        for start in starts:
+            self.emit(sent_again(dict(start)), self.current_stream)
 
     def _give_up(self, task: Task) -> str | None:
         """Why a task waiting for a slot should not wait on, if it should not."""

@@ -167,8 +167,9 @@ def _place_again(pipe: Any, keys: Keys, item: WorkflowReplay) -> None:
 
 
 def _running_start_tasks(item: WorkflowReplay) -> list[tuple[str, dict[str, Any]]]:
-    """The start-task of each attempt the replayed state has running: as archived, or as
-    replay computed it where the archive stops before it was sent."""
+    """The start-task of each attempt the replayed state has running: as archived (one
+    in a start-tasks pack goes alone), or as replay computed it where the archive stops
+    before it was sent."""
     assert item.state is not None
     wanted = {(key, attempt) for key, attempt in item.state.running.items()}
     found = []

@@ -101,7 +101,8 @@ class WorkflowReplay:
 
     workflow: str
     inputs: list[Entry] = field(default_factory=list)  # lifecycle inputs, archive order
-    emitted: list[Entry] = field(default_factory=list)  # start-task, end-/failed-workflow
+    # start-task (a start-tasks pack's each, under its id), end-/failed-workflow
+    emitted: list[Entry] = field(default_factory=list)
     state: State | None = None
     fields: dict[str, Any] = field(default_factory=dict)  # the hash fields live would hold
     divergence: Finding | None = None

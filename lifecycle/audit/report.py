@@ -184,13 +184,20 @@ def audit_archive(
 
 
 def _events(stream: str, entry_id: str, event: Any, keys: Keys) -> list[dict[str, Any]]:
-    """The events an archived entry stands for: itself, or the answers an end-tasks
-    entry packs (each then an input of its own workflow, under the entry's id)."""
+    """The events an archived entry stands for: itself, the answers an end-tasks entry
+    packs (each then an input of its own workflow), or the start-tasks a start-tasks
+    entry on a task stream packs (each then emitted for its own workflow); a packed
+    one under the entry's id."""
     if not isinstance(event, dict):
         return []
-    if stream == keys.lifecycle and event.get("kind") == ev.END_TASKS:
-        try:
+    kind = event.get("kind")
+    try:
+        if stream == keys.lifecycle and kind == ev.END_TASKS:
             return ev.unpacked_answers(entry_id, event)
-        except BadEvent:
-            return []  # dead-lettered live, changing nothing: nothing to replay
+        if stream != keys.lifecycle and kind == ev.START_TASKS:
+            return ev.unpacked_starts(entry_id, event)
+    except BadEvent:
+        # Answers so written were dead-lettered live, changing nothing. Start-tasks so
+        # written (or a malformed one, left out) are missing: replay says where.
+        return []
     return [event]

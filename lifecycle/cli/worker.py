@@ -77,6 +77,17 @@ def worker_command(companions: Sequence[Companion] = ()) -> Registrar:
             "predecessor system); a wrong token is refused all the same",
         )
         worker.add_argument(
+            "--pack-starts",
+            nargs="?",
+            const="*",
+            default=None,
+            metavar="KINDS",
+            help="send the start-tasks of one batch to a kind's stream as one start-tasks "
+            "entry: for fast kinds whose workers all read packs (this version's "
+            "TaskListener and noop/simulate do); KINDS: comma-separated (default: every "
+            "kind but the built-in wait and resource)",
+        )
+        worker.add_argument(
             "--retain",
             default=DEFAULT_RETENTION,
             metavar="DURATION",
@@ -146,6 +157,24 @@ def limits_from(args: argparse.Namespace) -> Limits:
     return replace(DEFAULT_LIMITS, **changes)
 
 
+def pack_starts_from(text: str | None) -> bool | frozenset[str]:
+    """``--pack-starts``: False when absent, True for every kind, else the kinds named."""
+    from lifecycle.engine.advance import pack_kinds
+
+    if text is None:
+        return False
+    if text == "*":
+        return True
+    kinds = frozenset(kind.strip() for kind in text.split(",") if kind.strip())
+    if not kinds:
+        raise CliError("--pack-starts: name at least one kind, or none for every kind")
+    try:
+        pack_kinds(kinds)
+    except ValueError as error:
+        raise CliError(f"--pack-starts: {error}") from None
+    return kinds
+
+
 def duration_from(flag: str, text: str) -> float:
     try:
         return parse_duration(text)
@@ -161,6 +190,7 @@ def _worker(args: argparse.Namespace, context: Context, companions: Sequence[Com
 
     # Bad values are reported before connecting.
     retain = duration_from("--retain", args.retain)
+    pack_starts = pack_starts_from(args.pack_starts)
     keep_details = duration_from("--keep-details", args.keep_details)
     # The first worker of a deployment stores its partition count; the others must agree.
     partitions = stored_partitions(context.client, args.prefix, args.partitions, create=True)
@@ -185,6 +215,7 @@ def _worker(args: argparse.Namespace, context: Context, companions: Sequence[Com
             keys,
             timers=not args.no_timers,
             untokened_answers=args.accept_untokened_answers,
+            pack_starts=pack_starts,
             limits=limits_from(args),
             retain=retain,
             keep_details=keep_details,

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from itertools import repeat
 from typing import Any
 
@@ -35,6 +35,7 @@ from lifecycle.engine.commit import (
     Pending,
     Said,
     SharedWrites,
+    StartPacks,
     decoded_concurrency,
     shared_keys,
 )
@@ -42,9 +43,11 @@ from lifecycle.engine.gate import gate_packed
 from lifecycle.engine.store import GraphCache
 from lifecycle.engine.transition import Transition
 from lifecycle.errors import BadEvent, LifecycleError
-from lifecycle.keys import Keys
+from lifecycle.keys import RESOURCE_KIND, WAIT_KIND, Keys
+from lifecycle.priorities import stream_kind
 from lifecycle.stored_state import CHUNKED, entry_field, partial_state
 from rqse import fastpipe, lua
+from rqse.fastpipe import Template
 from rqse.weather import is_weather
 
 __all__ = ["Advancer", "BatchResult", "Commit", "Pending"]
@@ -57,6 +60,9 @@ _MAX_LOADS = 4  # loads of a chunked state's entries for one transition, before 
 _KNOWN_CHUNKED = 65536  # workflows remembered as chunked (their entries are loaded at once)
 _SHARED = frozenset({FANIN, WAITING})  # entries many events of one workflow touch
 _SHARED_ENTRIES = 64  # of those, remembered per workflow
+# Kinds whose tasks ``pack_starts=True`` leaves unpacked: a wait's worker reads start-tasks
+# alone; a resource's tasks (HTTP, files) are slow, better spread over many workers.
+_BUILT_IN = frozenset({WAIT_KIND, RESOURCE_KIND})
 _LOADED = (
     rec.VERSION, rec.STATE, rec.GRAPH, rec.SALT, rec.PAUSED, rec.PRIORITY, rec.CONCURRENCY,
     rec.CREATED,
@@ -68,6 +74,17 @@ _LOADED_COUNT = len(_LOADED)
 _LOAD = fastpipe.Template("HMGET", fastpipe.SLOT, *_LOADED)
 _NO_RECORD = (None,) * _LOADED_COUNT  # the HMGET of _LOADED where the id holds nothing
 _NOTHING_SAID = Said()  # what a plain step says of its event besides its commit (never written)
+
+
+def pack_kinds(pack_starts: bool | Collection[str]) -> frozenset[str] | None:
+    """The kinds ``pack_starts`` packs (None: every kind but the built-in ones, ``wait`` and
+    ``resource``); ValueError for ``wait``, whose worker takes its start-tasks one by one."""
+    if pack_starts is True:
+        return None
+    kinds = frozenset(pack_starts or ())
+    if WAIT_KIND in kinds:
+        raise ValueError(f"the built-in {WAIT_KIND!r} kind's start-tasks are not packed")
+    return kinds
 
 
 def _ms() -> int:
@@ -146,7 +163,11 @@ class Advancer:
         untokened_answers: bool = False,
         retain_ms: int = 0,
         keep_details_ms: int | None = None,
+        pack_starts: bool | Collection[str] = False,
     ) -> None:
+        """``pack_starts``: the kinds whose start-tasks go packed, one ``start-tasks``
+        entry per stream and transaction (True: every kind but the built-in ``wait`` and
+        ``resource``)."""
         self.client = client
         self.keys = keys or Keys()
         self.clock = clock
@@ -168,6 +189,10 @@ class Advancer:
         # finds them missing.
         self._chunked: dict[str, list[str]] = {}
         self._max_items = limits.items
+        self._pack_kinds = pack_kinds(pack_starts)
+        self._packing = self._pack_kinds is None or bool(self._pack_kinds)
+        self._packed_streams: dict[str, bool] = {}
+        self._pieces: dict[Template, bytes] = {}  # start-task template -> its pack piece
         self._packs: dict[str, set[str]] = {}  # end-tasks entry id -> its answers' workflows
         self._deferred: set[str] = set()  # of those, the ones the caller acknowledges
 
@@ -591,6 +616,15 @@ class Advancer:
         if wanted is None:
             item.resends = any(kind in _WHOLE_RECORD for _, kind, _ in item.events)
 
+    def _packed(self, stream: str) -> bool:
+        """Whether start-tasks to ``stream`` go packed (remembered per stream)."""
+        packed = self._packed_streams.get(stream)
+        if packed is None:
+            kind, kinds = stream_kind(self.keys, stream), self._pack_kinds
+            packed = kind not in _BUILT_IN if kinds is None else kind in kinds
+            self._packed_streams[stream] = packed
+        return packed
+
     def _commit_watched(
         self,
         commits: list[Commit],
@@ -617,18 +651,28 @@ class Advancer:
         commands: list[Any] = []
         sizes = []  # commands per commit: which commit a failed command belongs to
         shared = SharedWrites(self._shared)
+        packs = StartPacks(self._packed, self._pieces) if self._packing else None
         append = commands.append
-        for commit in commits:
+        for n, commit in enumerate(commits):
             if commit.plain is not None:  # (Commit.plain_commands, inline: once per event)
                 hset, values = commit.plain
                 append(hset.fill(*values))
-                for _, values, template in commit.events:
-                    append(template.fill(*values))  # type: ignore[union-attr]
-                sizes.append(1 + len(commit.events))
+                size = 1
+                for stream, values, template in commit.events:
+                    if packs is None or not packs.add(n, stream, values, template):  # type: ignore[arg-type]
+                        append(template.fill(*values))  # type: ignore[union-attr]
+                        size += 1
+                sizes.append(size)
                 continue
-            own = commit.commands(shared)
+            own = commit.commands(shared, packs, n)
             commands += own
             sizes.append(len(own))
+        # Then the packs of start-tasks: a refusal of one is each of its commits'.
+        pack_owners: list[set[int]] = []
+        if packs is not None:
+            pack_commands, pack_owners = packs.commands()
+            commands += pack_commands
+        packs_at = len(commands) - len(pack_owners)
         # Then what they do under concurrency keys, in one gate call whose reply holds one
         # reply per section: a section's error is its workflow's, as its writes' are.
         gate = gate_packed(commits, check=False)  # the transaction's WATCH checks them
@@ -659,7 +703,11 @@ class Advancer:
         failed: list[tuple[int | None, BaseException]] = []
         owners = [n for n, size in enumerate(sizes) for _ in range(size)]
         for n, reply in enumerate(replies):
-            if n != gate_at and isinstance(reply, BaseException):
+            if n == gate_at or not isinstance(reply, BaseException):
+                continue
+            if packs_at <= n < packs_at + len(pack_owners):
+                failed += [(owner, reply) for owner in sorted(pack_owners[n - packs_at])]
+            else:
                 failed.append((owners[n] if n < len(owners) else None, reply))
         if gate_at >= 0:
             reply = replies[gate_at]

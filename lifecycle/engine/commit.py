@@ -7,7 +7,7 @@ Built by :mod:`lifecycle.engine.transition` as the machine's actions are carried
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
@@ -227,6 +227,57 @@ class SharedWrites:
         return commands
 
 
+# A pack closes at this many start-tasks or bytes, whichever comes first: one worker runs
+# a pack's tasks in turn, so a fan-out of thousands still reaches several workers, and no
+# pack nears a listener's largest entry (8 MB by default; one task may be 1 MB or more).
+PACK_TASKS = 200
+PACK_BYTES = 1 << 20
+
+
+class StartPacks:
+    """The start-tasks of a transaction's commits to the streams of packed kinds, gathered
+    into ``start-tasks`` entries (lifecycle.events.START_TASKS): one XADD per stream and
+    :data:`PACK_TASKS` tasks instead of one per task. Each pack remembers which commits
+    it holds tasks of: a refusal of its XADD is theirs."""
+
+    def __init__(self, packed: Callable[[str], bool], pieces: dict[Template, bytes]) -> None:
+        """``packed``: whether a stream's start-tasks are packed; ``pieces``: each start-task
+        template's piece (lifecycle.events.start_task_piece), filled in as met."""
+        self._packed = packed
+        self._pieces = pieces
+        self._open: dict[str, tuple[list[bytes], set[int], list[int]]] = {}
+        self._closed: list[tuple[str, list[bytes], set[int]]] = []
+
+    def add(self, owner: int, stream: str, values: tuple[bytes, ...], template: Template) -> bool:
+        """Take the start-task ``template`` fills with ``values`` into its stream's pack,
+        for commit number ``owner``; False when its stream is not packed."""
+        if not self._packed(stream):
+            return False
+        piece = self._pieces.get(template)
+        if piece is None:
+            piece = self._pieces[template] = ev.start_task_piece(template)
+        pack = self._open.get(stream)
+        if pack is None:
+            pack = self._open[stream] = ([], set(), [0])
+        pieces, owners, size = pack
+        task = piece % values
+        pieces.append(task)
+        owners.add(owner)
+        size[0] += len(task)
+        if len(pieces) >= PACK_TASKS or size[0] >= PACK_BYTES:
+            self._closed.append((stream, pieces, owners))
+            del self._open[stream]
+        return True
+
+    def commands(self) -> tuple[list[Any], list[set[int]]]:
+        """One XADD per pack, and the commits each holds tasks of, in the same order."""
+        packs = [*self._closed, *((s, p, o) for s, (p, o, _) in self._open.items())]
+        commands = [
+            ("XADD", stream, "*", *ev.start_tasks_fields(pieces)) for stream, pieces, _ in packs
+        ]
+        return commands, [owners for _, _, owners in packs]
+
+
 class Commit:
     """One workflow's transition, built up as actions are carried out: the arguments of
     one advance.lua call (:meth:`script_call`) or the same writes as plain commands for a
@@ -366,14 +417,18 @@ class Commit:
         for stream, fields in _encoded(self.offer or []):
             yield stream, [*fields, *ADMITTED_FIELDS]
 
-    def commands(self, shared: SharedWrites | None = None) -> list[Any]:
+    def commands(
+        self, shared: SharedWrites | None = None, packs: StartPacks | None = None, owner: int = 0
+    ) -> list[Any]:
         """The writes of :meth:`script_call` as plain commands (or packed ones), for a
         MULTI/EXEC whose WATCH stands for the version check. Acknowledgements excluded:
         the caller sends one XACK for all the commits of a transaction. With ``shared``,
         the writes to keys every workflow shares (index, counters, schedules) are added
-        to it instead, to go as one command each for the whole transaction."""
+        to it instead, to go as one command each for the whole transaction; with
+        ``packs``, the start-tasks to packed streams go into their packs, as commit
+        number ``owner``'s."""
         if shared is not None:
-            return self._own_commands(shared)
+            return self._own_commands(shared, packs, owner)
         mine = SharedWrites(self.shared)
         return self._own_commands(mine) + mine.commands()
 
@@ -386,7 +441,9 @@ class Commit:
             commands.append(template.fill(*values))  # type: ignore[union-attr]
         return commands
 
-    def _own_commands(self, shared: SharedWrites) -> list[Any]:
+    def _own_commands(
+        self, shared: SharedWrites, packs: StartPacks | None = None, owner: int = 0
+    ) -> list[Any]:
         key = self.keys.workflow(self.workflow)
         commands: list[Any] = []
         if self.deleted:  # first: a start later in the same batch writes the id anew
@@ -403,9 +460,10 @@ class Commit:
         if self.removed:
             commands.append(("HDEL", key, *self.removed))
         for stream, fields, template in self.events:
-            commands.append(
-                ("XADD", stream, "*", *fields) if template is None else template.fill(*fields)
-            )
+            if template is None:
+                commands.append(("XADD", stream, "*", *fields))
+            elif packs is None or not packs.add(owner, stream, fields, template):
+                commands.append(template.fill(*fields))
         if self.reopened:
             commands.append(("ZREM", self.shared[4], self.workflow))
         shared.add(self)

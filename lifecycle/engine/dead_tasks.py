@@ -12,6 +12,10 @@ attempt's token, so the lifecycle takes it — with the error
 the task or fails the workflow, as the node's policy says. An answer for an
 attempt that has already ended is refused by the lifecycle like any stale one.
 
+A dead-lettered ``start-tasks`` pack fails each of its tasks the same way: one
+FAILURE per task, all emitted with the dead letter's acknowledgement; a malformed
+task of it is one WARNING line, skipped.
+
 An ``oversize`` start-task (its dead letter does not copy the fields) is read
 from its stream, where it stays until trimmed. Dead letters that are not
 start-tasks are acknowledged silently; garbage (no original fields, values
@@ -28,7 +32,8 @@ from typing import Any
 import orjson
 import redis
 
-from lifecycle.events import START_TASK, end_task
+from lifecycle.errors import BadEvent
+from lifecycle.events import START_TASK, START_TASKS, end_task, parse_start_tasks
 from lifecycle.keys import DEFAULT_KIND, Keys
 from lifecycle.priorities import task_streams
 from rqse import EventListener
@@ -41,6 +46,10 @@ __all__ = ["DeadTasks", "dead_task_error"]
 
 log = logging.getLogger(__name__)
 _START_TASK_TEXT = orjson.dumps(START_TASK).decode()  # the kind as a dead letter holds it
+_START_TASKS_TEXT = orjson.dumps(START_TASKS).decode()
+# What becomes of a dead letter that cannot be answered, and of one task of a pack.
+_DROPPED = "acknowledged, nothing answered"
+_SKIPPED = "that task skipped, nothing answered for it"
 # The start-task fields an end-task echoes (lifecycle.events.end_task).
 _ECHOED = ("workflow", "key", "index", "attempt", "token")
 
@@ -92,6 +101,9 @@ class DeadTasks(EventListener):
             fields = self._original(event)  # not copied into the dead letter: still in its stream
         if not isinstance(fields, dict):
             return self._garbage(event_id, "no original fields")
+        failure = dead_task_error(event.get("reason"), event.get("error"))
+        if fields.get("kind") == _START_TASKS_TEXT:
+            return self._fail_pack(event_id, event, fields, failure)
         if fields.get("kind") != _START_TASK_TEXT:
             return False  # not a start-task (an end-task, garbage): nobody waits on it
         try:
@@ -99,19 +111,46 @@ class DeadTasks(EventListener):
             original = {name: orjson.loads(fields[name]) for name in _ECHOED if name in fields}
         except (orjson.JSONDecodeError, TypeError) as error:
             return self._garbage(event_id, f"original fields not JSON ({error})")
-        workflow, key = original.get("workflow"), original.get("key")
+        return self._fail(event_id, original, failure)
+
+    def _fail_pack(
+        self, event_id: str, event: dict[str, Any], fields: dict[str, Any], failure: str
+    ) -> bool:
+        """Fail each task of a dead-lettered start-tasks pack, as a lone one's; a line
+        for each of its tasks that cannot be (lifecycle.events.parse_start_tasks)."""
+        original_id = event.get("id") if isinstance(event.get("id"), str) else event_id
+        try:
+            tasks = orjson.loads(fields.get("tasks") or "null")
+            starts, bad = parse_start_tasks(str(original_id), {"tasks": tasks})
+        except (orjson.JSONDecodeError, TypeError) as error:
+            return self._garbage(event_id, f"start-tasks field 'tasks' not JSON ({error})")
+        except BadEvent as error:
+            return self._garbage(event_id, str(error))
+        for reason in bad:
+            self._garbage(event_id, reason, _SKIPPED)
+        failed = [self._fail(event_id, start, failure, packed=True) for start in starts]
+        return any(failed)
+
+    def _fail(
+        self, event_id: str, start: dict[str, Any], failure: str, packed: bool = False
+    ) -> bool:
+        """Answer the start-task ``start`` (its fields decoded) with a FAILURE; ``packed``:
+        one task of a start-tasks pack."""
+        workflow, key = start.get("workflow"), start.get("key")
         if not isinstance(workflow, str) or not isinstance(key, str):
+            what = f"a task of {START_TASKS}" if packed else START_TASK
             return self._garbage(
-                event_id, f"start-task without string workflow and key: {workflow!r}, {key!r}"
+                event_id,
+                f"{what} without string workflow and key: {workflow!r}, {key!r}",
+                _SKIPPED if packed else _DROPPED,
             )
-        failure = dead_task_error(event.get("reason"), event.get("error"))
-        self.emit(end_task(original, error=failure, worker=self.consumer), self.keys.lifecycle)
+        self.emit(end_task(start, error=failure, worker=self.consumer), self.keys.lifecycle)
         log.info("workflow %s: task %s failed: %s", workflow, key, failure)
         return True
 
     def _original(self, event: dict[str, Any]) -> dict[str, str] | None:
         """The fields an ``oversize`` dead letter left out, from the entry in its stream
-        (None once trimmed): only the few the answer needs."""
+        (None once trimmed): only the few the answer needs (a pack's ``tasks`` whole)."""
         stream, entry_id = event.get("stream"), event.get("id")
         if not isinstance(stream, str) or not isinstance(entry_id, str):
             return None
@@ -123,20 +162,15 @@ class DeadTasks(EventListener):
             return None  # not a stream, a malformed id: garbage
         if not rows:
             return None
-        wanted = {name.encode() for name in ("kind", *_ECHOED)}
+        wanted = {name.encode() for name in ("kind", "tasks", *_ECHOED)}
         return {
             name.decode(): value.decode("utf-8", "replace")
             for name, value in rows[0][1].items()
             if name in wanted
         }
 
-    def _garbage(self, event_id: str, why: str) -> bool:
-        log.warning(
-            "dead letter %s of %s: %s; acknowledged, nothing answered",
-            event_id,
-            self.current_stream,
-            why,
-        )
+    def _garbage(self, event_id: str, why: str, outcome: str = _DROPPED) -> bool:
+        log.warning("dead letter %s of %s: %s; %s", event_id, self.current_stream, why, outcome)
         return False
 
 

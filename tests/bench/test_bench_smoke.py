@@ -39,17 +39,27 @@ def test_a_tiny_benchmark_run_finishes_every_workflow_and_writes_its_figures(
     assert figures["streams_trimmed"] is True
     assert figures["redis_retained_per_workflow_bytes"] > 0
     assert figures["redis_retained_per_workflow_bytes"] < figures["redis_memory_per_workflow_bytes"]
-    # Every task is one start-task XADD; the no-op workers pack their answers by default,
-    # a batch's in one XADD. (EVALSHA runs only after a race between the two lifecycle
-    # workers: not in every run.)
-    assert figures["pack_answers"] is True
-    assert 1 <= figures["redis_calls_per_task"]["xadd"] < 2
+    # The lifecycle workers pack a batch's start-tasks in one XADD and the no-op workers
+    # a batch's answers in another, by default: far fewer than one XADD per task.
+    # (EVALSHA runs only after a race between the two lifecycle workers: not in every
+    # run; its start-tasks go one XADD each.)
+    assert (figures["pack_answers"], figures["pack_starts"]) == (True, True)
+    assert 0 < figures["redis_calls_per_task"]["xadd"] < 1
     assert figures["redis_us_per_task"]["xadd"] > 0
+
+
+def test_a_tiny_run_without_packed_starts_sends_one_start_task_per_task(tmp_path: Path) -> None:
+    out = tmp_path / "figures.json"
+    argv = ["--workflows", "50", "--shape", "chain10", "--no-pack-starts"]
+    assert main([*argv, "--json", str(out), "--stall", "20"]) == 0
+    figures = orjson.loads(out.read_bytes())
+    assert (figures["finished"], figures["failed"], figures["pack_starts"]) == (50, 0, False)
+    assert 1 <= figures["redis_calls_per_task"]["xadd"] < 2
 
 
 def test_a_tiny_run_without_packed_answers_sends_one_end_task_per_task(tmp_path: Path) -> None:
     out = tmp_path / "figures.json"
-    argv = ["--workflows", "50", "--shape", "chain10", "--no-pack-answers"]
+    argv = ["--workflows", "50", "--shape", "chain10", "--no-pack-answers", "--no-pack-starts"]
     assert main([*argv, "--json", str(out), "--stall", "20"]) == 0
     figures = orjson.loads(out.read_bytes())
     assert (figures["finished"], figures["failed"], figures["pack_answers"]) == (50, 0, False)

@@ -61,10 +61,12 @@ def admitted_workflows(client: redis.Redis, keys: Keys, kind: str = "default") -
 
 
 class Harness:
-    def __init__(self, client: redis.Redis, keys: Keys | None = None) -> None:
+    def __init__(
+        self, client: redis.Redis, keys: Keys | None = None, *, pack_starts: bool = False
+    ) -> None:
         self.client = client
         self.keys = keys or Keys()
-        self.advancer = Advancer(client, self.keys)
+        self.advancer = Advancer(client, self.keys, pack_starts=pack_starts)
         self.graphs = GraphCache(client, self.keys)
         self.kinds: set[str] = set()
         self._group(self.keys.lifecycle, self.keys.lifecycle_group)
@@ -103,27 +105,31 @@ class Harness:
         for stream, items in reply or []:
             for entry_id, fields in items:
                 event = decode(fields)
-                node = self.graphs.machine(self._digest(event["workflow"])).graph.nodes[
-                    event["index"]
-                ]
-                call = TaskCall(
-                    event["name"],
-                    event["input"],
-                    event["parameters"],
-                    event["key"],
-                    event["attempt"],
-                    str(node.kind),
-                )
-                try:
-                    answer = end_task(event, task(call), worker="harness")
-                except Exception as error:  # the task's failure becomes a FAILURE end-task
-                    answer = end_task(event, error=str(error), worker="harness")
-                self.client.xadd(
-                    self.keys.lifecycle, {k: orjson.dumps(v) for k, v in answer.items()}
-                )
+                if event["kind"] == ev.START_TASKS:
+                    starts = ev.unpacked_starts(entry_id.decode(), event)
+                else:
+                    starts = [event]
+                for start in starts:
+                    self._answer(start, task)
                 self.client.xack(stream, TASK_GROUP, entry_id)
-                answered += 1
+                answered += len(starts)
         return answered
+
+    def _answer(self, event: dict[str, Any], task: Any) -> None:
+        node = self.graphs.machine(self._digest(event["workflow"])).graph.nodes[event["index"]]
+        call = TaskCall(
+            event["name"],
+            event["input"],
+            event["parameters"],
+            event["key"],
+            event["attempt"],
+            str(node.kind),
+        )
+        try:
+            answer = end_task(event, task(call), worker="harness")
+        except Exception as error:  # the task's failure becomes a FAILURE end-task
+            answer = end_task(event, error=str(error), worker="harness")
+        self.client.xadd(self.keys.lifecycle, {k: orjson.dumps(v) for k, v in answer.items()})
 
     def _digest(self, workflow_id: str) -> str:
         return self.client.hget(self.keys.workflow(workflow_id), "g").decode()

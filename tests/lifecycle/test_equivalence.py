@@ -14,6 +14,7 @@ import os
 from typing import Any
 
 import orjson
+import redis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -84,6 +85,29 @@ def flows(draw: Any) -> str:
 )
 @given(text=flows(), seed=st.integers(0, 3))
 def test_engine_and_runner_agree(harness: Harness, text: str, seed: int) -> None:
+    graph = compile_text(text)
+    expected = run(graph, task, {"seed": seed})
+    workflow = harness.submit(graph, {"seed": seed})
+    harness.pump(task)
+    record = load_workflow(harness.client, harness.keys, workflow)
+    assert (record.status, record.output, record.error) == (
+        expected.status,
+        expected.output,
+        expected.error,
+    ), text
+
+
+@settings(
+    max_examples=max(EXAMPLES // 3, 1),
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(text=flows(), seed=st.integers(0, 3))
+def test_engine_with_packed_start_tasks_and_runner_agree(
+    redis_client: redis.Redis, text: str, seed: int
+) -> None:
+    redis_client.flushdb()
+    harness = Harness(redis_client, pack_starts=True)
     graph = compile_text(text)
     expected = run(graph, task, {"seed": seed})
     workflow = harness.submit(graph, {"seed": seed})

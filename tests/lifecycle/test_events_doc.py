@@ -40,6 +40,7 @@ BUILT = {
     ev.END_TASKS: {
         name.decode() for name in ev.end_tasks_fields("w", [b'["w","1",1,"t",{}]'])[::2]
     },
+    ev.START_TASKS: {name.decode() for name in ev.start_tasks_fields([b'{"workflow":"w"}'])[::2]},
     **{kind: set(ev.control(kind, "w", "why")) for kind in ev.CONTROLS},
     ev.END_WORKFLOW: set(ev.end_workflow("w", {})),
     ev.FAILED_WORKFLOW: set(ev.failed_workflow("w", "r", "terminated")),
@@ -59,3 +60,15 @@ def test_every_field_the_builders_write_is_documented_in_its_kinds_row() -> None
     for kind, fields in built.items():
         missing = {f for f in fields - {"kind"} if f"`{f}`" not in rows[kind]}
         assert not missing, f"docs/events.md row {kind}: fields {sorted(missing)} undocumented"
+
+
+def test_a_start_tasks_pack_holds_the_fields_of_the_start_tasks_it_stands_for() -> None:
+    template = ev.start_task_template("s", "A", 1, {"p": "50%"}, "source", priority=1)
+    values = (b'"w"', b'"1"', b"2", b'"w/1/2"', b'"t"', b'{"in": 1}')
+    fields = ev.start_tasks_fields([ev.start_task_piece(template) % values])
+    pack = {"kind": ev.START_TASKS, "tasks": orjson.loads(fields[3])}
+    (start,) = ev.unpacked_starts("1-0", pack)
+    single = template.unpacked(*values)[3:]
+    assert start == {
+        k.decode(): orjson.loads(v) for k, v in zip(single[::2], single[1::2], strict=True)
+    }

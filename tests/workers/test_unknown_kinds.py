@@ -47,16 +47,16 @@ def test_an_entry_of_another_kind_on_a_task_stream_is_dead_lettered_with_its_rea
 ) -> None:
     kind, make = WORKERS[name]
     stream = KEYS.tasks(kind)
-    redis_client.xadd(stream, {"kind": b'"start-tasks"', "tasks": b"[]"})
+    redis_client.xadd(stream, {"kind": b'"start-jobs"', "jobs": b"[]"})
     worker = make(redis_client)
     assert worker.listen(max_events=1, idle_timeout=2.0) == 1
     [(_, dead)] = redis_client.xrange(dead_letter_key(stream))
     assert orjson.loads(dead[b"reason"]) == "unselected"
-    assert orjson.loads(dead[b"error"]) == (
-        "kind 'start-tasks' is not one this consumer processes (start-task)"
+    assert orjson.loads(dead[b"error"]).startswith(
+        "kind 'start-jobs' is not one this consumer processes (start-task"
     )
     # Kept whole, for a requeue once a worker that reads it runs.
-    assert orjson.loads(dead[b"fields"])["kind"] == '"start-tasks"'
+    assert orjson.loads(dead[b"fields"])["kind"] == '"start-jobs"'
     assert redis_client.xpending(stream, TASK_GROUP)["pending"] == 0
     assert worker.stats.ignored == 0
 
