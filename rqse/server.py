@@ -248,7 +248,12 @@ class RedisServer:
                     code = self.process.returncode
                     raise RqseError(f"{self.binary} exited with code {code}: {detail.strip()}")
                 try:
-                    if client.ping():
+                    # Another server may hold the port (ours then fails to bind and exits
+                    # above): only our own process's answer counts.
+                    if (
+                        client.ping()
+                        and client.info("server").get("process_id") == self.process.pid
+                    ):
                         return
                 except redis.ConnectionError:
                     pass

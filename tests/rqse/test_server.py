@@ -80,3 +80,18 @@ def test_a_port_taken_between_choosing_and_starting_is_chosen_again() -> None:
     finally:
         for holder in holders:
             holder.close()
+
+
+def test_a_port_another_server_answers_on_is_not_taken_for_ours() -> None:
+    # The port chosen may be taken by another server (of a test run, of another
+    # benchmark) between the choice and the bind: its PING must not pass for ours, or
+    # the caller would write to a server someone else stops or flushes.
+    from rqse.server import RedisServer
+
+    with RedisServer() as other:
+        ours = RedisServer()
+        ours.port = other.port  # as if free_port() had raced the other server
+        with ours:
+            assert ours.port != other.port
+            pid = redis.Redis(port=ours.port).info("server")["process_id"]
+            assert ours.process is not None and pid == ours.process.pid
