@@ -30,7 +30,7 @@ from lifecycle.kind_limits import set_kind_limit
 from lifecycle.submit import start_workflows
 from lifecycle.worker import LifecycleWorker
 from rqse.process import settle_process
-from rqse.server import RedisServer
+from rqse.server import ALLOCATORS, RedisServer
 from workers.noop import NoopWorker
 
 KEYS = Keys()
@@ -63,7 +63,7 @@ def run(
     workflows: int,
     shape: str,
     server_path: str | None,
-    allocator: str = "auto",
+    allocator: str = "builtin",
     idle: float = 0.05,
     commands: dict[str, dict[str, list[int]]] | None = None,
     max_running: int | None = None,
@@ -162,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workflows", type=int, default=5000)
     parser.add_argument("--shape", choices=sorted(SHAPES), default="chain10")
     parser.add_argument("--server", help="Redis/Valkey server binary")
-    parser.add_argument("--allocator", choices=["auto", "builtin"], default="auto")
+    parser.add_argument("--allocator", choices=ALLOCATORS, default="builtin")
     parser.add_argument(
         "--idle", type=float, default=0.05, help="seconds without input that end a phase"
     )

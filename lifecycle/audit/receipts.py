@@ -60,7 +60,7 @@ from lifecycle.audit.archive import (
     id_order,
     raw_record,
 )
-from lifecycle.events import START_WORKFLOW
+from lifecycle.events import END_TASKS, START_TASKS, START_WORKFLOW
 from lifecycle.keys import LIFECYCLE_GROUP, RECEIPTS_GROUP, TASK_GROUP, Keys
 from lifecycle.priorities import priority_streams
 from rqse.backoff import Backoff
@@ -122,9 +122,11 @@ class ReceiptsWorker:
 
     ``trim_every``: seconds between two trims of every stream (None: never trim).
     ``trim_after``: a stream is also trimmed as soon as this many of its entries were
-    archived since its last trim. Under load, what a trim frees arrives faster than
-    once a second; an acknowledged entry kept until then is memory at the peak (about
-    35,000 entries a second on the 1M-task benchmark).
+    archived since its last trim, a pack (start-tasks, end-tasks) counting one per
+    :data:`PACK_TRIM_BYTES` it holds, about one per task. Under load, what a trim frees
+    arrives faster than once a second; an acknowledged entry kept until then is memory
+    at the peak (about 35,000 entries a second on the 1M-task benchmark, or as many
+    tasks in packs).
     """
 
     def __init__(
@@ -411,7 +413,7 @@ class ReceiptsWorker:
         positions.update(last)
         untrimmed = self._untrimmed
         for stream, entries in read.items():
-            untrimmed[stream] = untrimmed.get(stream, 0) + len(entries)
+            untrimmed[stream] = untrimmed.get(stream, 0) + sum(_trim_weight(f) for _, f in entries)
         self._send(
             [("XGROUP", "SETID", stream, RECEIPTS_GROUP, id_) for stream, id_ in last.items()]
         )
@@ -709,6 +711,27 @@ class ReceiptsWorker:
             peak = self.stats.peak_lengths
             peak[stream] = max(peak.get(stream, 0), length)
             self.stats.trimmed += trim_acknowledged(self.client, stream).removed
+
+
+# A pack's share of ``trim_after``: one per this many bytes of its tasks or answers (a
+# chain's task is about as large), read from its size rather than decoded.
+PACK_TRIM_BYTES = 256
+
+
+_PACKS = frozenset({orjson.dumps(START_TASKS), orjson.dumps(END_TASKS)})
+
+
+def _trim_weight(fields: list[bytes]) -> int:
+    """An archived entry's share of ``trim_after`` (its raw fields, name and value in
+    turn): one, or a pack's by its size (its builders write ``kind`` first)."""
+    if (
+        type(fields) is not list
+        or len(fields) < 2
+        or fields[1] not in _PACKS
+        or fields[0] != b"kind"
+    ):
+        return 1
+    return 1 + sum(map(len, fields[1::2])) // PACK_TRIM_BYTES
 
 
 class _Stopped(Exception):

@@ -185,6 +185,27 @@ def test_a_stream_is_trimmed_once_trim_after_of_its_entries_were_archived(
     assert_exactly_once(redis_client, tmp_path)
 
 
+def test_a_pack_counts_towards_trim_after_by_its_size_not_as_one_entry(
+    redis_client: redis.Redis, tmp_path: Path
+) -> None:
+    harness = Harness(redis_client, KEYS, pack_starts=True)
+    graph = compile_text("A → B → C")
+    for n in range(20):
+        harness.submit(graph, {"n": n, "pad": "x" * 200}, f"p{n}")
+    harness.pump(lambda call: call.input)  # three packs of 20 tasks on the task stream
+    packs = redis_client.xlen(KEYS.tasks("default"))
+    assert packs == 3
+    sink = SegmentSink(tmp_path)
+    # Fewer entries than trim_after, but far more tasks: trimmed by the count, not the hour.
+    worker = ReceiptsWorker(
+        redis_client, sink, KEYS, block_ms=20, trim_every=3600.0, batch_size=1, trim_after=10
+    )
+    worker.run(idle_timeout=0.3)
+    sink.close()
+    assert redis_client.xlen(KEYS.tasks("default")) < packs
+    assert_exactly_once(redis_client, tmp_path)
+
+
 def _add_odd_entries(client: redis.Redis) -> str:
     """Entries the fast path must leave to the decoding path, in a task stream of their
     own: values that are not JSON on their own (one pair that would be, joined), JSON

