@@ -63,6 +63,7 @@ __all__ = [
     "parse_task_timer",
     "parse_terminate",
     "start_task_template",
+    "StartTaskTemplate",
     "start_task_piece",
     "start_tasks_fields",
     "parse_start_tasks",
@@ -549,16 +550,36 @@ _START_TASK_JSON = _dumps(START_TASK)
 _START_TASKS_JSON = _dumps(START_TASKS)
 
 
+class StartTaskTemplate(fastpipe.Template):
+    """A start-task's template (:func:`start_task_template`) and its :attr:`piece`: the
+    same task as one object of a ``start-tasks`` pack (:func:`start_task_piece`), or
+    None when the node's tasks go alone."""
+
+    __slots__ = ("piece",)
+
+    def __init__(self, *arguments: Any, packable: bool = True) -> None:
+        super().__init__(*arguments)
+        self.piece: bytes | None = start_task_piece(self) if packable else None
+
+
 def start_task_template(
-    stream: str, name: str, node: int, parameters: Any, role: str | None, priority: int = 0
-) -> fastpipe.Template:
+    stream: str,
+    name: str,
+    node: int,
+    parameters: Any,
+    role: str | None,
+    priority: int = 0,
+    *,
+    packable: bool = True,
+) -> StartTaskTemplate:
     """``XADD stream * <start-task>`` for every attempt of one node, packed once.
 
     Its slots, filled per attempt with JSON values: ``workflow``, ``key``, ``attempt``,
     ``id`` (:func:`task_instance_id`), ``token`` (:func:`task_token`), ``input``. A
     resource node's ``role`` (one of :data:`ROLES`) tells its worker what to do. The
     workflow's ``priority`` is written when not 0 (its stream already says it: for
-    workers and tools that look at the task alone).
+    workers and tools that look at the task alone). ``packable`` False: its tasks never
+    go in a ``start-tasks`` pack.
     """
     slot = fastpipe.SLOT
     fields: list[Any] = [
@@ -577,7 +598,7 @@ def start_task_template(
         fields += (b"role", _dumps(role))
     if priority:
         fields += (b"priority", _dumps(priority))
-    return fastpipe.Template("XADD", stream, "*", *fields)
+    return StartTaskTemplate("XADD", stream, "*", *fields, packable=packable)
 
 
 def start_task_piece(template: fastpipe.Template) -> bytes:

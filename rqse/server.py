@@ -243,6 +243,16 @@ class RedisServer:
         self._wait_ready(timeout)
         return self
 
+    def _answered_by_ours(self, client: redis.Redis) -> bool:
+        """Whether the server answering on our port is our process: another may hold the
+        port (ours then fails to bind, and exits). A server whose ACL allows nobody INFO
+        (extra_args naming an ACL file) is taken at its PING's word."""
+        assert self.process is not None
+        try:
+            return bool(client.info("server").get("process_id") == self.process.pid)
+        except redis.exceptions.NoPermissionError:
+            return True
+
     def _wait_ready(self, timeout: float) -> None:
         assert self.process is not None
         deadline = time.monotonic() + timeout
@@ -260,12 +270,7 @@ class RedisServer:
                     code = self.process.returncode
                     raise RqseError(f"{self.binary} exited with code {code}: {detail.strip()}")
                 try:
-                    # Another server may hold the port (ours then fails to bind and exits
-                    # above): only our own process's answer counts.
-                    if (
-                        client.ping()
-                        and client.info("server").get("process_id") == self.process.pid
-                    ):
+                    if client.ping() and self._answered_by_ours(client):
                         return
                 except redis.ConnectionError:
                     pass

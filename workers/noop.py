@@ -18,7 +18,7 @@ import orjson
 import redis
 
 from flowlang.graph import Graph, NodeKind
-from lifecycle.events import START_TASK, START_TASKS, end_task, end_task_template, sent_again
+from lifecycle.events import START_TASK, START_TASKS, end_task, end_task_template, is_start_tasks
 from lifecycle.keys import DEFAULT_KIND, TASK_GROUP, Keys
 from lifecycle.kind_limits import GaveUp, KindSlots
 from lifecycle.priorities import stream_kind, stream_order, task_streams
@@ -29,7 +29,7 @@ from rqse.errors import MalformedEntry
 from rqse.weather import MOVED, classify
 from workers.answers import AnswerPack, batch_pack
 from workers.slots import BatchSlots
-from workers.task import StoppedWorkflows, checked_pack, pack_starts
+from workers.task import StoppedWorkflows, checked_pack, hand_back, pack_starts, run_pack
 
 __all__ = ["NoopWorker", "SimulatedWorker", "served_kinds"]
 
@@ -48,7 +48,6 @@ def served_kinds(client: Any, keys: Keys, kinds: Iterable[str] | None = None) ->
 
 _RAW = "raw"  # the event's key for the values copied, on the pass-through path
 _START_TASK_JSON = orjson.dumps(START_TASK)  # an entry's raw kind field, for a start-task
-_START_TASKS_JSON = orjson.dumps(START_TASKS)  # the raw kind field of a start-tasks pack
 _loads = orjson.loads
 _dumps = orjson.dumps
 _join = b"".join  # the entry's size: two joins cost less than two sums of lengths
@@ -164,14 +163,16 @@ class NoopWorker(EventListener):
         if not any_limit:
             return skipped
         slots = self._kind_slots(stream)
-        self._kind_limited = True  # packs go back one task per entry, each to take a slot
         singles = [
             i
             for i, f in entries
-            if f and not (skipped and i in skipped) and f.get(b"kind") != _START_TASKS_JSON
+            if f and not (skipped and i in skipped) and not is_start_tasks(f.get(b"kind"))
         ]
         if slots.take(singles):
             self._batch_slots = slots
+            self._kind_limited = True
+        elif len(singles) < len(entries):  # packs: they go back one by one if it is limited
+            self._kind_limited = slots.slots.limited(None)
         return skipped
 
     def _kind_slots(self, stream: str) -> BatchSlots:
@@ -257,36 +258,22 @@ class NoopWorker(EventListener):
         return answered
 
     def _process_pack(self, event_id: str, event: dict[str, Any]) -> bool:
-        """Answer a ``start-tasks`` pack's tasks in turn, as lone start-tasks would be.
-        Those not answered go back on the stream one start-task each: all of them when
-        the kind has a limit (each takes its own slot), the rest when the worker stops."""
+        """Answer a ``start-tasks`` pack's tasks in turn (:func:`workers.task.run_pack`), as
+        lone start-tasks would be; with a limit on the kind, none: each goes back on the
+        stream as a start-task of its own, to take its own slot."""
         replies = self.read_replies
         starts = pack_starts(
             self._stopped, self.consumer, event_id, event, replies[0] if replies else None
         )
         if self._kind_limited:
-            self._hand_back(starts)
+            hand_back(self, starts)
             return True
         quick = self._pack if self._passes_through else None
-        for n, start in enumerate(starts):
-            if quick is not None and _quick_answer(quick, start):
-                continue
-            if self.stopping:
-                self._hand_back(starts[n:])
-                return True
-            try:
-                self.answer(start)
-            except InterruptedError:
-                if not self.stopping:
-                    raise
-                self._hand_back(starts[n:])
-                return True
+        if quick is None:
+            run_pack(self, starts, self.answer)
+        else:
+            run_pack(self, starts, lambda start: _quick_answer(quick, start) or self.answer(start))
         return True
-
-    def _hand_back(self, starts: list[dict[str, Any]]) -> None:
-        """Put ``starts`` back on the stream in hand, one start-task entry each."""
-        for start in starts:
-            self.emit(sent_again(start), self.current_stream)
 
     def _stopping_reason(self) -> str | None:
         return "stopping while it waited for a slot" if self.stopping else None

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from time import monotonic
 from typing import Any, ClassVar
@@ -90,7 +90,9 @@ class HandBack(Exception):  # noqa: N818 - a signal to the listener, not an erro
     """Raise from ``run`` to give the task back unanswered. While the listener is stopping
     (its use: shutdowns) the same start-task goes back on its stream, atomically with
     this delivery's acknowledgement, for any worker to take, and never counts towards
-    ``max_deliveries``; otherwise it stays pending and is retried after ``claim_idle``."""
+    ``max_deliveries``; otherwise it stays pending and is retried after ``claim_idle``.
+    A task of a ``start-tasks`` pack goes back on its stream at once either way, as a
+    start-task of its own (the pack's other tasks run on)."""
 
 
 class _CancelCheck:
@@ -121,7 +123,8 @@ class Task:
     ``key`` is the node instance (``"3"``, or ``"3.0.2"`` inside iterations);
     ``id`` (``<workflow>/<key>/<attempt>``) names the attempt and is what
     idempotent side effects should be keyed on. ``parameters`` never contains the
-    reserved ``$`` names.
+    reserved ``$`` names. ``event_id`` is the stream entry's (shared by the tasks of
+    a ``start-tasks`` pack).
     """
 
     workflow: str
@@ -336,6 +339,50 @@ def pack_starts(
     return [start for n, start in enumerate(starts) if n not in covered] if covered else starts
 
 
+def run_pack(
+    listener: EventListener,
+    starts: Sequence[dict[str, Any]],
+    answer: Callable[[dict[str, Any]], bool],
+) -> None:
+    """Answer each of ``starts`` (a pack's start-tasks) with ``answer`` in turn: False
+    from it says the task went back on the stream (stopping). Those not answered go back
+    on the stream one start-task each, with the pack's acknowledgement: a task raising
+    :class:`HandBack`, alone (it waits its turn again); on a stop, or a failure of the
+    worker itself (Redis gone from under a task), the rest: each then has its own
+    deliveries, and none of them waits on, or runs again with, the others."""
+    for n, start in enumerate(starts):
+        if listener.stopping:
+            hand_back(listener, starts[n:])
+            return
+        try:
+            answered = answer(start)
+        except HandBack:
+            hand_back(listener, starts[n : n + 1])
+            continue
+        except Exception as error:
+            if not listener.stopping:
+                log.warning(
+                    "consumer %s: task %s of a pack: %s; it and the %d after it go back on "
+                    "the stream one by one",
+                    listener.consumer,
+                    start.get("id"),
+                    error_text(error),
+                    len(starts) - n - 1,
+                )
+            hand_back(listener, starts[n:])
+            return
+        if not answered:
+            hand_back(listener, starts[n + 1 :])
+            return
+
+
+def hand_back(listener: EventListener, starts: Sequence[dict[str, Any]]) -> None:
+    """Put ``starts`` (decoded start-tasks) back on the listener's stream in hand, one
+    entry each (marked sent again), with the batch's acknowledgement."""
+    for start in starts:
+        listener.emit(sent_again(start), listener.current_stream)
+
+
 def checked_pack(event: dict[str, Any], event_id: str) -> dict[str, Any]:
     """A decoded entry as read; :class:`MalformedEntry` (dead-lettered at once, no delivery
     would mend it) for a ``start-tasks`` pack whose ``tasks`` is not a list."""
@@ -379,6 +426,10 @@ class TaskListener(EventListener):
     :mod:`lifecycle.kind_limits`) runs a task only once it holds one of the N
     slots: it waits in line first, and ``slot_lease`` is how long a slot outlives
     a worker that died holding it.
+
+    A ``start-tasks`` pack (lifecycle ``--pack-starts``) is run task by task, each as
+    a lone start-task; the tasks not run (a stop, a :class:`HandBack`, a limited kind)
+    go back on the stream one start-task each, with the pack's acknowledgement.
     """
 
     kind: ClassVar[str | None] = None
@@ -527,36 +578,18 @@ class TaskListener(EventListener):
         return self._answer_holding(task, event, slot)
 
     def _process_pack(self, event_id: str, event: dict[str, Any]) -> bool:
-        """Run a ``start-tasks`` pack's tasks in turn, each answered as a lone start-task
-        would be. Those not run go back on the stream one start-task each: all of them
-        when the kind has a limit (each task takes its own slot), the rest of them when
-        the worker stops or a task is handed back."""
+        """Run a ``start-tasks`` pack's tasks in turn (:func:`run_pack`), each answered as a
+        lone start-task would be; with a limit on the kind, none: each goes back on the
+        stream as a start-task of its own, to take its own slot."""
         replies = self.read_replies
         starts = pack_starts(
             self._stopped, self.consumer, event_id, event, replies[0] if replies else None
         )
         if self._kind_limited:
-            self.hand_back(starts)
-            return True
-        for n, start in enumerate(starts):
-            if self.stopping:
-                self.hand_back(starts[n:])
-                return True
-            try:
-                answered = self._answer(self.task(event_id, start), start)
-            except HandBack:  # not stopping: it waits its turn again, as a lone start-task
-                self.hand_back(starts[n : n + 1])
-                answered = True
-            if not answered:  # handed back while stopping (sent again by _answer)
-                self.hand_back(starts[n + 1 :])
-                return True
+            hand_back(self, starts)
+        else:
+            run_pack(self, starts, lambda start: self._answer(self.task(event_id, start), start))
         return True
-
-    def hand_back(self, starts: Sequence[Mapping[str, Any]]) -> None:
-        """Put ``starts`` (decoded start-tasks) back on the stream in hand, one entry each,
-        with the batch's acknowledgement."""
-        for start in starts:
-            self.emit(sent_again(dict(start)), self.current_stream)
 
     def _give_up(self, task: Task) -> str | None:
         """Why a task waiting for a slot should not wait on, if it should not."""

@@ -47,7 +47,6 @@ from lifecycle.keys import RESOURCE_KIND, WAIT_KIND, Keys
 from lifecycle.priorities import stream_kind
 from lifecycle.stored_state import CHUNKED, entry_field, partial_state
 from rqse import fastpipe, lua
-from rqse.fastpipe import Template
 from rqse.weather import is_weather
 
 __all__ = ["Advancer", "BatchResult", "Commit", "Pending"]
@@ -81,6 +80,8 @@ def pack_kinds(pack_starts: bool | Collection[str]) -> frozenset[str] | None:
     ``resource``); ValueError for ``wait``, whose worker takes its start-tasks one by one."""
     if pack_starts is True:
         return None
+    if isinstance(pack_starts, str):  # a kind's name is not the collection of its letters
+        raise ValueError(f"pack_starts: a collection of kinds, got the string {pack_starts!r}")
     kinds = frozenset(pack_starts or ())
     if WAIT_KIND in kinds:
         raise ValueError(f"the built-in {WAIT_KIND!r} kind's start-tasks are not packed")
@@ -192,7 +193,6 @@ class Advancer:
         self._pack_kinds = pack_kinds(pack_starts)
         self._packing = self._pack_kinds is None or bool(self._pack_kinds)
         self._packed_streams: dict[str, bool] = {}
-        self._pieces: dict[Template, bytes] = {}  # start-task template -> its pack piece
         self._packs: dict[str, set[str]] = {}  # end-tasks entry id -> its answers' workflows
         self._deferred: set[str] = set()  # of those, the ones the caller acknowledges
 
@@ -651,7 +651,7 @@ class Advancer:
         commands: list[Any] = []
         sizes = []  # commands per commit: which commit a failed command belongs to
         shared = SharedWrites(self._shared)
-        packs = StartPacks(self._packed, self._pieces) if self._packing else None
+        packs = StartPacks(self._packed) if self._packing else None
         append = commands.append
         for n, commit in enumerate(commits):
             if commit.plain is not None:  # (Commit.plain_commands, inline: once per event)

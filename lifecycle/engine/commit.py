@@ -227,9 +227,9 @@ class SharedWrites:
         return commands
 
 
-# A pack closes at this many start-tasks or bytes, whichever comes first: one worker runs
-# a pack's tasks in turn, so a fan-out of thousands still reaches several workers, and no
-# pack nears a listener's largest entry (8 MB by default; one task may be 1 MB or more).
+# A pack holds at most this many start-tasks and bytes: one worker runs a pack's tasks in
+# turn, so a fan-out of thousands still reaches several workers, and no pack nears a
+# listener's largest entry (8 MB by default). A task larger than that goes alone.
 PACK_TASKS = 200
 PACK_BYTES = 1 << 20
 
@@ -240,34 +240,39 @@ class StartPacks:
     :data:`PACK_TASKS` tasks instead of one per task. Each pack remembers which commits
     it holds tasks of: a refusal of its XADD is theirs."""
 
-    def __init__(self, packed: Callable[[str], bool], pieces: dict[Template, bytes]) -> None:
-        """``packed``: whether a stream's start-tasks are packed; ``pieces``: each start-task
-        template's piece (lifecycle.events.start_task_piece), filled in as met."""
+    def __init__(self, packed: Callable[[str], bool]) -> None:
+        """``packed``: whether a stream's start-tasks are packed."""
         self._packed = packed
-        self._pieces = pieces
         self._open: dict[str, tuple[list[bytes], set[int], list[int]]] = {}
         self._closed: list[tuple[str, list[bytes], set[int]]] = []
 
     def add(self, owner: int, stream: str, values: tuple[bytes, ...], template: Template) -> bool:
         """Take the start-task ``template`` fills with ``values`` into its stream's pack,
-        for commit number ``owner``; False when its stream is not packed."""
-        if not self._packed(stream):
+        for commit number ``owner``; False when it goes alone (its stream is not packed,
+        its node's tasks never are, or it is larger than a pack may be)."""
+        piece = getattr(template, "piece", None)
+        if piece is None or not self._packed(stream):
             return False
-        piece = self._pieces.get(template)
-        if piece is None:
-            piece = self._pieces[template] = ev.start_task_piece(template)
+        task = piece % values
+        if len(task) > PACK_BYTES:
+            return False
         pack = self._open.get(stream)
+        if pack is not None and pack[2][0] + len(task) > PACK_BYTES:
+            self._close(stream)
+            pack = None
         if pack is None:
             pack = self._open[stream] = ([], set(), [0])
         pieces, owners, size = pack
-        task = piece % values
         pieces.append(task)
         owners.add(owner)
-        size[0] += len(task)
-        if len(pieces) >= PACK_TASKS or size[0] >= PACK_BYTES:
-            self._closed.append((stream, pieces, owners))
-            del self._open[stream]
+        size[0] += len(task) + 1
+        if len(pieces) >= PACK_TASKS:
+            self._close(stream)
         return True
+
+    def _close(self, stream: str) -> None:
+        pieces, owners, _ = self._open.pop(stream)
+        self._closed.append((stream, pieces, owners))
 
     def commands(self) -> tuple[list[Any], list[set[int]]]:
         """One XADD per pack, and the commits each holds tasks of, in the same order."""

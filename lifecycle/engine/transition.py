@@ -756,7 +756,17 @@ class Transition:
             stream = self.keys.tasks(task_kind(name, node_kind), item.priority)
             parameters = params if params is not None else {}
             role = node_kind if node_kind in ev.ROLES else None
-            template = ev.start_task_template(stream, name, node, parameters, role, item.priority)
+            # A task with a deadline goes alone: in a pack, its answer would wait for the
+            # tasks before it in the pack, and its timer runs meanwhile.
+            template = ev.start_task_template(
+                stream,
+                name,
+                node,
+                parameters,
+                role,
+                item.priority,
+                packable=policy.timeout is None,
+            )
             found = facts[node] = _TaskFacts(stream, template, policy)
         return found
 

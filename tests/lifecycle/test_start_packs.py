@@ -15,7 +15,7 @@ from lifecycle.cli.support import CliError
 from lifecycle.cli.worker import pack_starts_from
 from lifecycle.client import Client
 from lifecycle.engine.advance import Advancer, pack_kinds
-from lifecycle.engine.commit import PACK_TASKS
+from lifecycle.engine.commit import PACK_BYTES, PACK_TASKS
 from lifecycle.engine.store import load_workflow
 from lifecycle.keys import Keys
 from tests.lifecycle.harness import Harness, decode
@@ -152,3 +152,34 @@ def test_flows_finish_the_same_with_packed_start_tasks(redis_client: redis.Redis
         outcomes.append([(record.status, record.output) for record in records])
     assert outcomes[0] == outcomes[1]
     assert [state for state, _ in outcomes[1]] == ["finished"] * len(flows)
+
+
+def test_a_task_with_a_deadline_goes_alone(redis_client: redis.Redis) -> None:
+    harness = Harness(redis_client, pack_starts=True)
+    for n in range(3):
+        harness.submit(compile_text("A (- $timeout: 30 -) | B"), {"n": n}, f"wf{n}")
+    harness.advance()
+    starts = _entries(redis_client)
+    singles = [e for e in starts if e["kind"] == ev.START_TASK]
+    (pack,) = [e for e in starts if e["kind"] == ev.START_TASKS]
+    assert sorted(e["name"] for e in singles) == ["A"] * 3
+    assert [t["name"] for t in pack["tasks"]] == ["B"] * 3
+
+
+def test_a_pack_never_grows_past_pack_bytes_and_a_larger_task_goes_alone(
+    redis_client: redis.Redis,
+) -> None:
+    harness = Harness(redis_client, pack_starts=True)
+    flow = compile_text("A")
+    big = "x" * (PACK_BYTES // 3)
+    for n in range(7):
+        harness.submit(flow, {"n": n, "pad": big}, f"wf{n}")
+    harness.submit(flow, {"pad": "y" * (PACK_BYTES + 10)}, "huge")
+    harness.advance()
+    packs = [(i, f) for i, f in redis_client.xrange(KEYS.tasks("default"))]
+    kinds = [decode(f)["kind"] for _, f in packs]
+    assert kinds.count(ev.START_TASK) == 1  # the one larger than a pack
+    assert all(len(f[b"tasks"]) <= PACK_BYTES for _, f in packs if b"tasks" in f)
+    assert sum(len(decode(f).get("tasks", [1])) for _, f in packs) == 8
+    with pytest.raises(ValueError, match="collection of kinds"):
+        pack_kinds("fast")

@@ -12,12 +12,12 @@ from tests.reliability.helpers import Engine
 
 @pytest.fixture
 def engine_factory(tmp_path: Path) -> Iterator[Callable[..., Engine]]:
-    """``engine_factory(persistence="aof-always", extra=[...])``: a fresh engine, stopped
-    at teardown."""
+    """``engine_factory(persistence="aof-always", extra=[...], pack_starts=False)``: a
+    fresh engine, stopped at teardown."""
     made: list[Engine] = []
 
-    def make(persistence: str = "none", extra: list[str] = ()) -> Engine:
-        engine = Engine(tmp_path / f"engine-{len(made)}", persistence, extra)
+    def make(persistence: str = "none", extra: list[str] = (), pack_starts: bool = False) -> Engine:
+        engine = Engine(tmp_path / f"engine-{len(made)}", persistence, extra, pack_starts)
         made.append(engine)
         return engine
 

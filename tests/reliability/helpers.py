@@ -23,6 +23,7 @@ import redis
 from flowlang.compiler import compile_text
 from flowlang.runner import run
 from lifecycle import compact
+from lifecycle import events as ev
 from lifecycle import records as rec
 from lifecycle.keys import Keys
 from lifecycle.submit import start_workflows
@@ -54,8 +55,16 @@ class Engine:
     """A private Redis server (killable, restartable on the same files and port) and the
     worker processes of one scenario, all stopped at teardown."""
 
-    def __init__(self, directory: Path, persistence: str = "none", extra: list[str] = ()) -> None:
+    def __init__(
+        self,
+        directory: Path,
+        persistence: str = "none",
+        extra: list[str] = (),
+        pack_starts: bool = False,
+    ) -> None:
+        """``pack_starts``: its lifecycle workers pack start-tasks (``--pack-starts``)."""
         self.directory = directory
+        self.pack_starts = pack_starts
         directory.mkdir(parents=True, exist_ok=True)
         self.server = RedisServer(
             data_dir=directory / "redis", persistence=persistence, extra_args=list(extra)
@@ -86,8 +95,9 @@ class Engine:
         )
 
     def lifecycle(self, consumer: str, url: str | None = None) -> subprocess.Popen[bytes]:
+        packing = ("--pack-starts",) if self.pack_starts else ()
         return self.start(
-            "lifecycle", "worker", "--consumer", consumer, "--claim-idle", "1", url=url
+            "lifecycle", "worker", "--consumer", consumer, "--claim-idle", "1", *packing, url=url
         )
 
     def noop(self, consumer: str, url: str | None = None) -> subprocess.Popen[bytes]:
@@ -178,6 +188,17 @@ def decoded(client: redis.Redis, stream: str) -> list[dict[str, Any]]:
     return events
 
 
+def start_tasks(client: redis.Redis, stream: str) -> list[dict[str, Any]]:
+    """Every start-task on a task stream, those of start-tasks packs unpacked."""
+    found = []
+    for event in decoded(client, stream):
+        if event.get("kind") == ev.START_TASKS:
+            found += ev.unpacked_starts("?", event)
+        elif event.get("kind") == ev.START_TASK:
+            found.append(event)
+    return found
+
+
 def dead_letters(client: redis.Redis, stream: str) -> list[dict[str, Any]]:
     return decoded(client, dead_letter_key(stream))
 
@@ -203,10 +224,8 @@ def check_exactly_once(
     if tasks:
         starts = Counter(
             e["id"]
-            for e in decoded(client, KEYS.tasks("default"))
-            if e.get("kind") == "start-task"
-            and e.get("workflow") in expected
-            and e.get("recovered") is not True
+            for e in start_tasks(client, KEYS.tasks("default"))
+            if e.get("workflow") in expected and e.get("recovered") is not True
         )
         repeated = [i for i, n in starts.items() if n > 1]
         assert not repeated, f"{len(repeated)} task attempts started twice, e.g. {repeated[:3]}"

@@ -29,6 +29,7 @@ from tests.reliability.helpers import (
     decoded,
     record,
     size,
+    start_tasks,
     states,
     submit,
     task_progress,
@@ -89,18 +90,20 @@ def test_redis_killed_with_aof_always_comes_back_and_the_workers_finish_everythi
 
 
 @pytest.mark.parametrize(
-    "paused",
+    ("paused", "pack_starts"),
     [
-        pytest.param(False, id="workers-running"),
-        pytest.param(True, id="workers-paused"),
+        pytest.param(False, False, id="workers-running"),
+        pytest.param(True, False, id="workers-paused"),
+        pytest.param(True, True, id="workers-paused-packed-starts"),
     ],
 )
 def test_redis_killed_with_its_aof_tail_cut_is_made_whole_by_recover_from_the_archive(
-    engine_factory: Callable[..., Engine], tmp_path: Path, paused: bool
+    engine_factory: Callable[..., Engine], tmp_path: Path, paused: bool, pack_starts: bool
 ) -> None:
     """``paused``: the workers stay stopped until recover is done (an operator's order),
-    so recover, not the workers redoing the lost second, brings workflows forward."""
-    engine = engine_factory("aof-everysec", NO_REWRITE)
+    so recover, not the workers redoing the lost second, brings workflows forward.
+    ``pack_starts``: the start-tasks recover finds in the archive are in packs."""
+    engine = engine_factory("aof-everysec", NO_REWRITE, pack_starts=pack_starts)
     archive = tmp_path / "archive"
     engine.receipts(archive, "--no-trim", "--batch-size", "500")
     ids, expected = submit(engine.client, WORKFLOWS)
@@ -158,12 +161,14 @@ def test_redis_killed_with_its_aof_tail_cut_is_made_whole_by_recover_from_the_ar
     assert not [w for w, n in ends.items() if n > 1]
     starts = Counter(
         e["id"]
-        for e in decoded(engine.client, KEYS.tasks("default"))
-        if e.get("kind") == "start-task" and e.get("recovered") is not True
+        for e in start_tasks(engine.client, KEYS.tasks("default"))
+        if e.get("recovered") is not True
     )
     assert not [i for i, n in starts.items() if n > 1]
     record(
-        "redis-kill-aof-tail-cut" + ("-workers-paused" if paused else ""),
+        "redis-kill-aof-tail-cut"
+        + ("-workers-paused" if paused else "")
+        + ("-packed-starts" if pack_starts else ""),
         workflows=len(found),
         cut_kb=cut // 1024,
         aof_kb=aof_size // 1024,

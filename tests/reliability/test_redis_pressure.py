@@ -57,11 +57,15 @@ def no_dead_letters(engine: Engine) -> None:
             raise DeadLettered(f"{stream}: dead-lettered ({reason}): {fields[b'error'].decode()}")
 
 
-@pytest.mark.parametrize("kind_limit", [None, 1_000_000], ids=["unlimited", "kind-limited"])
+@pytest.mark.parametrize(
+    ("kind_limit", "pack_starts"),
+    [(None, False), (1_000_000, False), (None, True)],
+    ids=["unlimited", "kind-limited", "unlimited-packed-starts"],
+)
 def test_redis_out_of_memory_for_a_while_dead_letters_nothing_and_everything_finishes(
-    engine_factory: Callable[..., Engine], kind_limit: int | None
+    engine_factory: Callable[..., Engine], kind_limit: int | None, pack_starts: bool
 ) -> None:
-    engine = engine_factory("none", ["--maxmemory-policy", "noeviction"])
+    engine = engine_factory("none", ["--maxmemory-policy", "noeviction"], pack_starts=pack_starts)
     if kind_limit is not None:  # the workers take and release slots in the squeeze too
         set_kind_limit(engine.client, KEYS, "default", kind_limit)
     ids, expected = submit(engine.client, WORKFLOWS)
@@ -86,8 +90,9 @@ def test_redis_out_of_memory_for_a_while_dead_letters_nothing_and_everything_fin
     rejected = oom_errors(engine)
     engine.client.config_set("maxmemory", 0)
     released = time.monotonic()
+    packed = "-packed-starts" if pack_starts else ""
     record(
-        "redis-oom-squeeze",
+        "redis-oom-squeeze" + packed,
         workflows=WORKFLOWS,
         squeeze_seconds=squeeze,
         ended_during_squeeze=at_release - at_squeeze,
@@ -103,7 +108,7 @@ def test_redis_out_of_memory_for_a_while_dead_letters_nothing_and_everything_fin
     assert dead_lettered(engine) == 0
     counts = check_exactly_once(engine.client, found, expected)
     record(
-        "redis-oom",
+        "redis-oom" + packed,
         squeeze_seconds=squeeze,
         ended_during_squeeze=at_release - at_squeeze,
         oom_errors=rejected,

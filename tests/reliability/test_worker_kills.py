@@ -90,17 +90,18 @@ def test_a_lifecycle_worker_killed_three_times_loses_and_repeats_nothing(
     record("kill-lifecycle", **figures)
 
 
+@pytest.mark.parametrize("pack_starts", [False, True], ids=["start-task", "packed-starts"])
 def test_a_task_worker_killed_three_times_loses_and_repeats_no_advance(
-    engine_factory: Callable[..., Engine],
+    engine_factory: Callable[..., Engine], pack_starts: bool
 ) -> None:
-    engine = engine_factory()
+    engine = engine_factory(pack_starts=pack_starts)
     engine.lifecycle("lifecycle-0")
     steady = engine.noop("steady")
     figures = run_with_kills(
         engine, lambda: engine.noop("victim"), "noop", KEYS.tasks("default"), "workers"
     )
     assert steady.poll() is None
-    record("kill-task-worker", **figures)
+    record("kill-task-worker" + ("-packed-starts" if pack_starts else ""), **figures)
 
 
 def test_a_receipts_worker_killed_three_times_leaves_a_complete_chained_archive(

@@ -258,3 +258,49 @@ def test_a_malformed_task_in_a_pack_is_one_warning_and_the_others_run(
     assert worker.ran == ["wf0/1/1"]
     (line,) = [r.getMessage() for r in caplog.records if r.name == "workers.task"]
     assert "task 0 is 7" in line and "left out" in line
+
+
+class RedisGoneOnTheSecond(Recording):
+    """Its second task meets a lost connection once (Redis gone from under it)."""
+
+    def __init__(self, **options: Any) -> None:
+        super().__init__(**options)
+        self.failed = False
+
+    def run(self, task: Task) -> Any:
+        if task.input["n"] == 1 and not self.failed:
+            self.failed = True
+            raise redis.ConnectionError("connection lost")
+        return super().run(task)
+
+
+def test_a_task_whose_worker_fails_under_it_sends_it_and_the_rest_back_alone(
+    redis_client: redis.Redis, caplog: pytest.LogCaptureFixture
+) -> None:
+    harness = _packing(redis_client)
+    ids = [harness.submit(compile_text("A"), {"n": n}, f"wf{n}") for n in range(4)]
+    harness.advance()
+    worker = RedisGoneOnTheSecond(**_options(redis_client))
+    with caplog.at_level(logging.WARNING, logger="workers.task"):
+        worker.listen(idle_timeout=0.1)
+    # The first ran once; the others went back one start-task each and ran once too.
+    assert sorted(worker.ran) == sorted(f"{i}/1/1" for i in ids)
+    entries = _entries(redis_client)
+    assert [e["kind"] for e in entries] == [ev.START_TASKS] + [ev.START_TASK] * 3
+    assert "task wf1/1/1 of a pack: ConnectionError: connection lost" in caplog.text
+    harness.advance()
+    assert _states(redis_client, ids) == ["finished"] * 4
+    assert _pending(redis_client) == 0
+
+
+def test_a_limit_on_another_kind_leaves_the_noop_workers_packs_whole(
+    redis_client: redis.Redis,
+) -> None:
+    set_kind_limit(redis_client, KEYS, "other", 1)
+    harness = _packing(redis_client)
+    ids = [harness.submit(compile_text("A"), {"n": n}, f"wf{n}") for n in range(3)]
+    harness.advance()
+    NoopWorker(["default"], **_options(redis_client)).listen(idle_timeout=0.1)
+    assert [e["kind"] for e in _entries(redis_client)] == [ev.START_TASKS]
+    harness.advance()
+    assert _states(redis_client, ids) == ["finished"] * 3
