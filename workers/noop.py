@@ -29,7 +29,7 @@ from rqse.errors import MalformedEntry
 from rqse.weather import MOVED, classify
 from workers.answers import AnswerPack, batch_pack
 from workers.slots import BatchSlots
-from workers.task import StoppedWorkflows, checked_pack, hand_back, pack_starts, run_pack
+from workers.task import StoppedWorkflows, checked_pack, process_pack
 
 __all__ = ["NoopWorker", "SimulatedWorker", "served_kinds"]
 
@@ -258,21 +258,14 @@ class NoopWorker(EventListener):
         return answered
 
     def _process_pack(self, event_id: str, event: dict[str, Any]) -> bool:
-        """Answer a ``start-tasks`` pack's tasks in turn (:func:`workers.task.run_pack`), as
-        lone start-tasks would be; with a limit on the kind, none: each goes back on the
-        stream as a start-task of its own, to take its own slot."""
-        replies = self.read_replies
-        starts = pack_starts(
-            self._stopped, self.consumer, event_id, event, replies[0] if replies else None
-        )
-        if self._kind_limited:
-            hand_back(self, starts)
-            return True
+        """Each task of a ``start-tasks`` pack answered as a lone start-task would be
+        (:func:`workers.task.process_pack`)."""
         quick = self._pack if self._passes_through else None
-        if quick is None:
-            run_pack(self, starts, self.answer)
-        else:
-            run_pack(self, starts, lambda start: _quick_answer(quick, start) or self.answer(start))
+
+        def answer(start: dict[str, Any]) -> bool:
+            return (quick is not None and _quick_answer(quick, start)) or self.answer(start)
+
+        process_pack(self, self._stopped, event_id, event, self._kind_limited, answer)
         return True
 
     def _stopping_reason(self) -> str | None:

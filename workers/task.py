@@ -322,21 +322,33 @@ def _covers(record: bytes, key: Any, attempt: Any) -> bool:
     return isinstance(last, int) and isinstance(attempt, int) and attempt <= last
 
 
-def pack_starts(
-    stopped: StoppedWorkflows, consumer: str, event_id: str, event: Mapping[str, Any], exists: Any
-) -> list[dict[str, Any]]:
-    """The start-tasks of a ``start-tasks`` pack a worker is to run: its malformed ones
-    left out (one WARNING line each: only a lifecycle worker writes packs), and those a
-    stop record covers (:meth:`StoppedWorkflows.covered`). :class:`MalformedEntry` when
-    ``tasks`` is not a list, for the listener to dead-letter the entry."""
+def process_pack(
+    listener: EventListener,
+    stopped: StoppedWorkflows,
+    event_id: str,
+    event: Mapping[str, Any],
+    limited: bool,
+    answer: Callable[[dict[str, Any]], bool],
+) -> None:
+    """Handle a ``start-tasks`` pack: answer its tasks in turn (:func:`run_pack`), but
+    for its malformed ones (one WARNING line each: only a lifecycle worker writes packs)
+    and those a stop record covers (:meth:`StoppedWorkflows.covered`); when the kind is
+    ``limited``, answer none: each goes back on the stream as a start-task of its own, to
+    take its own slot. :class:`MalformedEntry` when ``tasks`` is not a list."""
     try:
         starts, bad = parse_start_tasks(event_id, dict(event))
     except BadEvent as error:
         raise MalformedEntry(REJECTED, str(error), event_id, "tasks") from None
     for reason in bad:
-        log.warning("consumer %s: %s; left out", consumer, reason)
-    covered = stopped.covered(starts, exists) if starts else ()
-    return [start for n, start in enumerate(starts) if n not in covered] if covered else starts
+        log.warning("consumer %s: %s; left out", listener.consumer, reason)
+    replies = listener.read_replies
+    covered = stopped.covered(starts, replies[0] if replies else None) if starts else ()
+    if covered:
+        starts = [start for n, start in enumerate(starts) if n not in covered]
+    if limited:
+        hand_back(listener, starts)
+    else:
+        run_pack(listener, starts, answer)
 
 
 def run_pack(
@@ -578,17 +590,13 @@ class TaskListener(EventListener):
         return self._answer_holding(task, event, slot)
 
     def _process_pack(self, event_id: str, event: dict[str, Any]) -> bool:
-        """Run a ``start-tasks`` pack's tasks in turn (:func:`run_pack`), each answered as a
-        lone start-task would be; with a limit on the kind, none: each goes back on the
-        stream as a start-task of its own, to take its own slot."""
-        replies = self.read_replies
-        starts = pack_starts(
-            self._stopped, self.consumer, event_id, event, replies[0] if replies else None
-        )
-        if self._kind_limited:
-            hand_back(self, starts)
-        else:
-            run_pack(self, starts, lambda start: self._answer(self.task(event_id, start), start))
+        """Each task of a ``start-tasks`` pack answered as a lone start-task would be
+        (:func:`process_pack`)."""
+
+        def answer(start: dict[str, Any]) -> bool:
+            return self._answer(self.task(event_id, start), start)
+
+        process_pack(self, self._stopped, event_id, event, self._kind_limited, answer)
         return True
 
     def _give_up(self, task: Task) -> str | None:

@@ -85,6 +85,10 @@ def flows(draw: Any) -> str:
 )
 @given(text=flows(), seed=st.integers(0, 3))
 def test_engine_and_runner_agree(harness: Harness, text: str, seed: int) -> None:
+    _assert_agree(harness, text, seed)
+
+
+def _assert_agree(harness: Harness, text: str, seed: int) -> None:
     graph = compile_text(text)
     expected = run(graph, task, {"seed": seed})
     workflow = harness.submit(graph, {"seed": seed})
@@ -107,14 +111,4 @@ def test_engine_with_packed_start_tasks_and_runner_agree(
     redis_client: redis.Redis, text: str, seed: int
 ) -> None:
     redis_client.flushdb()
-    harness = Harness(redis_client, pack_starts=True)
-    graph = compile_text(text)
-    expected = run(graph, task, {"seed": seed})
-    workflow = harness.submit(graph, {"seed": seed})
-    harness.pump(task)
-    record = load_workflow(harness.client, harness.keys, workflow)
-    assert (record.status, record.output, record.error) == (
-        expected.status,
-        expected.output,
-        expected.error,
-    ), text
+    _assert_agree(Harness(redis_client, pack_starts=True), text, seed)

@@ -236,11 +236,19 @@ def check_exactly_once(
 
 def task_progress(client: redis.Redis, workflows: int) -> float:
     """Share of the load's start-tasks written so far (0 to 1): a point mid-run to strike
-    at, where counting ended workflows is not (they all end in a late burst)."""
+    at, where counting ended workflows is not (they all end in a late burst). Counted
+    from the entries not yet seen, those of start-tasks packs by their tasks."""
+    # (the last entry id counted, the tasks so far), kept on the client: one per engine
+    last, written = getattr(client, "_tasks_written", ("-", 0))
     try:
-        written = client.xlen(KEYS.tasks("default"))
+        entries = client.xrange(KEYS.tasks("default"), last if last == "-" else f"({last}")
     except redis.ResponseError:
-        written = 0
+        entries = []
+    for entry_id, fields in entries:
+        tasks = fields.get(b"tasks")
+        written += 1 if tasks is None else len(orjson.loads(tasks))
+        last = entry_id.decode()
+    client._tasks_written = (last, written)  # type: ignore[attr-defined]
     return written / (TASKS_PER_WORKFLOW * workflows)
 
 
