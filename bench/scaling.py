@@ -66,7 +66,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", help="also write every cell's figures to this file")
     args = parser.parse_args(argv)
     answers = "packed" if args.pack_answers else "one end-task per task"
-    print(f"chain10, {args.workers} no-op worker(s), answers {answers}; yardstick {yardstick()} s")
+    starts = "packed" if args.pack_starts else "one start-task per task"
+    print(
+        f"chain10, {args.workers} no-op worker(s), answers {answers}, starts {starts}; "
+        f"yardstick {yardstick()} s"
+    )
     print(
         f"{'W':>9} {'lc':>3} {'tasks/s':>10} {'wall s':>8} {'cpu µs':>8}  "
         f"{'µs/task ' + ' / '.join(KINDS):<34} {'cmds':>5} {'stuck':>5}"

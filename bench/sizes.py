@@ -86,8 +86,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     runs: list[dict[str, Any]] = []
     answers = "packed" if args.pack_answers else "one end-task per task"
+    starts = "packed" if args.pack_starts else "one start-task per task"
     print(
-        f"{args.shape}, {args.lifecycle} lifecycle worker(s), answers {answers}; "
+        f"{args.shape}, {args.lifecycle} lifecycle worker(s), answers {answers}, starts {starts}; "
         f"yardstick {yardstick()} s"
     )
     print(" ".join(f"{header:>10}" for _, header, _ in COLUMNS))
