@@ -649,7 +649,9 @@ def parse_start_tasks(
             and type(task.get("workflow")) is str
             and type(task.get("name")) is str
         ):
-            starts.append({"kind": START_TASK, **task})
+            start = {"kind": START_TASK, **task}
+            start["kind"] = START_TASK  # first, and not a task's own say
+            starts.append(start)
         else:
             bad.append(
                 f"event {event_id} (start-tasks): task {n} is {repr(task)[:120]}, expected an "

@@ -265,8 +265,18 @@ class NoopWorker(EventListener):
         def answer(start: dict[str, Any]) -> bool:
             return (quick is not None and _quick_answer(quick, start)) or self.answer(start)
 
-        process_pack(self, self._stopped, event_id, event, self._kind_limited, answer)
+        limited, limited_now = self._kind_limited, self._limited_now
+        process_pack(self, self._stopped, event_id, event, limited, limited_now, answer)
         return True
+
+    def _limited_now(self) -> bool:
+        """Whether the stream in hand's kind has a limit, asked now (not when the limits
+        are not ours to read)."""
+        stream = self.current_stream
+        if stream is None or (self._home is None and len(self.read_along) < 2):
+            return False
+        slots = self._kind_slots(stream).slots
+        return slots.limited(None) if slots.checking else False
 
     def _stopping_reason(self) -> str | None:
         return "stopping while it waited for a slot" if self.stopping else None

@@ -322,19 +322,28 @@ def _covers(record: bytes, key: Any, attempt: Any) -> bool:
     return isinstance(last, int) and isinstance(attempt, int) and attempt <= last
 
 
+# Seconds of a pack's running between two looks at its workflows' stop records and its
+# kind's limit: a terminate or a new limit reaches the pack's tasks not yet run, as it
+# reaches lone start-tasks read after it, at one or two round trips a second at most.
+RECHECK_EVERY = 0.25
+
+
 def process_pack(
     listener: EventListener,
     stopped: StoppedWorkflows,
     event_id: str,
     event: Mapping[str, Any],
     limited: bool,
+    limited_now: Callable[[], bool],
     answer: Callable[[dict[str, Any]], bool],
 ) -> None:
     """Handle a ``start-tasks`` pack: answer its tasks in turn (:func:`run_pack`), but
     for its malformed ones (one WARNING line each: only a lifecycle worker writes packs)
-    and those a stop record covers (:meth:`StoppedWorkflows.covered`); when the kind is
-    ``limited``, answer none: each goes back on the stream as a start-task of its own, to
-    take its own slot. :class:`MalformedEntry` when ``tasks`` is not a list."""
+    and those a stop record covers (:meth:`StoppedWorkflows.covered`, looked at again
+    while the pack runs); while the kind has a limit (``limited`` as the batch came,
+    ``limited_now()`` asked while the pack runs), answer none: each goes back on the
+    stream as a start-task of its own, to take its own slot. :class:`MalformedEntry`
+    when ``tasks`` is not a list."""
     try:
         starts, bad = parse_start_tasks(event_id, dict(event))
     except BadEvent as error:
@@ -342,34 +351,62 @@ def process_pack(
     for reason in bad:
         log.warning("consumer %s: %s; left out", listener.consumer, reason)
     replies = listener.read_replies
-    covered = stopped.covered(starts, replies[0] if replies else None) if starts else ()
-    if covered:
-        starts = [start for n, start in enumerate(starts) if n not in covered]
-    if limited:
+    exists = replies[0] if replies else None
+
+    def runnable(
+        rest: list[dict[str, Any]], exists: Any = None, limited: bool | None = None
+    ) -> list[dict[str, Any]] | None:
+        """Those of ``rest`` to run; None while the kind has a limit (all go back)."""
+        try:
+            if limited_now() if limited is None else limited:
+                return None
+            covered = stopped.covered(rest, exists) if rest else ()
+        except redis.RedisError:  # a look that saves work: without it, they run
+            return rest
+        return [start for n, start in enumerate(rest) if n not in covered] if covered else rest
+
+    first = runnable(starts, exists, limited)
+    if first is None:
         hand_back(listener, starts)
     else:
-        run_pack(listener, starts, answer)
+        run_pack(listener, first, answer, runnable)
 
 
 def run_pack(
     listener: EventListener,
-    starts: Sequence[dict[str, Any]],
+    starts: list[dict[str, Any]],
     answer: Callable[[dict[str, Any]], bool],
+    runnable: Callable[[list[dict[str, Any]]], list[dict[str, Any]] | None] | None = None,
 ) -> None:
     """Answer each of ``starts`` (a pack's start-tasks) with ``answer`` in turn: False
-    from it says the task went back on the stream (stopping). Those not answered go back
-    on the stream one start-task each, with the pack's acknowledgement: a task raising
-    :class:`HandBack`, alone (it waits its turn again); on a stop, or a failure of the
-    worker itself (Redis gone from under a task), the rest: each then has its own
-    deliveries, and none of them waits on, or runs again with, the others."""
-    for n, start in enumerate(starts):
+    from it says the task went back on the stream (stopping). Every
+    :data:`RECHECK_EVERY` seconds, ``runnable(rest)`` says which of the rest still run
+    (None: none). Those not answered go back on the stream one start-task each, with the
+    pack's acknowledgement: a task raising :class:`HandBack`, alone (it waits its turn
+    again); on a stop, or a failure of the worker itself (Redis gone from under a task),
+    the rest: each then has its own deliveries, and none of them waits on, or runs
+    again with, the others."""
+    checked = monotonic()
+    n = 0
+    while n < len(starts):
         if listener.stopping:
             hand_back(listener, starts[n:])
             return
+        if runnable is not None and monotonic() - checked >= RECHECK_EVERY:
+            rest = runnable(starts[n:])
+            checked = monotonic()
+            if rest is None:
+                hand_back(listener, starts[n:])
+                return
+            starts = starts[:n] + rest
+            if n == len(starts):
+                return
+        start = starts[n]
+        n += 1
         try:
             answered = answer(start)
         except HandBack:
-            hand_back(listener, starts[n : n + 1])
+            hand_back(listener, [start])
             continue
         except Exception as error:
             if not listener.stopping:
@@ -379,12 +416,12 @@ def run_pack(
                     listener.consumer,
                     start.get("id"),
                     error_text(error),
-                    len(starts) - n - 1,
+                    len(starts) - n,
                 )
-            hand_back(listener, starts[n:])
+            hand_back(listener, starts[n - 1 :])
             return
         if not answered:
-            hand_back(listener, starts[n + 1 :])
+            hand_back(listener, starts[n:])
             return
 
 
@@ -596,8 +633,13 @@ class TaskListener(EventListener):
         def answer(start: dict[str, Any]) -> bool:
             return self._answer(self.task(event_id, start), start)
 
-        process_pack(self, self._stopped, event_id, event, self._kind_limited, answer)
+        limited, limited_now = self._kind_limited, self._limited_now
+        process_pack(self, self._stopped, event_id, event, limited, limited_now, answer)
         return True
+
+    def _limited_now(self) -> bool:
+        """Whether the kind has a limit, asked now."""
+        return self._slots.limited(None) if self._slots.checking else False
 
     def _give_up(self, task: Task) -> str | None:
         """Why a task waiting for a slot should not wait on, if it should not."""

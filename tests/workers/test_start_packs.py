@@ -4,6 +4,7 @@ and put back, one start-task each, the tasks they do not run."""
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 import orjson
@@ -19,7 +20,7 @@ from lifecycle.kind_limits import set_kind_limit
 from rqse.keys import dead_letter_key
 from tests.lifecycle.harness import Harness, decode
 from workers.noop import NoopWorker, SimulatedWorker
-from workers.task import HandBack, Task, TaskListener
+from workers.task import RECHECK_EVERY, HandBack, Task, TaskListener
 
 KEYS = Keys()
 STREAM = KEYS.tasks("default")
@@ -304,3 +305,49 @@ def test_a_limit_on_another_kind_leaves_the_noop_workers_packs_whole(
     assert [e["kind"] for e in _entries(redis_client)] == [ev.START_TASKS]
     harness.advance()
     assert _states(redis_client, ids) == ["finished"] * 3
+
+
+class ChangesTheWorldOnItsFirstTask(Recording):
+    """Runs ``change`` while its first task runs, and takes longer than RECHECK_EVERY."""
+
+    change: Any = None
+
+    def run(self, task: Task) -> Any:
+        if not self.ran:
+            self.change()
+            time.sleep(RECHECK_EVERY + 0.05)
+        return super().run(task)
+
+
+def test_a_workflow_stopped_while_a_pack_runs_has_its_tasks_not_yet_run_skipped(
+    redis_client: redis.Redis, caplog: pytest.LogCaptureFixture
+) -> None:
+    harness = _packing(redis_client)
+    ids = [harness.submit(compile_text("A"), {"n": n}, f"wf{n}") for n in range(4)]
+    harness.advance()
+    worker = ChangesTheWorldOnItsFirstTask(**_options(redis_client))
+    worker.change = lambda: redis_client.hset(KEYS.stopped, "wf2", b"{}")
+    with caplog.at_level(logging.INFO, logger="workers.task"):
+        worker.listen(idle_timeout=0.05)
+    assert sorted(worker.ran) == ["wf0/1/1", "wf1/1/1", "wf3/1/1"]
+    assert "task wf2/1/1 not started: workflow wf2 stopped it" in caplog.text
+    assert _pending(redis_client) == 0
+    assert sorted(a["workflow"] for a in _answers(redis_client)) == [ids[0], ids[1], ids[3]]
+
+
+def test_a_limit_set_while_a_pack_runs_sends_its_tasks_not_yet_run_back_alone(
+    redis_client: redis.Redis,
+) -> None:
+    harness = _packing(redis_client)
+    ids = [harness.submit(compile_text("A"), {"n": n}, f"wf{n}") for n in range(4)]
+    harness.advance()
+    worker = ChangesTheWorldOnItsFirstTask(**_options(redis_client))
+    worker.change = lambda: set_kind_limit(redis_client, KEYS, "default", 1)
+    worker.listen(idle_timeout=0.2)  # the pack, then the three back alone, under the limit
+    entries = _entries(redis_client)
+    assert [e["kind"] for e in entries] == [ev.START_TASKS] + [ev.START_TASK] * 3
+    assert all(e[ev.RECOVERED] is True for e in entries[1:])
+    assert sorted(worker.ran) == sorted(f"{i}/1/1" for i in ids)
+    harness.advance()
+    assert _states(redis_client, ids) == ["finished"] * 4
+    assert _pending(redis_client) == 0
