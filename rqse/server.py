@@ -240,7 +240,11 @@ class RedisServer:
             # its workers and then the server, rather than the server going first.
             start_new_session=True,
         )
-        self._wait_ready(timeout)
+        try:
+            self._wait_ready(timeout)
+        except BaseException:
+            self.stop()  # whatever went wrong, no server outlives a start that failed
+            raise
         return self
 
     def _answered_by_ours(self, client: redis.Redis) -> bool:

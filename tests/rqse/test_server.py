@@ -96,3 +96,18 @@ def test_a_port_another_server_answers_on_is_not_taken_for_ours() -> None:
             assert ours.port != other.port
             pid = redis.Redis(port=ours.port).info("server")["process_id"]
             assert ours.process is not None and pid == ours.process.pid
+
+
+def test_a_start_that_fails_while_waiting_leaves_no_server_running(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from rqse.server import RedisServer
+
+    def refuse(self: RedisServer, client: redis.Redis) -> bool:
+        raise redis.exceptions.NoPermissionError("no INFO for you")
+
+    monkeypatch.setattr(RedisServer, "_answered_by_ours", refuse)
+    server = RedisServer()
+    with pytest.raises(redis.exceptions.NoPermissionError):
+        server.start()
+    assert server.process is None  # stopped and waited for
